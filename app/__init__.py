@@ -1,0 +1,1 @@
+"""ReconStudio entry points: the `reconstudio` command (GUI and CLI subcommands)."""

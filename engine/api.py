@@ -1,0 +1,154 @@
+"""The engine contract shared by every engine, the GUI, the CLI and the checks.
+
+Nothing here imports Qt or a model: this module only defines the data that crosses the boundary
+(`SessionConfig`, `FrameResult`, `EngineEvent`), the `Session` protocol every engine implements and
+the registry `open_session` dispatches through.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol
+
+import numpy as np
+
+
+class EngineError(RuntimeError):
+    """A user-facing engine failure (bad input, bad settings). The message is shown as-is."""
+
+
+class CheckpointError(EngineError):
+    """A checkpoint could not be loaded into a model; the message lists what is wrong."""
+
+
+@dataclass
+class SessionConfig:
+    """Settings of one reconstruction session. Engines ignore what they do not use;
+    `engine_capabilities()` says which fields each engine honours."""
+
+    engine: str = "geometric"           # "geometric" | "lingbot-map" | ...
+    checkpoint: Optional[str] = None    # weights file for neural engines
+    device: str = "cpu"                 # "cpu" | "cuda" | "cuda:N"
+    dtype: str = "fp32"                 # "fp32" | "bf16" | "fp16" (neural engines)
+    backend: str = "auto"               # attention backend: "auto" | "sdpa" | "flashinfer"
+    image_width: int = 518              # model input width (height follows the aspect, multiple of 14)
+    mode: str = "streaming"             # "streaming" | "windowed"
+    scale_frames: int = 8               # frames of the bidirectional scale phase (never evicted)
+    window: int = 64                    # sliding window of cached frames (full tokens)
+    keyframe_interval: int = 1          # every N-th frame stays in the KV cache
+    camera_iterations: int = 4          # camera-head refinement iterations
+    special_cap: int = 1024             # max frames whose special tokens stay cached
+    kv_compression: str = "none"
+    kv_dtype: str = "auto"              # "auto" (= compute dtype) | "bf16" | "fp16" | "fp32"
+    # geometric engine
+    intrinsics: Optional[tuple] = None  # (fx, fy, cx, cy, width, height) of the input frames
+    fov_deg: float = 60.0               # assumed horizontal FOV when no intrinsics are known
+    max_side: int = 640                 # geometric engine works at most at this resolution
+    # input timing
+    fps: float = 30.0                   # for sources without timestamps (image folders)
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SessionConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        if kw.get("intrinsics") is not None:
+            kw["intrinsics"] = tuple(kw["intrinsics"])
+        return cls(**kw)
+
+
+@dataclass
+class FrameResult:
+    """One reconstructed frame. Poses are camera-to-world, OpenCV axes (x right, y down, z fwd)."""
+
+    index: int                          # input frame index (0-based, in push order)
+    timestamp: float                    # seconds of input time
+    is_keyframe: bool
+    c2w: np.ndarray                     # 4x4 float64
+    K: np.ndarray                       # 3x3 float64, for `image`/`depth` resolution
+    image: np.ndarray                   # h x w x 3 uint8 RGB at result resolution
+    depth: Optional[np.ndarray] = None  # h x w float32 (0 = no depth), None if not computed
+    conf: Optional[np.ndarray] = None   # h x w float32, larger = more confident
+    pose_enc: Optional[np.ndarray] = None  # 9 float32 (neural engines)
+    segment: int = 0                    # window / tracking segment id
+
+
+@dataclass
+class EngineEvent:
+    """Something the client must know besides per-frame results.
+
+    kind: "realign" — segment `segment` must be moved by the 4x4 similarity `transform`
+          "segment" — a new segment starts (tracking lost / window restart); `message` says why
+          "info" / "warning" — text for the status bar
+    """
+
+    kind: str
+    segment: int = 0
+    transform: Optional[np.ndarray] = None
+    message: str = ""
+
+
+class Session(Protocol):
+    config: SessionConfig
+
+    def push(self, frame: Any, timestamp: Optional[float] = None) -> list[FrameResult]: ...
+    def flush(self) -> list[FrameResult]: ...
+    def stats(self) -> dict: ...
+    def poll_events(self) -> list[EngineEvent]: ...
+    def close(self) -> None: ...
+
+
+# --- registry -------------------------------------------------------------------------------
+# Engines register a factory `(config, model) -> Session` and a capability description. The
+# registry lets the GUI list engines without importing torch-heavy modules until one is opened.
+
+_FACTORIES: dict[str, Callable[[SessionConfig, Any], Session]] = {}
+_CAPABILITIES: dict[str, dict] = {}
+
+
+def register_engine(name: str, factory: Callable[[SessionConfig, Any], Session], capabilities: dict) -> None:
+    _FACTORIES[name] = factory
+    _CAPABILITIES[name] = capabilities
+
+
+def _ensure_builtin_engines() -> None:
+    # Imported lazily so `import engine` stays cheap and Qt-free.
+    if "geometric" not in _FACTORIES:
+        try:
+            from . import geometric  # noqa: F401  (registers itself)
+        except ImportError:
+            pass
+    if "lingbot-map" not in _FACTORIES:
+        try:
+            from . import streaming  # noqa: F401  (registers itself)
+        except ImportError:
+            pass
+
+
+def available_engines() -> list[str]:
+    _ensure_builtin_engines()
+    return list(_FACTORIES)
+
+
+def engine_capabilities(name: str) -> dict:
+    """Which settings an engine honours and their allowed values, e.g.
+    {"label": "Geometric (CPU)", "needs_checkpoint": False, "devices": ["cpu"],
+     "dtypes": [...], "backends": [...], "modes": [...], "kv_compression": [...], "kv_dtypes": [...],
+     "fields": ["scale_frames", "window", ...]}"""
+    _ensure_builtin_engines()
+    if name not in _CAPABILITIES:
+        raise EngineError(f"unknown engine {name!r}; available: {', '.join(_FACTORIES) or 'none'}")
+    return dict(_CAPABILITIES[name])
+
+
+def open_session(config: SessionConfig, model: Any = None) -> Session:
+    """Open a streaming session. `model` is a loaded network for neural engines (None for the
+    geometric engine; a neural engine given None builds and loads `config.checkpoint`)."""
+    _ensure_builtin_engines()
+    factory = _FACTORIES.get(config.engine)
+    if factory is None:
+        raise EngineError(f"unknown engine {config.engine!r}; available: {', '.join(_FACTORIES) or 'none'}")
+    return factory(config, model)
