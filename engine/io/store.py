@@ -1,0 +1,317 @@
+"""The crash-safe session store: every run writes its results to a folder as they arrive.
+
+Layout of a session folder:
+    config.json          settings used, source, engine, start (and, once closed, end) time
+    frames/NNNNNN.npz    one small file per result, written atomically: c2w, K, timestamp,
+                         index, is_keyframe, segment, pose_enc (if any), and the colour image,
+                         depth and confidence downsampled to at most `max_side` (K rescaled)
+    events.jsonl         one JSON object per engine event, appended and flushed per event
+
+A crash or kill loses at most the frame being written: frame files only ever appear complete
+(temp file + rename) and `load_session` skips a damaged file or a half-written last event line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import zipfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+
+from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
+from .atomic import OutputError, atomic_open
+
+FORMAT_VERSION = 1
+FRAME_DIGITS = 6
+
+
+class StoreError(EngineError):
+    """A session folder cannot be created or read."""
+
+
+# --- where sessions live ----------------------------------------------------------------------
+
+def default_session_root() -> Path:
+    """$RECONSTUDIO_SESSIONS, else $XDG_DATA_HOME/reconstudio/sessions, else
+    ~/.local/share/reconstudio/sessions."""
+    env = os.environ.get("RECONSTUDIO_SESSIONS")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "reconstudio" / "sessions"
+
+
+def new_session_folder(source_name: str, root: Union[str, Path, None] = None) -> Path:
+    """A fresh, not yet existing folder `<root>/<YYYYmmdd-HHMMSS>_<source>` (suffixed if taken)."""
+    root = Path(root).expanduser() if root else default_session_root()
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(str(source_name)).stem or "session").strip("._") or "session"
+    base = f"{datetime.now().strftime('%Y%m%d-%H%M%S')}_{stem[:60]}"
+    folder, n = root / base, 1
+    while folder.exists():
+        n += 1
+        folder = root / f"{base}_{n}"
+    return folder
+
+
+# --- downsampling -----------------------------------------------------------------------------
+
+def _target_size(h: int, w: int, max_side: int) -> tuple[int, int]:
+    s = min(1.0, max_side / max(h, w)) if max_side else 1.0
+    return max(1, round(h * s)), max(1, round(w * s))
+
+
+def scale_K(K: np.ndarray, src_hw: tuple[int, int], dst_hw: tuple[int, int]) -> np.ndarray:
+    """Intrinsics for an image resized from src_hw to dst_hw (pixel-centre convention)."""
+    sy, sx = dst_hw[0] / src_hw[0], dst_hw[1] / src_hw[1]
+    K = np.asarray(K, dtype=np.float64).copy()
+    K[0, 0] *= sx
+    K[0, 1] *= sx
+    K[1, 1] *= sy
+    K[0, 2] = (K[0, 2] + 0.5) * sx - 0.5
+    K[1, 2] = (K[1, 2] + 0.5) * sy - 0.5
+    return K
+
+
+def _resize(a: np.ndarray, hw: tuple[int, int], nearest: bool) -> np.ndarray:
+    if a.shape[:2] == hw:
+        return a
+    import cv2
+    interp = cv2.INTER_NEAREST if nearest else cv2.INTER_AREA
+    return cv2.resize(a, (hw[1], hw[0]), interpolation=interp)
+
+
+def downsample_result(r: FrameResult, max_side: int) -> FrameResult:
+    """A copy of `r` whose image/depth/conf have their longer side at most `max_side`.
+    Depth and confidence use nearest neighbour (no averaging across depth edges); the image is
+    resized to the depth's size when both exist, so every stored array shares one K."""
+    ref = r.depth if r.depth is not None else np.asarray(r.image)
+    src = ref.shape[:2]
+    dst = _target_size(*src, max_side)
+    image = np.asarray(r.image)
+    image = _resize(image, dst, nearest=False) if image.size else image
+    return FrameResult(
+        index=int(r.index), timestamp=float(r.timestamp), is_keyframe=bool(r.is_keyframe),
+        c2w=np.asarray(r.c2w, dtype=np.float64), K=scale_K(r.K, src, dst),
+        image=np.ascontiguousarray(image, dtype=np.uint8),
+        depth=None if r.depth is None else _resize(np.asarray(r.depth, np.float32), dst, nearest=True),
+        conf=None if r.conf is None else _resize(np.asarray(r.conf, np.float32), dst, nearest=True),
+        pose_enc=None if r.pose_enc is None else np.asarray(r.pose_enc, np.float32),
+        segment=int(r.segment))
+
+
+# --- (de)serialisation ------------------------------------------------------------------------
+
+def _event_to_json(e: EngineEvent) -> dict:
+    return {"kind": e.kind, "segment": int(e.segment),
+            "transform": None if e.transform is None else np.asarray(e.transform, float).reshape(4, 4).tolist(),
+            "message": e.message, "time": time.time()}
+
+
+def _event_from_json(d: dict) -> EngineEvent:
+    t = d.get("transform")
+    return EngineEvent(kind=str(d["kind"]), segment=int(d.get("segment", 0)),
+                       transform=None if t is None else np.asarray(t, dtype=np.float64).reshape(4, 4),
+                       message=str(d.get("message", "")))
+
+
+def _result_arrays(r: FrameResult) -> dict:
+    arrays = {"c2w": np.asarray(r.c2w, np.float64), "K": np.asarray(r.K, np.float64),
+              "timestamp": np.float64(r.timestamp), "index": np.int64(r.index),
+              "is_keyframe": np.bool_(r.is_keyframe), "segment": np.int64(r.segment),
+              "image": np.asarray(r.image, np.uint8)}
+    if r.depth is not None:
+        arrays["depth"] = np.asarray(r.depth, np.float32)
+    if r.conf is not None:
+        arrays["conf"] = np.asarray(r.conf, np.float32)
+    if r.pose_enc is not None:
+        arrays["pose_enc"] = np.asarray(r.pose_enc, np.float32)
+    return arrays
+
+
+def _result_from_npz(z) -> FrameResult:
+    return FrameResult(
+        index=int(z["index"]), timestamp=float(z["timestamp"]), is_keyframe=bool(z["is_keyframe"]),
+        c2w=z["c2w"], K=z["K"], image=z["image"],
+        depth=z["depth"] if "depth" in z.files else None,
+        conf=z["conf"] if "conf" in z.files else None,
+        pose_enc=z["pose_enc"] if "pose_enc" in z.files else None,
+        segment=int(z["segment"]))
+
+
+# --- writer -----------------------------------------------------------------------------------
+
+class SessionStore:
+    """Writes one session folder as results arrive (see the module docstring for the layout).
+
+    `meta` is stored in config.json beside the settings (e.g. the source's kind, fps, frame
+    count). `fsync=True` also survives power loss, at a cost per frame; a killed process loses
+    nothing committed either way.
+    """
+
+    def __init__(self, folder: Union[str, Path], config: SessionConfig, source_name: str,
+                 max_side: int = 256, *, meta: Optional[dict] = None, fsync: bool = False,
+                 compress: bool = True):
+        self.folder = Path(folder).expanduser()
+        self.frames_dir = self.folder / "frames"
+        self.max_side = int(max_side)
+        self.fsync = fsync
+        self.compress = compress
+        self.frames_written = 0
+        self.events_written = 0
+        try:
+            self.frames_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"Cannot create session folder {self.folder}: {exc.strerror or exc}") from None
+        if any(self.frames_dir.iterdir()):
+            raise StoreError(f"Session folder {self.folder} already holds a session; choose a new folder")
+        self._info = {
+            "format": "reconstudio-session", "version": FORMAT_VERSION,
+            "source": str(source_name), "engine": config.engine,
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "finished": None, "frames": None, "max_side": self.max_side,
+            "config": _jsonable(config.to_dict()), "meta": _jsonable(meta or {}),
+        }
+        self._write_info()
+        try:
+            self._events = open(self.folder / "events.jsonl", "a", encoding="utf-8")
+        except OSError as exc:
+            raise StoreError(f"Cannot write to session folder {self.folder}: {exc.strerror or exc}") from None
+        self._closed = False
+
+    def _write_info(self) -> None:
+        try:
+            with atomic_open(self.folder / "config.json", "w", fsync=self.fsync) as f:
+                json.dump(self._info, f, indent=2)
+        except OutputError as exc:
+            raise StoreError(str(exc)) from None
+
+    def frame_path(self, index: int) -> Path:
+        return self.frames_dir / f"{int(index):0{FRAME_DIGITS}d}.npz"
+
+    def write(self, r: FrameResult) -> None:
+        """Store one result (downsampled), atomically; a re-emitted index replaces its file."""
+        if self._closed:
+            raise StoreError("session store is closed")
+        small = downsample_result(r, self.max_side)
+        save = np.savez_compressed if self.compress else np.savez
+        try:
+            with atomic_open(self.frame_path(small.index), "wb", fsync=self.fsync) as f:
+                save(f, **_result_arrays(small))
+        except OutputError as exc:
+            raise StoreError(str(exc)) from None
+        self.frames_written += 1
+
+    def write_event(self, e: EngineEvent) -> None:
+        """Append one event line and flush it to the OS at once."""
+        if self._closed:
+            raise StoreError("session store is closed")
+        try:
+            self._events.write(json.dumps(_event_to_json(e)) + "\n")
+            self._events.flush()
+            if self.fsync:
+                os.fsync(self._events.fileno())
+        except OSError as exc:
+            raise StoreError(f"Cannot write event to {self.folder}: {exc.strerror or exc}") from None
+        self.events_written += 1
+
+    def close(self) -> None:
+        """Record the end time and frame count in config.json (a folder without them was cut short)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._events.close()
+        self._info["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self._info["frames"] = len(list(self.frames_dir.glob("*.npz")))
+        self._write_info()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _jsonable(obj):
+    """Settings as plain JSON (tuples → lists, numpy scalars → numbers, anything else → str)."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
+
+
+# --- reader -----------------------------------------------------------------------------------
+
+@dataclass
+class LoadedSession:
+    folder: Path
+    config: SessionConfig
+    results: list                       # FrameResult (downsampled), sorted by index
+    events: list                        # EngineEvent, in order
+    info: dict = field(default_factory=dict)      # config.json: source, engine, started, finished, meta
+    problems: list = field(default_factory=list)  # damaged files / lines that were skipped
+
+    @property
+    def complete(self) -> bool:
+        """True if the run closed its store (False after a crash or kill)."""
+        return bool(self.info.get("finished"))
+
+    @property
+    def source(self) -> str:
+        return str(self.info.get("source", ""))
+
+
+def load_session(folder: Union[str, Path]) -> LoadedSession:
+    """Reopen a session folder, tolerating what a crash leaves behind: a missing or damaged
+    config.json, leftover temp files, an unreadable frame file, a half-written last event."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise StoreError(f"Session folder not found: {folder}")
+    frames_dir = folder / "frames"
+    if not frames_dir.is_dir() and not (folder / "config.json").exists():
+        raise StoreError(f"{folder} is not a ReconStudio session folder (no config.json or frames/)")
+    problems: list[str] = []
+    info: dict = {}
+    try:
+        info = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = SessionConfig.from_dict(info.get("config", {}))
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        problems.append(f"config.json unreadable ({exc}); default settings assumed")
+        config = SessionConfig()
+
+    results = []
+    for p in sorted(frames_dir.glob("*.npz")) if frames_dir.is_dir() else []:
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                r = _result_from_npz(z)
+                r.image, r.c2w, r.K = np.array(r.image), np.array(r.c2w), np.array(r.K)
+            results.append(r)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            problems.append(f"skipped damaged frame file {p.name} ({type(exc).__name__})")
+    results.sort(key=lambda r: r.index)
+
+    events = []
+    ev_path = folder / "events.jsonl"
+    if ev_path.exists():
+        with open(ev_path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    events.append(_event_from_json(json.loads(line)))
+                except (ValueError, KeyError, TypeError):
+                    problems.append(f"skipped damaged event line {n}")
+    return LoadedSession(folder=folder, config=config, results=results, events=events,
+                         info=info, problems=problems)
