@@ -26,6 +26,7 @@ log = logging.getLogger("reconstudio.io")
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 DEFAULT_FPS = 30.0
+_TEXT_CODECS = {b"ansi", b"tty\0"}
 
 
 class SourceError(EngineError):
@@ -159,6 +160,11 @@ class VideoSource(FrameSource):
             raise SourceError(
                 f"Cannot open video {self.name}: the file is truncated, corrupt or not a video "
                 "format this build can decode.")
+        fourcc = int(self._cap.get(cv2.CAP_PROP_FOURCC)) & 0xFFFFFFFF
+        if fourcc.to_bytes(4, "little") in _TEXT_CODECS:
+            # FFmpeg "plays" any text file as ANSI art; that is never what the user meant.
+            self._cap.release()
+            raise SourceError(f"Cannot open video {self.name}: it is a text file, not a video.")
         container_fps = self._cap.get(cv2.CAP_PROP_FPS)
         if container_fps and np.isfinite(container_fps) and 0 < container_fps < 1000:
             self.fps = float(container_fps)
