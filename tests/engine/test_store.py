@@ -1,0 +1,169 @@
+"""The crash-safe session store: layout, downsampling, reload, and a SIGKILL mid-run."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from engine.api import EngineEvent, FrameResult, SessionConfig
+from engine.geometry import backproject
+from engine.io.store import (SessionStore, StoreError, downsample_result, load_session,
+                             new_session_folder)
+from tests.conftest import REPO
+
+
+def _result(i, h=480, w=640, segment=0, pose_enc=False):
+    rng = np.random.default_rng(i)
+    c2w = np.eye(4)
+    c2w[:3, 3] = [0.1 * i, 0, 0]
+    yy, xx = np.mgrid[0:h, 0:w]
+    return FrameResult(
+        index=i, timestamp=i / 30.0, is_keyframe=i % 3 == 0, c2w=c2w,
+        K=np.array([[480.0, 0, 319.5], [0, 480.0, 239.5], [0, 0, 1]]),
+        image=rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
+        depth=(1.0 + 0.001 * xx + 0.002 * yy).astype(np.float32),
+        conf=np.full((h, w), 2.0 + i, np.float32),
+        pose_enc=np.arange(9, dtype=np.float32) if pose_enc else None, segment=segment)
+
+
+def test_layout_and_reload(tmp_path):
+    folder = tmp_path / "s"
+    cfg = SessionConfig(engine="geometric", window=32, intrinsics=(480.0, 480.0, 319.5, 239.5, 640, 480))
+    store = SessionStore(folder, cfg, "video.mp4", meta={"kind": "video", "fps": 30.0})
+    for i in range(3):
+        store.write(_result(i, pose_enc=(i == 1), segment=i // 2))
+    store.write_event(EngineEvent("realign", 1, np.diag([2.0, 2, 2, 1])))
+    store.write_event(EngineEvent("warning", message="tracking lost"))
+    info = json.loads((folder / "config.json").read_text())
+    assert info["finished"] is None                       # still running
+    store.close()
+
+    assert sorted(p.name for p in (folder / "frames").iterdir()) == ["000000.npz", "000001.npz", "000002.npz"]
+    assert len((folder / "events.jsonl").read_text().splitlines()) == 2
+    s = load_session(folder)
+    assert s.complete and s.problems == [] and s.source == "video.mp4"
+    assert s.config == cfg and s.info["meta"] == {"kind": "video", "fps": 30.0}
+    assert s.info["frames"] == 3 and s.info["started"]
+    assert [r.index for r in s.results] == [0, 1, 2]
+    r = s.results[1]
+    assert r.image.shape == (192, 256, 3) and r.depth.shape == (192, 256) and r.conf.shape == (192, 256)
+    assert r.depth.dtype == np.float32 and r.image.dtype == np.uint8
+    assert r.timestamp == pytest.approx(1 / 30) and r.is_keyframe is False and r.segment == 0
+    np.testing.assert_array_equal(r.pose_enc, np.arange(9))
+    assert s.results[0].pose_enc is None and s.results[2].segment == 1
+    np.testing.assert_allclose(r.c2w[:3, 3], [0.1, 0, 0])
+    assert [e.kind for e in s.events] == ["realign", "warning"]
+    np.testing.assert_array_equal(s.events[0].transform, np.diag([2.0, 2, 2, 1]))
+    assert s.events[1].message == "tracking lost"
+
+
+def test_downsampled_depth_keeps_geometry():
+    # K is rescaled with the image: the stored, small depth back-projects onto the same surface.
+    r = _result(0)
+    small = downsample_result(r, 256)
+    np.testing.assert_allclose(small.K, [[192.0, 0, 127.5], [0, 192.0, 95.5], [0, 0, 1]])
+    p_small, m = backproject(small.depth, small.K, small.c2w)
+    vs, us = np.nonzero(m)
+    # the same points from the full-resolution depth at the matching pixel centres
+    fv = np.round((vs + 0.5) * 2.5 - 0.5).astype(int)
+    fu = np.round((us + 0.5) * 2.5 - 0.5).astype(int)
+    full, _ = backproject(r.depth, r.K, r.c2w)
+    p_full = full.reshape(480, 640, 3)[fv, fu]
+    np.testing.assert_allclose(p_small, p_full, atol=0.01)
+
+
+def test_small_frames_are_not_upscaled(tmp_path):
+    store = SessionStore(tmp_path / "s", SessionConfig(), "cam")
+    store.write(_result(4, h=100, w=120))
+    store.close()
+    r = load_session(tmp_path / "s").results[0]
+    assert r.depth.shape == (100, 120)
+    np.testing.assert_allclose(r.K, _result(4).K)
+
+
+def test_new_session_folder_and_refusal_to_overwrite(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECONSTUDIO_SESSIONS", str(tmp_path / "root"))
+    a = new_session_folder("/some/where/my clip.mp4")
+    assert a.parent == tmp_path / "root" and a.name.endswith("_my_clip") and not a.exists()
+    store = SessionStore(a, SessionConfig(), "x")
+    store.write(_result(0, h=10, w=10))
+    store.close()
+    b = new_session_folder("/some/where/my clip.mp4")
+    assert b != a
+    with pytest.raises(StoreError, match="already holds a session"):
+        SessionStore(a, SessionConfig(), "x")
+
+
+def test_load_tolerates_crash_debris(tmp_path):
+    folder = tmp_path / "s"
+    store = SessionStore(folder, SessionConfig(), "clip")
+    for i in range(3):
+        store.write(_result(i, h=20, w=30))
+    store.write_event(EngineEvent("info", message="ok"))
+    # what a crash can leave: a temp file, a damaged last frame, a half-written event line
+    (folder / "frames" / ".000003.npz.abc.tmp").write_bytes(b"PK\x03\x04partial")
+    (folder / "frames" / "000002.npz").write_bytes(
+        (folder / "frames" / "000002.npz").read_bytes()[:100])
+    with open(folder / "events.jsonl", "a") as f:
+        f.write('{"kind": "realign", "segm')
+    s = load_session(folder)
+    assert [r.index for r in s.results] == [0, 1]
+    assert len(s.events) == 1 and s.events[0].message == "ok"
+    assert not s.complete
+    assert any("000002.npz" in p for p in s.problems) and any("event line 2" in p for p in s.problems)
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(StoreError, match="not found"):
+        load_session(tmp_path / "missing")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(StoreError, match="not a ReconStudio session"):
+        load_session(tmp_path / "plain")
+
+
+CHILD = textwrap.dedent("""
+    import sys, numpy as np
+    sys.path.insert(0, sys.argv[2])
+    from engine.api import FrameResult, SessionConfig, EngineEvent
+    from engine.io.store import SessionStore
+    store = SessionStore(sys.argv[1], SessionConfig(), "endless")
+    rng = np.random.default_rng(0)
+    i = 0
+    while True:   # runs until killed
+        img = rng.integers(0, 256, (240, 320, 3), dtype=np.uint8)
+        store.write(FrameResult(i, i / 30, True, np.eye(4), np.eye(3), img,
+                                rng.uniform(1, 2, (240, 320)).astype(np.float32), None))
+        store.write_event(EngineEvent("info", message=str(i)))
+        print(i, flush=True)
+        i += 1
+""")
+
+
+def test_sigkill_mid_run_loses_nothing_committed(tmp_path):
+    folder = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(folder), str(REPO)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        committed = -1
+        for line in proc.stdout:
+            committed = int(line)
+            if committed >= 12:
+                break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert committed >= 12 and proc.returncode == -signal.SIGKILL
+    s = load_session(folder)
+    got = [r.index for r in s.results]
+    # every frame reported as written is there and intact; at most the next one besides
+    assert got[: committed + 1] == list(range(committed + 1)) and len(got) <= committed + 3
+    assert all(r.depth.shape == (192, 256) for r in s.results)
+    assert [int(e.message) for e in s.events][: committed + 1] == list(range(committed + 1))
+    assert not s.complete
+    assert all(not p.startswith("skipped damaged frame") for p in s.problems)
