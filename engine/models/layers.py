@@ -1,0 +1,89 @@
+"""The shared transformer pieces: one attention, one MLP, one LayerScale, one block.
+
+Every transformer in LingBot-Map (DINOv2 patch embed, frame blocks, global blocks, camera trunk)
+is a `Block`; they differ only in norm eps, qk-norm, the rotary embedding passed in and the
+`attend` function used for the softmax part (plain SDPA over the batch's own tokens by default; the
+global blocks and the camera trunk pass a cache-backed one).
+
+Layout: q, k, v are `[B, N, H, D]` views of one fused qkv projection (no copies); qk-norm is a
+LayerNorm over D; RoPE rotates q and k before `attend`, so caches store rotated keys.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# attend(q, k, v) -> out, all [B, N, H, D] (out may have any strides)
+AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sdpa_bnhd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Full (unmasked) attention on [B, N, H, D] tensors; returns [B, N, H, D]."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, init_value: float = 1e-5):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_value)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int, out: Optional[int] = None, bias: bool = True):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden, bias=bias)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, out or dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused qkv projection and optional qk-norm."""
+
+    def __init__(self, dim: int, num_heads: int, qk_norm: bool = False, bias: bool = True, qk_eps: float = 1e-5):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by {num_heads} heads")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=qk_eps) if qk_norm else None
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=qk_eps) if qk_norm else None
+        self.proj = nn.Linear(dim, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor, rope=None, attend: Optional[AttendFn] = None) -> torch.Tensor:
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).unbind(2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rope(q), rope(k)
+        out = (attend or sdpa_bnhd)(q, k, v)
+        return self.proj(out.reshape(B, N, C))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block with LayerScale: x + ls1(attn(norm1 x)), x + ls2(mlp(norm2 x))."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qk_norm: bool = False,
+                 norm_eps: float = 1e-5, layer_scale: float = 0.01):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(dim, num_heads, qk_norm=qk_norm)
+        self.ls1 = LayerScale(dim, layer_scale)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.ls2 = LayerScale(dim, layer_scale)
+
+    def forward(self, x: torch.Tensor, rope=None, attend: Optional[AttendFn] = None) -> torch.Tensor:
+        x = x + self.ls1(self.attn(self.norm1(x), rope, attend))
+        return x + self.ls2(self.mlp(self.norm2(x)))

@@ -1,0 +1,213 @@
+"""LingBot-Map (streaming GCT): aggregator + causal camera head + DPT depth head.
+
+Forward API used by the streaming session (engine/streaming.py) and the benchmarks:
+
+    out = model.forward_step(images, time_index=[...], first_frame=..., scale_phase=...,
+                             kv=paged_kv_cache_or_None, camera_cache=cam_cache_or_None,
+                             iterations=4)
+    # images [S, 3, H, W] float in [0, 1], H and W multiples of 14
+    # out: pose_enc [S, 9], pose_enc_list [S, K, 9], depth [S, H, W], conf [S, H, W],
+    #      camera_features [S, 4, 2C] (token 0 of the four aggregator layers the heads read)
+
+`model(images)` runs one bidirectional batch without caches (a scale phase on its own).
+
+Timing: set `model.timer` to a callable `name -> context manager`; the model enters it around
+"patch_embed", each "frame_blocks" and "global_blocks" call (24 each), "camera_head" and
+"depth_head". The timer decides how to measure (CUDA events, perf_counter, ...).
+
+Dtypes: `set_dtype(torch.bfloat16)` converts the aggregator (patch embed, frame and global blocks,
+special tokens); the camera and depth heads always stay float32 and read float32 features, as
+upstream does.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from .camera_head import CameraCache, CameraHead
+from .dinov2 import DinoV2
+from .dpt_head import DPTHead
+from .layers import Block, sdpa_bnhd
+from .rope import Rope2D, VideoRope3D
+
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class LingBotMapConfig:
+    img_size: int = 518                 # DINOv2 pos-embed grid = img_size // patch_size
+    patch_size: int = 14
+    embed_dim: int = 1024               # aggregator and patch-embed width
+    depth: int = 24                     # frame blocks = global blocks = depth
+    num_heads: int = 16
+    mlp_ratio: float = 4.0
+    patch_embed_depth: int = 24         # DINOv2 ViT-L: 24 blocks, 16 heads
+    patch_embed_heads: int = 16
+    num_register_tokens: int = 4
+    intermediate_layers: Sequence[int] = (4, 11, 17, 23)
+    camera_depth: int = 4
+    camera_heads: int = 16
+    dpt_features: int = 256
+    dpt_out_channels: Sequence[int] = (256, 512, 1024, 1024)
+    rope_freq: float = 100.0
+    rope3d_theta: float = 1e4
+    rope3d_split: Optional[Sequence[int]] = None     # default (20, 22, 22) at head dim 64
+    max_frame_num: int = 1024           # size of the released 3D-RoPE table (see streaming.py)
+    trained_views: int = 320            # cached views seen in training
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_special(self) -> int:
+        return 2 + self.num_register_tokens          # camera, registers, scale
+
+
+class Aggregator(nn.Module):
+    """Patch embed + 6 special tokens per frame + alternating frame / global blocks."""
+
+    def __init__(self, cfg: LingBotMapConfig):
+        super().__init__()
+        C, R = cfg.embed_dim, cfg.num_register_tokens
+        self.cfg = cfg
+        self.patch_embed = DinoV2(C, cfg.patch_embed_depth, cfg.patch_embed_heads, cfg.patch_size,
+                                  cfg.img_size, R, cfg.mlp_ratio)
+        self.frame_blocks = nn.ModuleList(Block(C, cfg.num_heads, cfg.mlp_ratio, qk_norm=True) for _ in range(cfg.depth))
+        self.global_blocks = nn.ModuleList(Block(C, cfg.num_heads, cfg.mlp_ratio, qk_norm=True) for _ in range(cfg.depth))
+        # variant 0: frame 0 (camera, register) / scale-phase frames (scale); variant 1: the rest
+        self.camera_token = nn.Parameter(torch.zeros(1, 2, 1, C))
+        self.register_token = nn.Parameter(torch.zeros(1, 2, R, C))
+        self.scale_token = nn.Parameter(torch.zeros(1, 2, 1, C))
+        self.register_buffer("_mean", torch.tensor(_IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("_std", torch.tensor(_IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        head_dim = C // cfg.num_heads
+        self.rope2d = Rope2D(head_dim, cfg.rope_freq)
+        self.rope3d = VideoRope3D(head_dim, cfg.rope3d_theta, cfg.rope3d_split)
+        self.timer = None
+
+    def _section(self, name):
+        return self.timer(name) if self.timer is not None else contextlib.nullcontext()
+
+    def special_tokens(self, num_frames: int, first_frame: bool, scale_phase: bool) -> torch.Tensor:
+        """[S, 6, C]: camera, registers, scale for S consecutive frames (frame 0 first if `first_frame`)."""
+        def pick(tok, first_variant0):
+            rows = tok[0, 1:2].expand(num_frames, -1, -1)
+            if first_variant0:
+                rows = torch.cat((tok[0, 0:1], rows[1:]), dim=0)
+            return rows
+        cam = pick(self.camera_token, first_frame)
+        reg = pick(self.register_token, first_frame)
+        scale = self.scale_token[0, 0 if scale_phase else 1].expand(num_frames, -1, -1)
+        return torch.cat((cam, reg, scale), dim=1)
+
+    def forward(self, images: torch.Tensor, time_index: Sequence[int], first_frame: bool, scale_phase: bool,
+                kv=None) -> list[torch.Tensor]:
+        """images [S, 3, H, W] in [0, 1] -> the 4 feature maps [S, T, 2C] the heads read
+        (T = 6 specials + patches; each = frame-block output ‖ global-block output)."""
+        cfg = self.cfg
+        S, _, H, W = images.shape
+        gh, gw = H // cfg.patch_size, W // cfg.patch_size
+        dtype = self.camera_token.dtype
+        x = ((images.float() - self._mean.float()) / self._std.float()).to(dtype)
+        with self._section("patch_embed"):
+            patches = self.patch_embed(x)
+        x = torch.cat((self.special_tokens(S, first_frame, scale_phase), patches), dim=1)   # [S, T, C]
+        n_sp = cfg.num_special
+        rot2d = self.rope2d.rotation(gh, gw, n_sp, x.device)
+        rot3d = self.rope3d.rotation(list(time_index), gh, gw, n_sp, x.device, dtype=torch.float32)
+        wanted = set(cfg.intermediate_layers)
+        feats = []
+        for i in range(cfg.depth):
+            with self._section("frame_blocks"):
+                x = self.frame_blocks[i](x, rope=rot2d)
+                x_frame = x
+            with self._section("global_blocks"):
+                x = self.global_blocks[i](x, rope=rot3d, attend=self._global_attend(i, kv))
+            if i in wanted:
+                feats.append(torch.cat((x_frame, x), dim=-1))
+        return feats
+
+    @staticmethod
+    def _global_attend(layer: int, kv):
+        if kv is None:
+            def attend(q, k, v):          # one bidirectional batch: all S frames see each other
+                S, T, Hh, D = q.shape
+                flat = lambda t: t.reshape(1, S * T, Hh, D)
+                return sdpa_bnhd(flat(q), flat(k), flat(v)).reshape(S, T, Hh, D)
+            return attend
+
+        def attend(q, k, v):
+            kv.write(layer, k, v)
+            return kv.attend(layer, q)
+        return attend
+
+
+class LingBotMap(nn.Module):
+    def __init__(self, cfg: Optional[LingBotMapConfig] = None):
+        super().__init__()
+        self.config = cfg = cfg or LingBotMapConfig()
+        if len(cfg.intermediate_layers) != 4 or max(cfg.intermediate_layers) >= cfg.depth:
+            raise ValueError(f"intermediate_layers {tuple(cfg.intermediate_layers)} must be 4 indices < depth {cfg.depth}")
+        self.aggregator = Aggregator(cfg)
+        self.camera_head = CameraHead(2 * cfg.embed_dim, cfg.camera_depth, cfg.camera_heads, cfg.mlp_ratio)
+        self.depth_head = DPTHead(2 * cfg.embed_dim, cfg.patch_size, cfg.dpt_features, tuple(cfg.dpt_out_channels))
+        self.eval()
+
+    # -- configuration ------------------------------------------------------------------------
+    @property
+    def timer(self):
+        return self.aggregator.timer
+
+    @timer.setter
+    def timer(self, fn):
+        self.aggregator.timer = fn
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.aggregator.camera_token.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.aggregator.camera_token.device
+
+    def set_dtype(self, dtype: torch.dtype) -> "LingBotMap":
+        """Trunk in `dtype`, heads in float32 (as upstream)."""
+        self.aggregator.to(dtype)
+        self.camera_head.float()
+        self.depth_head.float()
+        return self
+
+    def kv_geometry(self) -> dict:
+        """Shape facts a KV cache needs (per global layer)."""
+        c = self.config
+        return {"num_layers": c.depth, "num_heads": c.num_heads, "head_dim": c.embed_dim // c.num_heads,
+                "special_tokens": c.num_special}
+
+    def new_camera_cache(self, iterations: int, scale_frames: int, cap: int) -> CameraCache:
+        return self.camera_head.new_cache(iterations, scale_frames, cap, self.device)
+
+    # -- inference ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward_step(self, images: torch.Tensor, *, time_index: Sequence[int], first_frame: bool,
+                     scale_phase: bool, kv=None, camera_cache: Optional[CameraCache] = None,
+                     iterations: int = 4) -> dict:
+        cfg = self.config
+        S, C3, H, W = images.shape
+        if C3 != 3 or H % cfg.patch_size or W % cfg.patch_size:
+            raise ValueError(f"images must be [S, 3, H, W] with H, W multiples of {cfg.patch_size}; got {tuple(images.shape)}")
+        feats = self.aggregator(images, time_index, first_frame, scale_phase, kv=kv)
+        feats32 = [f.float() for f in feats]
+        with self.aggregator._section("camera_head"):
+            poses = self.camera_head(feats32[-1][:, 0], iterations, camera_cache)
+        with self.aggregator._section("depth_head"):
+            depth, conf = self.depth_head(feats32, (H, W), cfg.num_special)
+        return {"pose_enc": poses[-1], "pose_enc_list": torch.stack(poses, dim=1), "depth": depth,
+                "conf": conf, "camera_features": torch.stack([f[:, 0] for f in feats32], dim=1)}
+
+    def forward(self, images: torch.Tensor, iterations: int = 4) -> dict:
+        """One bidirectional batch (no caches): frame 0 is the reference, all frames are scale frames."""
+        return self.forward_step(images, time_index=range(images.shape[0]), first_frame=True, scale_phase=True,
+                                 iterations=iterations)

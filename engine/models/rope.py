@@ -1,0 +1,126 @@
+"""Rotary position embeddings of LingBot-Map: one 2D RoPE (frame blocks), one 3D "video" RoPE
+(global blocks).
+
+Both return a `Rotation` (cos/sin tables broadcastable to the `[B, N, H, D]` q/k layout used by
+`engine.models.layers.Attention`) that is applied to q and k before attention, so keys enter any KV
+cache already rotated.
+
+Facts (upstream LingBot-Map / VGGT):
+- 2D RoPE: head dim split in two halves (row y, column x); inside each half the classic
+  "rotate-half" form with inverse frequencies `1 / freq**(arange(0, d, 2) / d)`, d = D/2, freq 100.
+  Special tokens sit at (0, 0), patch (y, x) at (y+1, x+1). Tables in float32.
+- 3D RoPE: head dim split (20, 22, 22) for (time, row, column) at D = 64 (otherwise
+  h = w = 2*(D//6), t = rest), theta 1e4, rotating *interleaved* pairs (0,1), (2,3), ... Special
+  token j of frame f sits at (f, j, j), patch (y, x) at (f, n_special + y, n_special + x). Angles in
+  float64, cos/sin rounded once to the compute dtype.
+
+Positions are computed from the formula, never looked up in a fixed-size table: for indices below
+the released table size (`max_frame_num` = 1024) the values are bit-identical to the upstream
+table, and past it the stream keeps running (see engine/streaming.py, "Position limit").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rotation:
+    """cos/sin of a rotary embedding; `apply(x)` rotates `x` of shape [B, N, H, D]."""
+
+    cos: torch.Tensor   # [B or 1, N, 1, D/2]
+    sin: torch.Tensor
+    interleaved: bool   # True: pairs (2i, 2i+1); False: rotate-half inside each axis chunk
+    chunks: int = 1     # rotate-half: number of independent axis chunks along D
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
+        if self.interleaved:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+        # rotate-half per chunk: chunk c holds [a, b] halves; out = [a cos - b sin, b cos + a sin]
+        shp = x.shape
+        xc = x.reshape(*shp[:-1], self.chunks, 2, shp[-1] // (2 * self.chunks))
+        a, b = xc[..., 0, :], xc[..., 1, :]
+        c = cos.reshape(*cos.shape[:-1], self.chunks, -1)
+        s = sin.reshape(*sin.shape[:-1], self.chunks, -1)
+        return torch.stack((a * c - b * s, b * c + a * s), dim=-2).reshape(shp)
+
+    __call__ = apply
+
+
+class Rope2D:
+    """2D RoPE of the frame blocks (no parameters)."""
+
+    def __init__(self, head_dim: int, frequency: float = 100.0):
+        if head_dim % 4:
+            raise ValueError("2D RoPE needs a head dim divisible by 4")
+        self.head_dim = head_dim
+        self.frequency = frequency
+        self._cache: dict = {}
+
+    def positions(self, grid_h: int, grid_w: int, num_special: int) -> torch.Tensor:
+        """[N, 2] (row, col) of one frame's tokens: specials at (0,0), patches at (y+1, x+1)."""
+        yy, xx = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
+        patches = torch.stack((yy.reshape(-1), xx.reshape(-1)), dim=-1) + (1 if num_special else 0)
+        return torch.cat((torch.zeros(num_special, 2, dtype=torch.long), patches), dim=0)
+
+    def rotation(self, grid_h: int, grid_w: int, num_special: int, device) -> Rotation:
+        key = (grid_h, grid_w, num_special, str(device))
+        rot = self._cache.get(key)
+        if rot is None:
+            d = self.head_dim // 2                                    # per axis
+            inv_freq = 1.0 / (self.frequency ** (torch.arange(0, d, 2).float() / d))   # [d/2]
+            pos = self.positions(grid_h, grid_w, num_special).float()                 # [N, 2]
+            ang = torch.cat((pos[:, :1] * inv_freq, pos[:, 1:] * inv_freq), dim=-1)   # [N, d] = (y, x)
+            rot = Rotation(ang.cos()[None, :, None, :].to(device), ang.sin()[None, :, None, :].to(device),
+                           interleaved=False, chunks=2)
+            self._cache[key] = rot
+        return rot
+
+
+def video_rope_split(head_dim: int) -> tuple[int, int, int]:
+    """(time, row, col) sizes of the head dim: (20, 22, 22) for the released D = 64."""
+    if head_dim == 64:
+        return (20, 22, 22)
+    hw = 2 * (head_dim // 6)
+    return (head_dim - 2 * hw, hw, hw)
+
+
+class VideoRope3D:
+    """3D RoPE of the global blocks (no parameters)."""
+
+    def __init__(self, head_dim: int, theta: float = 1e4, split: tuple[int, int, int] | None = None):
+        self.split = tuple(split) if split is not None else video_rope_split(head_dim)
+        if sum(self.split) != head_dim or any(s % 2 for s in self.split):
+            raise ValueError(f"3D RoPE split {self.split} must be even and sum to head dim {head_dim}")
+        self.theta = theta
+        self.inv_freq = [1.0 / (theta ** (torch.arange(0, s, 2, dtype=torch.float64) / s)) for s in self.split]
+        self._spatial: dict = {}
+
+    def _spatial_angles(self, grid_h: int, grid_w: int, num_special: int) -> torch.Tensor:
+        key = (grid_h, grid_w, num_special)
+        ang = self._spatial.get(key)
+        if ang is None:
+            _, fh, fw = self.inv_freq
+            idx = torch.arange(num_special, dtype=torch.float64)
+            special = torch.cat((idx[:, None] * fh, idx[:, None] * fw), dim=-1)          # (j, j)
+            rows = (num_special + torch.arange(grid_h, dtype=torch.float64))[:, None] * fh
+            cols = (num_special + torch.arange(grid_w, dtype=torch.float64))[:, None] * fw
+            patches = torch.cat((rows[:, None, :].expand(grid_h, grid_w, -1),
+                                 cols[None, :, :].expand(grid_h, grid_w, -1)), dim=-1).reshape(grid_h * grid_w, -1)
+            ang = torch.cat((special, patches), dim=0)                                  # [N, (h+w)/2]
+            self._spatial[key] = ang
+        return ang
+
+    def rotation(self, time_index: torch.Tensor | list[int], grid_h: int, grid_w: int, num_special: int,
+                 device, dtype=torch.float32) -> Rotation:
+        """Rotation for frames at temporal positions `time_index` ([F] ints, any size)."""
+        t = torch.as_tensor(time_index, dtype=torch.float64).reshape(-1, 1)
+        t_ang = t * self.inv_freq[0]                                                     # [F, t/2]
+        sp = self._spatial_angles(grid_h, grid_w, num_special)                          # [N, (h+w)/2]
+        ang = torch.cat((t_ang[:, None, :].expand(-1, sp.shape[0], -1),
+                         sp[None].expand(t_ang.shape[0], -1, -1)), dim=-1)               # [F, N, D/2]
+        return Rotation(ang.cos().to(dtype)[:, :, None, :].to(device),
+                        ang.sin().to(dtype)[:, :, None, :].to(device), interleaved=True)
