@@ -1,0 +1,266 @@
+"""`reconstudio run INPUT`: reconstruct a video, an image folder or a webcam headless.
+
+Frames go through the chosen engine with a progress bar; every result is written to a session
+folder as it arrives (crash-safe, reopenable in the GUI), and at the end the requested exports
+(PLY, NPZ, TUM trajectory) are written from that folder with re-alignments applied. Bad input
+is one line on stderr and exit code 2; Ctrl-C stops, keeps and exports what was done (exit 130).
+
+Module level imports nothing heavy (no torch, cv2 or Qt): the parser is built for every command.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def _defaults() -> dict:
+    try:
+        from resources import default_settings
+        return default_settings()
+    except Exception:  # a broken resources folder must not break the CLI's --help
+        return {}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = _defaults()
+    export = d.get("export", {})
+    p.add_argument("input", metavar="INPUT",
+                   help="video file, image folder (jpg/jpeg/png, sorted by name), or webcam:N")
+    g = p.add_argument_group("engine")
+    g.add_argument("--engine", default=d.get("engine", "geometric"),
+                   help="geometric (CPU, no weights; default) or lingbot-map (needs --checkpoint)")
+    g.add_argument("--checkpoint", metavar="PATH", help="weights for a neural engine (.pt or .safetensors)")
+    g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda if available)")
+    g.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
+                   help="compute dtype of a neural engine (default: bf16 on cuda, fp32 on cpu)")
+    g.add_argument("--backend", default=None, help="attention backend: auto, sdpa or flashinfer")
+    g.add_argument("--mode", default=None, choices=["streaming", "windowed"], help="neural engine mode")
+    g.add_argument("--window", type=int, default=None, metavar="N",
+                   help="sliding window of cached frames (neural engines; default 64)")
+    g.add_argument("--scale-frames", type=int, default=None, metavar="N",
+                   help="frames of the scale phase, never evicted (default 8)")
+    g.add_argument("--keyframe-interval", type=int, default=None, metavar="N",
+                   help="every N-th frame stays in the KV cache (default 1)")
+    g.add_argument("--camera-iterations", type=int, default=None, metavar="N",
+                   help="camera-head refinement iterations (default 4)")
+    g.add_argument("--image-width", type=int, default=None, metavar="PX",
+                   help="model input width (default 518)")
+    g.add_argument("--intrinsics", metavar="FILE|fx,fy,cx,cy,w,h",
+                   help="camera intrinsics of the input (default: intrinsics.txt beside the input, "
+                        "else an assumed 60° field of view)")
+    g.add_argument("--fov", type=float, default=None, metavar="DEG",
+                   help="assumed horizontal field of view when no intrinsics are known")
+    i = p.add_argument_group("input")
+    i.add_argument("--fps", type=float, default=None, metavar="N",
+                   help="frame rate of an image folder for timestamps (default 30); videos keep their own")
+    i.add_argument("--max-frames", type=int, default=None, metavar="N", help="stop after N input frames")
+    i.add_argument("--start", type=int, default=0, metavar="N", help="start at input frame N (files)")
+    i.add_argument("--resize", type=int, default=None, metavar="PX",
+                   help="downscale input frames so their longer side is at most PX")
+    o = p.add_argument_group("output")
+    o.add_argument("--ply", metavar="OUT", help="write the point cloud (binary PLY)")
+    o.add_argument("--npz", metavar="OUT", help="write poses, intrinsics, depth, confidence and points (NPZ)")
+    o.add_argument("--trajectory", metavar="OUT", help="write the camera trajectory (TUM format)")
+    o.add_argument("--session-dir", metavar="DIR",
+                   help="write the session store into DIR (must be new or empty; default: a new "
+                        "folder under ~/.local/share/reconstudio/sessions or $RECONSTUDIO_SESSIONS)")
+    o.add_argument("--conf-threshold", type=float, default=float(export.get("conf_threshold", 0.0)),
+                   metavar="X", help="export only points with confidence >= X (default %(default)s)")
+    o.add_argument("--stride", type=int, default=int(export.get("stride", 2)), metavar="N",
+                   help="export every N-th pixel of each stored depth map (default %(default)s)")
+    o.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+
+class _BadInput(Exception):
+    pass
+
+
+def _parse_intrinsics(text: str) -> tuple:
+    from engine.intrinsics import Intrinsics, read_intrinsics
+    parts = [s for s in text.replace(",", " ").split() if s]
+    if len(parts) == 6 and not Path(text).exists():
+        try:
+            [float(x) for x in parts]
+        except ValueError:
+            pass
+        else:
+            return Intrinsics.from_sequence(parts).as_tuple()
+    if "," in text and not Path(text).exists():
+        raise _BadInput(f"--intrinsics needs 6 numbers fx,fy,cx,cy,width,height or a file, got {text!r}")
+    return read_intrinsics(text).as_tuple()
+
+
+def _check_output(path: str, flag: str) -> Path:
+    """Fail before the run, not after it, if an output cannot be written."""
+    import os
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise _BadInput(f"{flag} {path}: is a folder; give a file name")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise _BadInput(f"{flag} {path}: cannot write into {parent}")
+    return p
+
+
+def _build_config(args, source):
+    from engine.api import SessionConfig, engine_capabilities
+
+    caps = engine_capabilities(args.engine)      # EngineError for an unknown engine
+    cfg = SessionConfig(engine=args.engine, checkpoint=args.checkpoint)
+    if caps.get("needs_checkpoint") and not args.checkpoint:
+        raise _BadInput(f"engine {args.engine} needs weights: pass --checkpoint PATH")
+    if args.checkpoint and not Path(args.checkpoint).expanduser().is_file():
+        raise _BadInput(f"checkpoint not found: {args.checkpoint}")
+    device = args.device
+    if device == "auto":
+        device = "cpu"
+        if "cuda" in (caps.get("devices") or []):
+            import torch
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg.device = device
+    cfg.dtype = args.dtype or ("bf16" if device.startswith("cuda") else "fp32")
+    for name in ("backend", "mode", "window", "scale_frames", "keyframe_interval",
+                 "camera_iterations", "image_width"):
+        value = getattr(args, name)
+        if value is not None:
+            if isinstance(value, int) and value <= 0:
+                raise _BadInput(f"--{name.replace('_', '-')} must be positive, got {value}")
+            setattr(cfg, name, value)
+    if args.fov is not None:
+        cfg.fov_deg = args.fov
+    cfg.fps = float(source.fps)
+    if args.intrinsics:
+        cfg.intrinsics = _parse_intrinsics(args.intrinsics)
+        note = "given"
+    else:
+        from engine.intrinsics import find_intrinsics
+        found = find_intrinsics(getattr(source, "path", None))
+        if found is not None:
+            cfg.extra["intrinsics_file"] = str(found)
+            note = str(found)
+        else:
+            note = f"assumed {cfg.fov_deg:g}° horizontal field of view"
+    return cfg, note
+
+
+def main(args) -> int:
+    from engine.api import EngineError
+
+    try:
+        return _run(args)
+    except (EngineError, _BadInput) as exc:
+        print(f"reconstudio run: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _run(args) -> int:
+    from tqdm import tqdm
+
+    from engine.api import open_session
+    from engine.io.export import export_session
+    from engine.io.sources import open_source
+    from engine.io.store import SessionStore, load_session, new_session_folder
+
+    outputs = {flag: _check_output(getattr(args, flag), f"--{flag}")
+               for flag in ("ply", "npz", "trajectory") if getattr(args, flag)}
+    if args.stride < 1:
+        raise _BadInput(f"--stride must be at least 1, got {args.stride}")
+    if args.max_frames is not None and args.max_frames < 1:
+        raise _BadInput(f"--max-frames must be at least 1, got {args.max_frames}")
+    if args.fps is not None and args.fps <= 0:
+        raise _BadInput(f"--fps must be positive, got {args.fps}")
+
+    source = open_source(args.input, fps=args.fps, max_side=args.resize)
+    session = store = None
+    interrupted = False
+    frames_in = results_n = 0
+    try:
+        if args.start:
+            source.seek(args.start)
+        cfg, intr_note = _build_config(args, source)
+        session = open_session(cfg)
+        folder = Path(args.session_dir).expanduser() if args.session_dir else new_session_folder(source.name)
+        store = SessionStore(folder, cfg, str(args.input),
+                             meta={"kind": source.kind, "name": source.name, "fps": source.fps,
+                                   "frames": len(source), "start": args.start, "intrinsics": intr_note})
+        total = len(source) - args.start if len(source) else None
+        if args.max_frames:
+            total = min(total, args.max_frames) if total else args.max_frames
+        log = (lambda msg: None) if args.quiet else (lambda msg: tqdm.write(msg, file=sys.stderr))
+        log(f"{source.kind} {source.name}: {len(source) or 'unknown number of'} frames at {source.fps:g} fps; "
+            f"engine {cfg.engine} on {cfg.device}; intrinsics: {intr_note}")
+        log(f"session folder: {store.folder}")
+        bar = tqdm(total=total, unit="frame", file=sys.stderr, disable=args.quiet, dynamic_ncols=True)
+        warned = 0
+        t0 = time.perf_counter()
+
+        def handle(results):
+            nonlocal results_n
+            for r in results:
+                store.write(r)
+                results_n += 1
+            for e in session.poll_events():
+                store.write_event(e)
+                if e.kind in ("warning", "segment") and e.message:
+                    log(f"{e.kind}: {e.message}")
+
+        try:
+            while not args.max_frames or frames_in < args.max_frames:
+                frame = source.read()
+                for w in source.warnings[warned:]:
+                    log(f"warning: {w}")
+                warned = len(source.warnings)
+                if frame is None:
+                    break
+                handle(session.push(frame.image, frame.timestamp))
+                frames_in += 1
+                bar.update(1)
+                if frames_in % 5 == 0:
+                    fps = session.stats().get("fps")
+                    bar.set_postfix(results=results_n, fps=f"{fps:.1f}" if fps else "-", refresh=False)
+            handle(session.flush())
+        except KeyboardInterrupt:
+            interrupted = True
+            log("interrupted: keeping and exporting the frames done so far")
+        finally:
+            bar.close()
+        elapsed = time.perf_counter() - t0
+        stats = session.stats()
+    finally:
+        for obj in (session, store, source):
+            if obj is not None:
+                try:
+                    obj.close()
+                except Exception:   # closing must not hide the run's own error
+                    pass
+    if store is None:
+        return EXIT_BAD_INPUT
+
+    if results_n == 0:
+        print(f"reconstudio run: error: the engine produced no results from {frames_in} frames "
+              f"(session folder {store.folder})", file=sys.stderr)
+        return EXIT_INTERRUPTED if interrupted else EXIT_BAD_INPUT
+    summary = {"frames": frames_in, "results": results_n}
+    if outputs:
+        loaded = load_session(store.folder)
+        summary.update(export_session(loaded.results, loaded.events, ply=outputs.get("ply"),
+                                      npz=outputs.get("npz"), trajectory=outputs.get("trajectory"),
+                                      conf_threshold=args.conf_threshold, stride=args.stride))
+    if not args.quiet:
+        fps = stats.get("fps")
+        print(f"{frames_in} frames → {results_n} results in {elapsed:.1f} s "
+              f"({frames_in / max(elapsed, 1e-9):.1f} frames/s overall"
+              f"{f', engine {fps:.1f} fps' if fps else ''}); session: {store.folder}", file=sys.stderr)
+        for f in summary.get("files", []):
+            print(f"wrote {f}", file=sys.stderr)
+        if outputs:
+            print(f"{summary['points']} points exported (confidence >= {args.conf_threshold:g}, "
+                  f"stride {args.stride})", file=sys.stderr)
+    return EXIT_INTERRUPTED if interrupted else 0
