@@ -108,9 +108,16 @@ def downsample_result(r: FrameResult, max_side: int) -> FrameResult:
 # --- (de)serialisation ------------------------------------------------------------------------
 
 def _event_to_json(e: EngineEvent) -> dict:
-    return {"kind": e.kind, "segment": int(e.segment),
-            "transform": None if e.transform is None else np.asarray(e.transform, float).reshape(4, 4).tolist(),
-            "message": e.message, "time": time.time()}
+    transform, message = e.transform, str(e.message or "")
+    if transform is not None:
+        try:
+            transform = np.asarray(transform, dtype=np.float64).reshape(4, 4).tolist()
+        except (TypeError, ValueError):
+            # not a 4x4 matrix (e.g. text passed positionally): keep the text, never fail the run
+            message = message or str(transform)
+            transform = None
+    return {"kind": str(e.kind), "segment": int(e.segment), "transform": transform,
+            "message": message, "time": time.time()}
 
 
 def _event_from_json(d: dict) -> EngineEvent:
