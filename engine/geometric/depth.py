@@ -1,0 +1,138 @@
+"""Keyframe depth by two-view stereo: the keyframe and a well-baselined neighbour keyframe are
+rectified with their tracked poses (cv2.stereoRectify), matched with semi-global block matching
+(cv2.StereoSGBM, its left-right check and speckle filter on), and the disparity is mapped back to
+the keyframe's own pixel grid. With a second neighbour the two depth maps are cross-checked and
+only agreeing pixels are kept. The disparity search range comes from the sparse map points seen
+in the keyframe, which keeps the search short and the scale consistent with the trajectory.
+
+Confidence (larger = better): 1 + (disparity in result pixels) / 4 for a single pair, times an
+agreement factor in (0, 1] when cross-checked; 0 where there is no depth."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import cv2
+import numpy as np
+
+
+@dataclass
+class DepthView:
+    fid: int
+    gray: np.ndarray      # at depth resolution
+    c2w: np.ndarray
+    segment: int = 0
+
+
+def choose_neighbours(ref: DepthView, candidates: list, median_depth: float, k: int = 2,
+                      target_ratio: float = 0.08, min_ratio: float = 0.02, max_ratio: float = 0.35) -> list:
+    """Up to `k` candidate views with a mostly sideways baseline of a useful length relative to
+    the scene depth (best first)."""
+    Rr = ref.c2w[:3, :3].T
+    scored = []
+    for c in candidates:
+        if c.fid == ref.fid:
+            continue
+        b = Rr @ (c.c2w[:3, 3] - ref.c2w[:3, 3])
+        lateral, forward = np.hypot(b[0], b[1]), abs(b[2])
+        ratio = lateral / max(median_depth, 1e-9)
+        rel = Rr @ c.c2w[:3, :3]
+        angle = np.degrees(np.arccos(np.clip((np.trace(rel) - 1) / 2, -1, 1)))
+        if forward > 0.8 * lateral or not (min_ratio <= ratio <= max_ratio) or angle > 25:
+            continue
+        scored.append((abs(np.log(ratio / target_ratio)), c))
+    scored.sort(key=lambda s: s[0])
+    return [c for _, c in scored[:k]]
+
+
+def _disparity_range(sgn_d: np.ndarray):
+    if len(sgn_d) < 5:
+        return 0, 64
+    lo, hi = np.percentile(sgn_d, [2, 98])
+    lo = int(np.floor(max(0.0, 0.6 * lo)))
+    hi = int(np.ceil(1.5 * hi)) + 2
+    n = int(np.ceil(max(hi - lo, 16) / 16.0) * 16)
+    return lo, min(n, 192)
+
+
+def pair_depth(ref: DepthView, nbr: DepthView, K: np.ndarray, sparse_uv: np.ndarray, sparse_z: np.ndarray,
+               block: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """Depth (float32, 0 = none) and disparity (in depth-resolution pixels) on ref's grid."""
+    h, w = ref.gray.shape
+    Rr, Rn = ref.c2w[:3, :3].T, nbr.c2w[:3, :3].T
+    tr, tn = -Rr @ ref.c2w[:3, 3], -Rn @ nbr.c2w[:3, 3]
+    R = Rn @ Rr.T
+    t = tn - R @ tr
+    dist = np.zeros(5)
+    R1, R2, P1, P2, _, _, _ = cv2.stereoRectify(K, dist, K, dist, (w, h), R, t.reshape(3, 1),
+                                                flags=cv2.CALIB_ZERO_DISPARITY, alpha=0)
+    vertical = abs(P2[1, 3]) > abs(P2[0, 3])
+    ax = 1 if vertical else 0
+    f = P1[ax, ax]
+    B = abs(P2[ax, 3]) / P2[ax, ax]
+    ref_is_left = P2[ax, 3] < 0
+    m1 = cv2.initUndistortRectifyMap(K, dist, R1, P1, (w, h), cv2.CV_32FC1)
+    m2 = cv2.initUndistortRectifyMap(K, dist, R2, P2, (w, h), cv2.CV_32FC1)
+    r0 = cv2.remap(ref.gray, m1[0], m1[1], cv2.INTER_LINEAR)
+    r1 = cv2.remap(nbr.gray, m2[0], m2[1], cv2.INTER_LINEAR)
+
+    # expected disparities of the map points, for the search range
+    Kinv = np.linalg.inv(K)
+    rays = np.c_[sparse_uv, np.ones(len(sparse_uv))] @ Kinv.T * sparse_z[:, None]
+    zr = (rays @ R1.T)[:, 2]
+    d_exp = f * B / np.maximum(zr[zr > 0], 1e-9)
+    lo, n = _disparity_range(d_exp)
+
+    def orient(img):
+        if vertical:
+            img = img.T
+        return img if ref_is_left else img[:, ::-1]
+    a, b = np.ascontiguousarray(orient(r0)), np.ascontiguousarray(orient(r1))
+    sgbm = cv2.StereoSGBM_create(minDisparity=lo, numDisparities=n, blockSize=block,
+                                 P1=8 * block * block, P2=32 * block * block, disp12MaxDiff=1,
+                                 uniquenessRatio=10, speckleWindowSize=80, speckleRange=2,
+                                 mode=cv2.STEREO_SGBM_MODE_SGBM)
+    raw = sgbm.compute(a, b).astype(np.float32) / 16.0
+    if not ref_is_left:
+        raw = raw[:, ::-1]
+    if vertical:
+        raw = raw.T
+    disp = np.ascontiguousarray(raw)
+    disp[disp < max(lo, 0.5)] = 0   # invalid pixels come back as lo-1
+
+    # back to the keyframe's grid: pixel → rectified ray → sample disparity
+    uu, vv = np.meshgrid(np.arange(w, dtype=np.float64), np.arange(h, dtype=np.float64))
+    d = np.stack([uu, vv, np.ones_like(uu)], -1) @ Kinv.T
+    r = d @ R1.T
+    pr = r @ P1[:3, :3].T
+    mx = (pr[..., 0] / pr[..., 2]).astype(np.float32)
+    my = (pr[..., 1] / pr[..., 2]).astype(np.float32)
+    ds = cv2.remap(disp, mx, my, cv2.INTER_NEAREST, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        depth = np.where(ds > 0, f * B / ds / r[..., 2], 0.0).astype(np.float32)
+    depth[~np.isfinite(depth) | (depth < 0)] = 0
+    return depth, ds
+
+
+def keyframe_depth(ref: DepthView, neighbours: list, K: np.ndarray, sparse_uv: np.ndarray,
+                   sparse_z: np.ndarray, out_size: tuple[int, int], agree: float = 0.04):
+    """Depth and confidence for `ref` at `out_size` (w, h) from one or two neighbours; None if
+    no neighbour is usable. K is for the depth resolution (ref.gray)."""
+    if not neighbours:
+        return None
+    h, w = ref.gray.shape
+    scale_out = out_size[0] / w
+    d1, disp1 = pair_depth(ref, neighbours[0], K, sparse_uv, sparse_z)
+    conf = np.where(d1 > 0, 1.0 + disp1 * scale_out / 4.0, 0.0).astype(np.float32)
+    if len(neighbours) > 1:
+        d2, _ = pair_depth(ref, neighbours[1], K, sparse_uv, sparse_z)
+        both = (d1 > 0) & (d2 > 0)
+        rel = np.abs(d1 - d2) / np.maximum(d1, 1e-9)
+        keep = both & (rel < agree)
+        d1 = np.where(keep, 0.5 * (d1 + d2), np.where(both, 0.0, d1)).astype(np.float32)
+        weight = np.where(keep, 1.0, 0.5)   # seen by one pair only: half the confidence
+        conf = np.where(d1 > 0, conf * weight, 0.0).astype(np.float32)
+    if (w, h) != tuple(out_size):
+        d1 = cv2.resize(d1, out_size, interpolation=cv2.INTER_NEAREST)
+        conf = cv2.resize(conf, out_size, interpolation=cv2.INTER_NEAREST)
+    return d1, conf

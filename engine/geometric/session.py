@@ -1,0 +1,293 @@
+"""The "geometric" engine session: KLT tracks → monocular tracker → ordered FrameResults, with
+keyframe depth computed behind the tracker on a worker thread.
+
+Ordering contract
+- `push` returns results strictly in input order (each frame at most once).
+- Frames seen before the map is initialised wait and are returned together once it is (like the
+  scale phase of the neural engines); frames that never get a pose (no initialisation within
+  `max_init_frames`, a blank stretch, end of stream) are never returned — `stats()["untracked"]`
+  counts them and coverage = returned / pushed.
+- A keyframe waits for its depth map; the frames after it wait behind it. When a keyframe is more
+  than `depth_max_lag` frames old, `push` blocks until its depth is ready, so the depth worker
+  keeps up by back-pressure and memory stays bounded. `flush()` drains everything.
+- Keyframes carry `depth`/`conf` (None when no neighbour keyframe had a usable baseline); other
+  frames carry depth=None, conf=None (the viewer back-projects keyframes only).
+- Keyframe poses are taken at return time, so they include the bundle adjustment done up to then.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, Optional
+
+import cv2
+import numpy as np
+
+from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
+from ..intrinsics import resolve_intrinsics
+from .depth import DepthView, choose_neighbours, keyframe_depth
+from .frontend import KLTFrontend
+from .tracker import MonoTracker, TrackerParams
+
+
+class FrameError(EngineError):
+    """A pushed frame cannot be used (message is user-facing); the session stays usable."""
+
+
+def to_rgb_uint8(frame: Any) -> np.ndarray:
+    """uint8 H×W×3 RGB from a uint8 RGB array, a float array in [0,1] (H×W×3) or a float tensor
+    [3,h,w] in [0,1]."""
+    if hasattr(frame, "detach"):   # torch tensor, without importing torch here
+        frame = frame.detach().cpu().numpy()
+        if frame.ndim == 3 and frame.shape[0] == 3:
+            frame = np.transpose(frame, (1, 2, 0))
+    if not isinstance(frame, np.ndarray):
+        raise FrameError(f"a frame must be an image array, got {type(frame).__name__}")
+    if frame.ndim == 2:
+        frame = np.repeat(frame[:, :, None], 3, axis=2)
+    if frame.ndim != 3 or frame.shape[2] not in (3, 4):
+        raise FrameError(f"a frame must be H×W×3 RGB, got shape {frame.shape}")
+    frame = frame[:, :, :3]
+    if frame.shape[0] < 32 or frame.shape[1] < 32:
+        raise FrameError(f"frame of {frame.shape[1]}×{frame.shape[0]} pixels is too small (at least 32×32)")
+    if frame.dtype == np.uint8:
+        return np.ascontiguousarray(frame)
+    if np.issubdtype(frame.dtype, np.floating):
+        if not np.isfinite(frame).all():
+            raise FrameError("frame contains NaN or infinite values")
+        return np.ascontiguousarray(np.clip(frame * 255.0 + 0.5, 0, 255).astype(np.uint8))
+    raise FrameError(f"unsupported frame dtype {frame.dtype} (use uint8 RGB or float in [0, 1])")
+
+
+class _Pending:
+    __slots__ = ("fid", "timestamp", "image", "c2w", "is_kf", "segment", "future", "dropped")
+
+    def __init__(self, fid, timestamp, image):
+        self.fid, self.timestamp, self.image = fid, timestamp, image
+        self.c2w = None
+        self.is_kf = False
+        self.segment = 0
+        self.future: Optional[Future] = None
+        self.dropped = False
+
+
+class GeometricSession:
+    def __init__(self, config: SessionConfig, model: Any = None):
+        self.config = config
+        extra = config.extra or {}
+        self.max_side = int(config.max_side or 640)
+        if self.max_side < 64:
+            raise EngineError(f"max_side must be at least 64 pixels, got {config.max_side}")
+        self.depth_width = int(extra.get("depth_width", 320))
+        self.depth_max_lag = int(extra.get("depth_max_lag", 15))
+        self.depth_enabled = bool(extra.get("depth", True))
+        self.max_features = int(extra.get("max_features", 400))
+        self._input_size: Optional[tuple[int, int]] = None
+        self._frames_in = 0
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._by_fid: dict[int, _Pending] = {}
+        self._events: list[EngineEvent] = []
+        self._kf_views: collections.deque = collections.deque(maxlen=10)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geom-depth") if self.depth_enabled else None
+        self._n_out = self._n_kf = self._n_untracked = 0
+        self._latencies: collections.deque = collections.deque(maxlen=300)
+        self._track_times: collections.deque = collections.deque(maxlen=100)
+        self._depth_times: collections.deque = collections.deque(maxlen=50)
+        self._depth_wait = 0.0
+        self._closed = False
+        self.tracker: Optional[MonoTracker] = None
+        self.intrinsics_note = ""
+
+    # --- setup on the first frame ------------------------------------------------------------
+    def _setup(self, w_in: int, h_in: int):
+        intr, note = resolve_intrinsics(self.config, w_in, h_in)
+        s = min(1.0, self.max_side / max(w_in, h_in))
+        self.work_size = (max(32, int(round(w_in * s))), max(32, int(round(h_in * s))))
+        self.intr = intr.scaled_to(*self.work_size)
+        self.K = self.intr.matrix()
+        ds = min(1.0, self.depth_width / self.work_size[0])
+        self.depth_size = (max(32, int(round(self.work_size[0] * ds))), max(32, int(round(self.work_size[1] * ds))))
+        self.K_depth = self.intr.scaled_to(*self.depth_size).matrix()
+        px = self.work_size[0] / 640.0
+        self.frontend = KLTFrontend(*self.work_size, max_features=self.max_features)
+        params = TrackerParams(px=px)
+        for k, v in (self.config.extra or {}).items():
+            if k.startswith("tracker_") and hasattr(params, k[8:]):
+                setattr(params, k[8:], type(getattr(params, k[8:]))(v))
+        self.tracker = MonoTracker(self.K, params)
+        self._input_size = (w_in, h_in)
+        self.intrinsics_note = note
+        self._events.append(EngineEvent("info", 0, f"geometric engine: {self.work_size[0]}×{self.work_size[1]}, "
+                                                   f"intrinsics {note}; scale is arbitrary (monocular)"))
+
+    # --- contract ----------------------------------------------------------------------------
+    def push(self, frame: Any, timestamp: Optional[float] = None) -> list[FrameResult]:
+        if self._closed:
+            raise EngineError("session is closed")
+        t0 = time.perf_counter()
+        rgb = to_rgb_uint8(frame)
+        h_in, w_in = rgb.shape[:2]
+        if self._input_size is None:
+            self._setup(w_in, h_in)
+        elif (w_in, h_in) != self._input_size:
+            raise FrameError(f"frame size changed from {self._input_size[0]}×{self._input_size[1]} to "
+                             f"{w_in}×{h_in} within one session; open a new session for a new input")
+        fid = self._frames_in
+        self._frames_in += 1
+        ts = float(timestamp) if timestamp is not None else fid / float(self.config.fps or 30.0)
+        if (w_in, h_in) != self.work_size:
+            rgb = cv2.resize(rgb, self.work_size, interpolation=cv2.INTER_AREA)
+        gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+        rec = _Pending(fid, ts, rgb)
+        self._queue.append(rec)
+        self._by_fid[fid] = rec
+
+        ids, uv = self.frontend.track(gray)
+        step = self.tracker.process(fid, ids, uv)
+        if step.reset_tracks:
+            self.frontend.reset()
+        else:
+            self.frontend.remove(step.drop_ids)
+        if step.need_features:
+            new_ids, new_uv = self.frontend.detect(gray)
+            self.tracker.add_tracks(fid, new_ids, new_uv)
+        self._apply(step, gray)
+        self._track_times.append(time.perf_counter() - t0)
+        out = self._drain(block_older_than=fid - self.depth_max_lag)
+        self._latencies.append(time.perf_counter() - t0)
+        return out
+
+    def flush(self) -> list[FrameResult]:
+        if self.tracker is None:
+            return []
+        self._apply(self.tracker.finish(), None)
+        return self._drain(block_older_than=None, all_=True)
+
+    def poll_events(self) -> list[EngineEvent]:
+        ev, self._events = self._events, []
+        return ev
+
+    def stats(self) -> dict:
+        lat = np.array(self._latencies) * 1e3 if self._latencies else None
+        track_fps = len(self._track_times) / sum(self._track_times) if self._track_times else None
+        fps = len(self._latencies) / sum(self._latencies) if self._latencies else None
+        depth_fps = len(self._depth_times) / sum(self._depth_times) if self._depth_times else None
+        pending = sum(1 for r in self._queue if r.future is not None and not r.future.done())
+        return {
+            "frames": self._n_out, "keyframes": self._n_kf, "fps": fps,
+            "latency_ms": float(lat[-1]) if lat is not None else None,
+            "latency_p50_ms": float(np.percentile(lat, 50)) if lat is not None else None,
+            "latency_p95_ms": float(np.percentile(lat, 95)) if lat is not None else None,
+            "gpu_allocated_bytes": None, "gpu_reserved_bytes": None,
+            "segments": (self.tracker.segment + 1) if self.tracker else 0,
+            "tracked": self._n_out, "untracked": self._n_untracked, "frames_in": self._frames_in,
+            "depth_pending": pending, "depth_fps": depth_fps, "tracking_fps": track_fps,
+            "depth_wait_s": self._depth_wait, "map_points": self.tracker.n_points if self.tracker else 0,
+            "resolution": list(self.work_size) if self._input_size else None,
+            "intrinsics": self.intrinsics_note or None,
+        }
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._queue.clear()
+        self._by_fid.clear()
+        self._closed = True
+
+    # --- internals ---------------------------------------------------------------------------
+    def _apply(self, step, gray):
+        for kind, seg, msg in step.events:
+            self._events.append(EngineEvent(kind, seg, message=msg))
+        for f in step.untracked:
+            rec = self._by_fid.get(f)
+            if rec is not None:
+                rec.dropped = True
+        new_kfs = []
+        for pf in step.posed:
+            rec = self._by_fid.get(pf.fid)
+            if rec is None:
+                continue
+            rec.c2w, rec.is_kf, rec.segment = pf.c2w, pf.is_keyframe, pf.segment
+            if pf.is_keyframe:
+                new_kfs.append(rec)
+        # register every new keyframe first, so the two keyframes of a fresh map pair up
+        for rec in new_kfs:
+            small = cv2.cvtColor(cv2.resize(rec.image, self.depth_size, interpolation=cv2.INTER_AREA),
+                                 cv2.COLOR_RGB2GRAY)
+            self._kf_views.append(DepthView(rec.fid, small, rec.c2w.copy(), rec.segment))
+        for rec in new_kfs:
+            self._submit_depth(rec)
+
+    def _submit_depth(self, rec: _Pending):
+        if self._pool is None:
+            return
+        view, cands = None, []
+        for v in self._kf_views:
+            if v.segment != rec.segment:
+                continue
+            pose = self.tracker.keyframe_pose(v.fid)   # bundle adjustment may have moved it
+            if pose is None:
+                continue
+            if v.fid == rec.fid:
+                view = DepthView(v.fid, v.gray, pose, v.segment)
+            else:
+                cands.append(DepthView(v.fid, v.gray, pose, v.segment))
+        if view is None:
+            return
+        uv, z = self.tracker.visible_points(rec.fid)
+        sd = self.depth_size[0] / self.work_size[0]
+        nbrs = choose_neighbours(view, cands, self.tracker.median_depth)
+        rec.future = self._pool.submit(self._depth_job, view, nbrs, uv * sd, z)
+
+    def _depth_job(self, view, nbrs, uv, z):
+        t0 = time.perf_counter()
+        try:
+            return keyframe_depth(view, nbrs, self.K_depth, uv, z, self.work_size)
+        finally:
+            self._depth_times.append(time.perf_counter() - t0)
+
+    def _drain(self, block_older_than: Optional[int], all_: bool = False) -> list[FrameResult]:
+        out = []
+        while self._queue:
+            rec = self._queue[0]
+            if rec.dropped:
+                self._queue.popleft()
+                self._by_fid.pop(rec.fid, None)
+                self._n_untracked += 1
+                continue
+            if rec.c2w is None:
+                break
+            if rec.future is not None and not rec.future.done():
+                if not all_ and (block_older_than is None or rec.fid > block_older_than):
+                    break
+                t0 = time.perf_counter()
+                wait([rec.future])
+                self._depth_wait += time.perf_counter() - t0
+            self._queue.popleft()
+            self._by_fid.pop(rec.fid, None)
+            out.append(self._result(rec))
+        return out
+
+    def _result(self, rec: _Pending) -> FrameResult:
+        depth = conf = None
+        c2w = rec.c2w
+        if rec.is_kf:
+            self._n_kf += 1
+            refined = self.tracker.keyframe_pose(rec.fid)
+            if refined is not None:
+                c2w = refined
+            if rec.future is not None:
+                try:
+                    res = rec.future.result()
+                except Exception as exc:  # a failed depth map must not end the session
+                    self._events.append(EngineEvent("warning", rec.segment,
+                                                    message=f"depth of keyframe {rec.fid} failed: {exc}"))
+                    res = None
+                if res is not None:
+                    depth, conf = res
+        self._n_out += 1
+        return FrameResult(index=rec.fid, timestamp=rec.timestamp, is_keyframe=rec.is_kf,
+                           c2w=np.array(c2w, np.float64), K=self.K.copy(), image=rec.image,
+                           depth=depth, conf=conf, segment=rec.segment)

@@ -1,0 +1,453 @@
+"""Monocular visual odometry on feature tracks (no images in here, so it can be tested on
+synthetic observations).
+
+Per frame the caller passes the ids and pixel positions of the live tracks. The tracker
+- initialises a map from an essential matrix once the tracks show enough parallax (frames seen
+  before that wait and are posed by PnP against the new map, so no frame is skipped),
+- tracks each frame by PnP + RANSAC against the map (seeded with a constant-velocity guess),
+- makes keyframes on parallax / tracked-ratio rules, triangulates new points at keyframes and
+  runs a sliding-window bundle adjustment,
+- on tracking loss (too few inliers, an implausible jump) starts a new segment: the map is
+  dropped and re-initialised; the new segment starts at the last good pose with the last known
+  scene depth, so the client sees a continuation it must treat as unlinked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import cv2
+import numpy as np
+
+from .bundle import bundle_adjust
+from .geometry import c2w_from_rt, camera_center, project, rt_from_c2w, slerp_pose, triangulate
+
+
+@dataclass
+class TrackerParams:
+    px: float = 1.0                    # pixel scale relative to 640-wide images
+    min_init_parallax_px: float = 12.0
+    min_init_angle_deg: float = 1.0    # median triangulation angle to accept an initial map
+    min_init_points: int = 40
+    max_init_frames: int = 60          # frames waiting for initialisation before the reference moves on
+    min_tri_angle_deg: float = 1.0
+    ransac_px: float = 2.0
+    min_inliers: int = 15
+    kf_max_gap: int = 20
+    kf_baseline_ratio: float = 0.06    # camera moved this fraction of the median scene depth
+    kf_tracked_ratio: float = 0.65     # tracked map points fell below this fraction of the last keyframe's
+    kf_min_points: int = 60
+    ba_window: int = 7
+    ba_fixed: int = 2
+    ba_max_nfev: int = 12
+    keep_keyframes: int = 30
+    max_jump_ratio: float = 0.6        # centre jump beyond prediction, relative to median depth → lost
+
+
+@dataclass
+class PosedFrame:
+    fid: int
+    c2w: np.ndarray
+    is_keyframe: bool
+    segment: int
+
+
+@dataclass
+class Keyframe:
+    fid: int
+    R: np.ndarray
+    t: np.ndarray
+    obs: dict = field(default_factory=dict)    # point id → uv
+    median_depth: float = 1.0
+
+
+@dataclass
+class StepResult:
+    posed: list = field(default_factory=list)       # PosedFrame, in frame order
+    untracked: list = field(default_factory=list)   # frame ids that will never get a pose
+    keyframe: bool = False                          # this frame became a keyframe
+    need_features: bool = False                     # detect new tracks in this frame
+    reset_tracks: bool = False                      # drop all live tracks before detecting
+    drop_ids: list = field(default_factory=list)    # tracks to forget (outliers)
+    events: list = field(default_factory=list)      # (kind, segment, message)
+
+
+class MonoTracker:
+    def __init__(self, K: np.ndarray, params: Optional[TrackerParams] = None):
+        self.K = np.asarray(K, np.float64)
+        self.p = params or TrackerParams()
+        self.segment = 0
+        self.origin = np.eye(4)            # c2w of the first frame of the segment
+        self.target_depth = 1.0            # median scene depth the initial map is scaled to
+        self.lost_count = 0
+        self._reset_map()
+
+    # --- state -------------------------------------------------------------------------------
+    def _reset_map(self):
+        self.initialised = False
+        self.points: dict[int, np.ndarray] = {}
+        self.first_obs: dict[int, tuple[int, np.ndarray]] = {}    # untriangulated track → (fid, uv)
+        self.keyframes: list[Keyframe] = []
+        self.poses: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # fid → (R, t) world-to-camera
+        self.ref: Optional[tuple[int, dict]] = None                # init reference frame and its obs
+        self.pending: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self.last_fids: list[int] = []
+        self.median_depth = self.target_depth
+
+    @property
+    def n_points(self) -> int:
+        return len(self.points)
+
+    def keyframe_pose(self, fid: int) -> Optional[np.ndarray]:
+        for kf in reversed(self.keyframes):
+            if kf.fid == fid:
+                return c2w_from_rt(kf.R, kf.t)
+        return None
+
+    def visible_points(self, fid: int):
+        """(uv, depth) of the map points observed in keyframe `fid` (for depth range / checks)."""
+        for kf in reversed(self.keyframes):
+            if kf.fid == fid:
+                ids = [i for i in kf.obs if i in self.points]
+                if not ids:
+                    break
+                X = np.array([self.points[i] for i in ids])
+                uv = np.array([kf.obs[i] for i in ids])
+                _, z = project(self.K, kf.R, kf.t, X)
+                return uv, z
+        return np.zeros((0, 2)), np.zeros(0)
+
+    def add_tracks(self, fid: int, ids, uv) -> None:
+        """Register new tracks first seen in frame `fid` (detected after `process`)."""
+        for i, p in zip(np.asarray(ids).tolist(), np.asarray(uv, np.float64)):
+            if self.ref is not None and self.ref[0] == fid and not self.initialised:
+                self.ref[1][i] = p
+            elif i not in self.points:
+                self.first_obs[i] = (fid, p)
+        if self.pending and self.pending[-1][0] == fid:
+            f, pid, puv = self.pending[-1]
+            self.pending[-1] = (f, np.concatenate([pid, np.asarray(ids, np.int64)]),
+                                np.concatenate([puv, np.asarray(uv, np.float64).reshape(-1, 2)]))
+
+    # --- main entry --------------------------------------------------------------------------
+    def process(self, fid: int, ids: np.ndarray, uv: np.ndarray) -> StepResult:
+        ids = np.asarray(ids, np.int64)
+        uv = np.asarray(uv, np.float64).reshape(-1, 2)
+        out = StepResult()
+        if not self.initialised:
+            self._initialise(fid, ids, uv, out)
+        else:
+            self._track(fid, ids, uv, out)
+        return out
+
+    def finish(self) -> StepResult:
+        """End of stream: frames still waiting for initialisation never get a pose."""
+        out = StepResult()
+        if not self.initialised and self.pending:
+            out.untracked = [f for f, _, _ in self.pending]
+            out.events.append(("warning", self.segment,
+                               f"{len(self.pending)} frame(s) at the end got no pose: the camera did not "
+                               "move enough to start tracking (monocular tracking needs sideways motion)"))
+            self.pending = []
+        return out
+
+    # --- initialisation ----------------------------------------------------------------------
+    def _new_reference(self, fid, ids, uv, out: StepResult):
+        out.untracked += [f for f, _, _ in self.pending]
+        self.ref = (fid, {int(i): p for i, p in zip(ids.tolist(), uv)})
+        self.pending = [(fid, ids, uv)]
+        out.need_features = True
+
+    def _initialise(self, fid, ids, uv, out: StepResult):
+        p = self.p
+        if self.ref is None:
+            self._new_reference(fid, ids, uv, out)
+            return
+        ref_fid, ref_obs = self.ref
+        self.pending.append((fid, ids, uv))
+        common = [k for k, i in enumerate(ids.tolist()) if i in ref_obs]
+        if len(common) < max(p.min_init_points, 0.3 * len(ref_obs)):
+            # the reference is gone from view (or there is nothing to track): start over here
+            self.pending.pop()
+            self._new_reference(fid, ids, uv, out)
+            out.reset_tracks = True
+            return
+        if len(self.pending) > p.max_init_frames:
+            out.untracked.append(self.pending.pop(0)[0])
+            nf, nids, nuv = self.pending[0]
+            self.ref = (nf, {int(i): q for i, q in zip(nids.tolist(), nuv)})
+            return
+        c_ids = ids[common]
+        p1 = uv[common]
+        p0 = np.array([ref_obs[i] for i in c_ids.tolist()])
+        if np.median(np.linalg.norm(p1 - p0, axis=1)) < p.min_init_parallax_px * p.px:
+            return
+        E, mask = cv2.findEssentialMat(p0, p1, self.K, method=cv2.RANSAC, prob=0.999,
+                                       threshold=p.ransac_px * p.px * 0.5)
+        if E is None or E.shape != (3, 3):
+            return
+        _, R, t, mask = cv2.recoverPose(E, p0, p1, self.K, mask=mask)
+        inl = mask.ravel() > 0
+        t = t.ravel()
+        X, ang = triangulate(self.K, np.eye(3), np.zeros(3), p0, R, t, p1)
+        uv0, z0 = project(self.K, np.eye(3), np.zeros(3), X)
+        uv1, z1 = project(self.K, R, t, X)
+        err = np.maximum(np.linalg.norm(uv0 - p0, axis=1), np.linalg.norm(uv1 - p1, axis=1))
+        good = inl & (z0 > 0) & (z1 > 0) & (err < 2 * p.ransac_px * p.px) & (ang > 0.25 * p.min_init_angle_deg)
+        if good.sum() < p.min_init_points or np.median(ang[good]) < p.min_init_angle_deg:
+            return
+        # scale: median depth of the initial map = target depth; place the reference at the origin
+        s = self.target_depth / np.median(z0[good])
+        R0, t0 = rt_from_c2w(self.origin)
+        # reference camera frame → world: x_w = origin @ x_ref
+        Xw = X[good] * s @ self.origin[:3, :3].T + self.origin[:3, 3]
+        R1 = R @ R0
+        t1 = R @ t0 + s * t
+        good_ids = c_ids[good]
+        kf0 = Keyframe(ref_fid, R0, t0, {int(i): ref_obs[int(i)] for i in good_ids})
+        kf1 = Keyframe(fid, R1, t1, {int(i): q for i, q in zip(good_ids.tolist(), p1[good])})
+        self.points = {int(i): x for i, x in zip(good_ids.tolist(), Xw)}
+        self.keyframes = [kf0, kf1]
+        out.drop_ids += c_ids[~inl].tolist()
+        # remaining reference tracks keep their reference observation for later triangulation
+        self.first_obs = {i: (ref_fid, q) for i, q in ref_obs.items() if i not in self.points}
+        self._local_ba(init=True)
+        self._rescale_initial_map()
+        kf0, kf1 = self.keyframes
+        self.poses = {ref_fid: (kf0.R, kf0.t), fid: (kf1.R, kf1.t)}
+        self.initialised = True
+        # pose the frames between reference and current by PnP against the new map
+        mids = self.pending[1:-1]
+        for f, fids, fuv in mids:
+            pose = self._pnp(fids, fuv, guess=None)
+            if pose is not None:
+                self.poses[f] = pose[:2]
+        T0, T1 = c2w_from_rt(kf0.R, kf0.t), c2w_from_rt(kf1.R, kf1.t)
+        span = max(fid - ref_fid, 1)
+        for f, _, _ in self.pending:
+            if f not in self.poses:   # PnP failed: interpolate between the two keyframes
+                self.poses[f] = rt_from_c2w(slerp_pose(T0, T1, (f - ref_fid) / span))
+            out.posed.append(PosedFrame(f, c2w_from_rt(*self.poses[f]), f in (ref_fid, fid), self.segment))
+        self.last_fids = [f for f, _, _ in self.pending][-2:]
+        self.pending = []
+        self.ref = None
+        self.median_depth = self._median_depth(kf1, list(kf1.obs))
+        kf1.median_depth = kf0.median_depth = self.median_depth
+        out.keyframe = True
+        out.need_features = True
+
+    def _rescale_initial_map(self):
+        kf0, kf1 = self.keyframes
+        ids = list(kf0.obs)
+        X = np.array([self.points[i] for i in ids])
+        _, z = project(self.K, kf0.R, kf0.t, X)
+        s = self.target_depth / max(np.median(z), 1e-9)
+        c0 = camera_center(kf0.R, kf0.t)
+        for i, x in zip(ids, X):
+            self.points[i] = c0 + s * (x - c0)
+        c1 = c0 + s * (camera_center(kf1.R, kf1.t) - c0)
+        kf1.t = -kf1.R @ c1
+
+    # --- tracking ----------------------------------------------------------------------------
+    def _median_depth(self, kf: Keyframe, ids) -> float:
+        ids = [i for i in ids if i in self.points]
+        if not ids:
+            return self.median_depth
+        _, z = project(self.K, kf.R, kf.t, np.array([self.points[i] for i in ids]))
+        z = z[z > 0]
+        return float(np.median(z)) if len(z) else self.median_depth
+
+    def _pnp(self, ids, uv, guess):
+        p = self.p
+        known = [k for k, i in enumerate(ids.tolist()) if i in self.points]
+        if len(known) < p.min_inliers:
+            return None
+        X = np.array([self.points[int(ids[k])] for k in known])
+        x = uv[known]
+        if guess is not None:
+            rvec0, _ = cv2.Rodrigues(guess[0])
+            ok, rvec, tvec, inl = cv2.solvePnPRansac(X, x, self.K, None, rvec0.copy(), guess[1].reshape(3, 1).copy(),
+                                                     useExtrinsicGuess=True, iterationsCount=100,
+                                                     reprojectionError=p.ransac_px * p.px, confidence=0.999,
+                                                     flags=cv2.SOLVEPNP_ITERATIVE)
+        else:
+            ok, rvec, tvec, inl = cv2.solvePnPRansac(X, x, self.K, None, iterationsCount=200,
+                                                     reprojectionError=p.ransac_px * p.px, confidence=0.999,
+                                                     flags=cv2.SOLVEPNP_EPNP)
+        if not ok or inl is None or len(inl) < max(p.min_inliers, 0.25 * len(known)):
+            return None
+        inl = inl.ravel()
+        rvec, tvec = cv2.solvePnPRefineLM(X[inl], x[inl], self.K, None, rvec, tvec)
+        R, _ = cv2.Rodrigues(rvec)
+        t = tvec.ravel()
+        err = np.linalg.norm(project(self.K, R, t, X)[0] - x, axis=1)
+        inlier = err < p.ransac_px * p.px * 1.5
+        known_ids = ids[known]
+        return R, t, known_ids[inlier], known_ids[~inlier]
+
+    def _lose(self, fid, ids, uv, reason, out: StepResult):
+        last = self.last_fids[-1] if self.last_fids else None
+        if last is not None and last in self.poses:
+            self.origin = c2w_from_rt(*self.poses[last])
+        self.target_depth = self.median_depth
+        self.segment += 1
+        self.lost_count += 1
+        out.events.append(("segment", self.segment,
+                           f"Tracking lost at frame {fid} ({reason}); re-initialising as segment "
+                           f"{self.segment} (its scale and position are not linked to the previous segment)"))
+        self._reset_map()
+        out.reset_tracks = True
+        self._new_reference(fid, np.zeros(0, np.int64), np.zeros((0, 2)), out)
+
+    def _track(self, fid, ids, uv, out: StepResult):
+        p = self.p
+        for i, q in zip(ids.tolist(), uv):
+            if i not in self.points and i not in self.first_obs:
+                self.first_obs[i] = (fid, q)
+        # constant-velocity guess from the last two poses
+        Ra, ta = self.poses[self.last_fids[-1]]
+        if len(self.last_fids) >= 2:
+            Rb, tb = self.poses[self.last_fids[-2]]
+            dR = Ra @ Rb.T
+            guess = (dR @ Ra, dR @ ta + (ta - dR @ tb))
+        else:
+            guess = (Ra, ta)
+        res = self._pnp(ids, uv, guess)
+        if res is None:
+            self._lose(fid, ids, uv, "too few map points matched", out)
+            return
+        R, t, inl_ids, out_ids = res
+        jump = np.linalg.norm(camera_center(R, t) - camera_center(*guess))
+        if jump > p.max_jump_ratio * self.median_depth:
+            self._lose(fid, ids, uv, "implausible camera jump", out)
+            return
+        out.drop_ids += out_ids.tolist()
+        for i in out_ids.tolist():
+            self.points.pop(i, None)
+        self.poses[fid] = (R, t)
+        self.last_fids = (self.last_fids + [fid])[-2:]
+        if len(self.poses) > 400:
+            for f in sorted(self.poses)[:100]:
+                self.poses.pop(f)
+        # keyframe decision
+        kf = self.keyframes[-1]
+        inl_set = set(inl_ids.tolist())
+        n_tracked = sum(1 for i in kf.obs if i in inl_set)
+        base = np.linalg.norm(camera_center(R, t) - camera_center(kf.R, kf.t))
+        gap = fid - kf.fid
+        is_kf = gap >= 1 and (gap >= p.kf_max_gap or base > p.kf_baseline_ratio * self.median_depth
+                              or n_tracked < p.kf_tracked_ratio * len(kf.obs) or len(inl_ids) < p.kf_min_points)
+        if is_kf:
+            self._make_keyframe(fid, R, t, ids, uv, inl_ids, out)
+            R, t = self.poses[fid]
+        out.posed.append(PosedFrame(fid, c2w_from_rt(R, t), is_kf, self.segment))
+
+    def _make_keyframe(self, fid, R, t, ids, uv, inl_ids, out: StepResult):
+        p = self.p
+        uv_of = {int(i): q for i, q in zip(ids.tolist(), uv)}
+        kf = Keyframe(fid, R, t, {int(i): uv_of[int(i)] for i in inl_ids.tolist()})
+        self.keyframes.append(kf)
+        kf_fids = {k.fid: k for k in self.keyframes}
+        # triangulate tracks that have parallax now
+        cand = [i for i in ids.tolist() if i in self.first_obs and self.first_obs[i][0] in self.poses
+                and self.first_obs[i][0] != fid]
+        if cand:
+            f0 = [self.first_obs[i][0] for i in cand]
+            uv0 = np.array([self.first_obs[i][1] for i in cand])
+            uv1 = np.array([uv_of[i] for i in cand])
+            R0 = np.array([self.poses[f][0] for f in f0])
+            t0 = np.array([self.poses[f][1] for f in f0])
+            X, ang = triangulate(self.K, R0, t0, uv0, R, t, uv1)
+            pr1, z1 = project(self.K, R, t, X)
+            z0 = np.einsum("nij,nj->ni", R0, X)[:, 2] + t0[:, 2]
+            Xc0 = np.einsum("nij,nj->ni", R0, X) + t0
+            pr0 = np.stack([self.K[0, 0] * Xc0[:, 0] / np.maximum(z0, 1e-9) + self.K[0, 2],
+                            self.K[1, 1] * Xc0[:, 1] / np.maximum(z0, 1e-9) + self.K[1, 2]], 1)
+            err = np.maximum(np.linalg.norm(pr0 - uv0, axis=1), np.linalg.norm(pr1 - uv1, axis=1))
+            ok = (ang > p.min_tri_angle_deg) & (z0 > 0) & (z1 > 0) & (err < 2 * p.ransac_px * p.px) \
+                & (z1 < 30 * self.median_depth)
+            bad = (z0 <= 0) | (z1 <= 0) | (err > 6 * p.ransac_px * p.px)
+            for k in np.flatnonzero(ok):
+                i = cand[k]
+                self.points[i] = X[k]
+                kf.obs[i] = uv1[k]
+                src = kf_fids.get(f0[k])
+                if src is not None:
+                    src.obs[i] = uv0[k]
+                del self.first_obs[i]
+            drop = [cand[k] for k in np.flatnonzero(bad & ~ok)]
+            for i in drop:
+                self.first_obs.pop(i, None)
+            out.drop_ids += drop
+        self._local_ba()
+        kf.median_depth = self.median_depth = self._median_depth(kf, list(kf.obs))
+        self.poses[fid] = (kf.R, kf.t)
+        # forget keyframes (and points only they saw) beyond the memory horizon
+        if len(self.keyframes) > p.keep_keyframes:
+            self.keyframes = self.keyframes[-p.keep_keyframes:]
+            live = set(ids.tolist())
+            seen = set()
+            for k in self.keyframes[-p.ba_window:]:
+                seen.update(k.obs)
+            for i in [i for i in self.points if i not in live and i not in seen]:
+                del self.points[i]
+        stale = [i for i, (f, _) in self.first_obs.items() if f not in self.poses]
+        for i in stale:
+            del self.first_obs[i]
+        out.keyframe = True
+        out.need_features = True
+
+    # --- bundle adjustment -------------------------------------------------------------------
+    def _local_ba(self, init: bool = False):
+        p = self.p
+        window = self.keyframes[-p.ba_window:]
+        n_fixed = 1 if init else min(p.ba_fixed, max(len(window) - 1, 1))
+        if len(self.keyframes) <= 2 and not init:
+            n_fixed = len(window)
+        pids = sorted({i for k in window for i in k.obs if i in self.points})
+        if not pids:
+            return
+        pid_slot = {i: s for s, i in enumerate(pids)}
+        cams = list(window)
+        fixed = [j < n_fixed for j in range(len(window))]
+        # older keyframes that also see these points constrain them with fixed poses
+        for k in self.keyframes[:-p.ba_window] if len(self.keyframes) > p.ba_window else []:
+            if any(i in pid_slot for i in k.obs):
+                cams.append(k)
+                fixed.append(True)
+        cam_idx, pt_idx, uvs = [], [], []
+        for c, k in enumerate(cams):
+            for i, q in k.obs.items():
+                s = pid_slot.get(i)
+                if s is not None:
+                    cam_idx.append(c)
+                    pt_idx.append(s)
+                    uvs.append(q)
+        cam_idx = np.array(cam_idx)
+        pt_idx = np.array(pt_idx)
+        uvs = np.array(uvs)
+        counts = np.bincount(pt_idx, minlength=len(pids))
+        if (counts >= 2).sum() < 10:
+            return
+        X0 = np.array([self.points[i] for i in pids])
+        Rs = np.array([k.R for k in cams])
+        ts = np.array([k.t for k in cams])
+        R, t, X, err = bundle_adjust(self.K, Rs, ts, fixed, X0, cam_idx, pt_idx, uvs,
+                                     f_scale=1.0 * p.px, max_nfev=p.ba_max_nfev)
+        for c, k in enumerate(cams):
+            if not fixed[c]:
+                k.R, k.t = R[c], t[c]
+                if k.fid in self.poses:
+                    self.poses[k.fid] = (k.R, k.t)
+        for s, i in enumerate(pids):
+            if counts[s] >= 2:
+                self.points[i] = X[s]
+        # drop outlying observations; points left with no support go
+        bad = err > 3 * p.ransac_px * p.px
+        for o in np.flatnonzero(bad):
+            cams[cam_idx[o]].obs.pop(pids[pt_idx[o]], None)
+        if bad.any():
+            for s in np.unique(pt_idx[bad]):
+                i = pids[s]
+                if sum(1 for k in window if i in k.obs) == 0:
+                    self.points.pop(i, None)
