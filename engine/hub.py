@@ -82,6 +82,15 @@ def download_checkpoint(repo_id: str, filename: str, *, dest_dir: Optional[str |
     if progress is not None:
         kwargs["tqdm_class"] = _callback_tqdm(progress)
     where = f"{filename} from {repo_id}"
+    if not _offline_mode():
+        # huggingface_hub retries an unreachable hub for ~25 s; a quick probe answers at once.
+        problem = _probe_hub()
+        if problem:
+            cached = cached_checkpoint(repo_id, filename, revision) if dest_dir is None else None
+            if cached is not None:
+                return cached
+            raise DownloadError(f"cannot download {where}: cannot reach the Hugging Face hub ({problem}) "
+                                f"and the file is not in the local cache — {_BY_HAND}")
     try:
         return Path(hf_hub_download(**kwargs))
     except hf_errors.GatedRepoError:
@@ -117,14 +126,38 @@ def download_known(name: str, *, dest_dir: Optional[str | os.PathLike] = None,
     return download_checkpoint(ck.repo_id, ck.filename, dest_dir=dest_dir, progress=progress)
 
 
-def cached_checkpoint(repo_id: str, filename: str) -> Optional[Path]:
+def cached_checkpoint(repo_id: str, filename: str, revision: Optional[str] = None) -> Optional[Path]:
     """Path of the file in the local Hugging Face cache, or None (never touches the network)."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:
         return None
-    found = try_to_load_from_cache(repo_id, filename)
+    found = try_to_load_from_cache(repo_id, filename, revision=revision)
     return Path(found) if isinstance(found, str) else None
+
+
+def _probe_hub(timeout: float = 3.0) -> Optional[str]:
+    """Why the hub endpoint cannot be reached (DNS, refused, timeout), or None if a TCP connection
+    opens. Skipped (None) behind a proxy, where only the proxy knows."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+                                        "ALL_PROXY", "all_proxy")):
+        return None
+    try:
+        from huggingface_hub import constants
+        url = urlsplit(constants.ENDPOINT)
+    except Exception:
+        return None
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return None
+    except socket.gaierror as exc:
+        return f"cannot resolve {url.hostname}: {exc.strerror or exc}"
+    except OSError as exc:
+        return f"{url.hostname}:{port}: {exc.strerror or exc}"
 
 
 def _offline_mode() -> bool:
