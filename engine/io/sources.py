@@ -3,7 +3,7 @@
 Every failure a user can cause (missing file, truncated or corrupt video, empty folder, absent
 webcam) raises `SourceError` with a message meant to be shown as-is. Reading never raises in the
 middle of a stream: a damaged video simply ends at the last frame that decodes, and an unreadable
-image in a folder is skipped with a warning (kept in `FrameSource.warnings` and logged).
+image in a folder is skipped with a warning (kept in `FrameSource.warnings` for the client to show).
 
 OpenCV is imported lazily, with its own and FFmpeg's console logging silenced, so probing webcams
 or opening a damaged file does not spam the terminal.
@@ -124,8 +124,10 @@ class FrameSource:
         self.close()
 
     def _warn(self, message: str) -> None:
+        # Clients show `warnings` themselves (status bar, CLI); logging at info level avoids
+        # Python's last-resort handler printing each one a second time.
         self.warnings.append(message)
-        log.warning(message)
+        log.info(message)
 
     def _check_seek(self, index: int) -> int:
         n = len(self)

@@ -199,3 +199,16 @@ def test_absent_webcam(monkeypatch):
 def test_no_input():
     with pytest.raises(SourceError, match="No input"):
         open_source("")
+
+
+def test_probing_and_bad_files_print_nothing(video, tmp_path, capfd):
+    # OpenCV/FFmpeg would print "moov atom not found", V4L2 probe errors, ... on the terminal.
+    data = video.read_bytes()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[:100_000])
+    list_webcams(4)
+    for spec in (cut, "webcam:9"):
+        with pytest.raises(SourceError):
+            open_source(spec)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
