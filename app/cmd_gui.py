@@ -1,0 +1,113 @@
+"""`reconstudio gui`: open the desktop application; options make a full GUI run scriptable.
+
+    reconstudio gui --input VIDEO --autostart --screenshot shot.png --exit-when-done
+
+Module level imports nothing heavy (no Qt): the CLI builds its parser without loading Qt.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", metavar="PATH", help="video file, image folder, or webcam as N / webcam:N")
+    p.add_argument("--engine", help="engine to use (default: the last one used, else geometric)")
+    p.add_argument("--checkpoint", metavar="FILE", help="weights for a neural engine")
+    p.add_argument("--device", help="cpu | cuda | cuda:N (neural engines)")
+    p.add_argument("--autostart", action="store_true", help="start reconstructing at once")
+    p.add_argument("--speed", type=float, metavar="X",
+                   help="replay speed for files: 0 = as fast as possible (default), 1 = real time, N = N×")
+    p.add_argument("--max-frames", type=int, metavar="N", help="stop after N input frames")
+    p.add_argument("--session-dir", metavar="DIR",
+                   help="save runs in new sub-folders of DIR (default: $RECONSTUDIO_SESSIONS or "
+                        "~/.local/share/reconstudio/sessions)")
+    p.add_argument("--open-session", metavar="DIR", help="show a saved session folder at start")
+    p.add_argument("--screenshot", metavar="FILE", help="when the run ends, save the 3D view as PNG")
+    p.add_argument("--window-screenshot", metavar="FILE", help="when the run ends, save the whole window as PNG")
+    p.add_argument("--exit-when-done", action="store_true",
+                   help="quit when the run ends (exit status 1 if it failed)")
+    p.add_argument("--settings", metavar="INI", help="settings file to use instead of the user's")
+    p.add_argument("--size", metavar="WxH", default=None, help="window size, e.g. 1600x1000")
+
+
+def main(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from PySide6 import QtCore, QtWidgets
+
+    from app.settings import AppSettings
+
+    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(sys.argv[:1])
+    app.setApplicationName("ReconStudio")
+    app.setOrganizationName("ReconStudio")
+    from ui.main_window import MainWindow
+    from ui.style import apply_style
+
+    apply_style(app)
+    settings = AppSettings(args.settings)
+    win = MainWindow(settings=settings, session_root=args.session_dir)
+    if args.engine:
+        cfg = win.settings_panel.config()
+        cfg.engine = args.engine
+        win.settings_panel.set_config(cfg)
+        if win.settings_panel.engine_name() != args.engine:
+            win.show_message(f"Engine {args.engine!r} is not available; using {win.settings_panel.engine_name()}")
+    if args.checkpoint or args.device:
+        cfg = win.settings_panel.config()
+        cfg.checkpoint = args.checkpoint or cfg.checkpoint
+        cfg.device = args.device or cfg.device
+        win.settings_panel.set_config(cfg)
+    if args.input is not None:
+        win.set_input(args.input)
+    if args.speed is not None:
+        i = win.speed.findData(float(args.speed))
+        if i < 0:
+            win.speed.addItem(f"×{args.speed:g}", float(args.speed))
+            i = win.speed.count() - 1
+        win.speed.setCurrentIndex(i)
+    if args.max_frames is not None:
+        win.max_frames.setValue(max(0, args.max_frames))
+    if args.size:
+        try:
+            w, h = (int(v) for v in args.size.lower().split("x"))
+            win.resize(w, h)
+        except ValueError:
+            print(f"--size: expected WxH, got {args.size!r}", file=sys.stderr)
+            return 2
+    elif not settings.get_bytes("window/geometry"):
+        win.resize(1600, 1000)
+    win.show()
+
+    status = {"code": 0}
+
+    def finish(summary=None):
+        # let the last batch reach the GL canvas before grabbing it
+        for _ in range(5):
+            app.processEvents()
+        if summary and summary.get("error"):
+            status["code"] = 1
+        if args.screenshot:
+            win.save_screenshot(args.screenshot)
+        if args.window_screenshot:
+            win.grab().save(args.window_screenshot)
+        if args.exit_when_done:
+            win.close()
+            app.quit()
+
+    if args.open_session:
+        QtCore.QTimer.singleShot(0, lambda: win.open_session_folder(args.open_session))
+    if args.autostart:
+        win.runFinished.connect(finish)
+
+        def go():
+            if not win.start_run():
+                status["code"] = 1
+                finish({"error": "not started"})
+        QtCore.QTimer.singleShot(0, go)
+    elif args.exit_when_done or args.screenshot or args.window_screenshot:
+        QtCore.QTimer.singleShot(300 if args.open_session else 0, finish)
+    code = app.exec()
+    return status["code"] or int(code)

@@ -1,0 +1,72 @@
+"""Settings that persist between runs of the GUI (QSettings).
+
+Stored: the engine SessionConfig (as JSON, so new fields need no migration code), the last
+source, replay and display preferences, and the window geometry. `RECONSTUDIO_SETTINGS=/path.ini`
+(or `--settings`) points at an INI file instead of the user's default store — tests use it so they
+never touch the user's settings. Qt is imported on first use, so the CLI stays light.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+from engine.api import SessionConfig
+
+ORGANIZATION = "ReconStudio"
+APPLICATION = "ReconStudio"
+
+
+class AppSettings:
+    def __init__(self, path: Optional[str] = None):
+        from PySide6.QtCore import QSettings
+
+        path = path or os.environ.get("RECONSTUDIO_SETTINGS")
+        if path:
+            self._q = QSettings(str(path), QSettings.Format.IniFormat)
+        else:
+            self._q = QSettings(QSettings.Format.IniFormat, QSettings.Scope.UserScope,
+                                ORGANIZATION, APPLICATION)
+
+    @property
+    def path(self) -> str:
+        return self._q.fileName()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A JSON-decoded value (so ints, floats, bools and lists come back typed)."""
+        raw = self._q.value(key, None)
+        if raw is None:
+            return default
+        try:
+            return json.loads(raw)
+        except (TypeError, ValueError):
+            return default
+
+    def set(self, key: str, value: Any) -> None:
+        self._q.setValue(key, json.dumps(value))
+
+    def get_bytes(self, key: str) -> Optional[bytes]:
+        v = self._q.value(key, None)
+        try:
+            return bytes(v) if v is not None else None
+        except TypeError:
+            return None
+
+    def set_bytes(self, key: str, value: bytes) -> None:
+        from PySide6.QtCore import QByteArray
+        self._q.setValue(key, QByteArray(value))
+
+    def load_config(self) -> SessionConfig:
+        d = self.get("engine/config", None)
+        if not isinstance(d, dict):
+            return SessionConfig()
+        try:
+            return SessionConfig.from_dict(d)
+        except (TypeError, ValueError):
+            return SessionConfig()
+
+    def save_config(self, cfg: SessionConfig) -> None:
+        self.set("engine/config", cfg.to_dict())
+
+    def sync(self) -> None:
+        self._q.sync()

@@ -1,0 +1,86 @@
+"""Engine results → compact display packets for the viewer (built off the GUI thread).
+
+A `DisplayFrame` holds what the viewer draws for one result: the back-projected points
+(subsampled, every valid depth pixel — the confidence threshold is applied later by the shader),
+their colours, confidences and camera depths, the camera frustum and, for the newest frame only,
+small preview images. Back-projection is `engine.geometry.backproject`; no geometry lives here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from engine.geometry import backproject
+
+
+FRUSTUM_FRACTION = 0.08     # drawn frustum depth, as a fraction of the scene's median depth
+
+
+@dataclass
+class DisplayFrame:
+    index: int
+    timestamp: float
+    is_keyframe: bool
+    segment: int
+    c2w: np.ndarray                 # 4x4
+    K: np.ndarray                   # 3x3 at the result resolution
+    points: np.ndarray              # [M,3] float32 world (segment frame as emitted)
+    colors: np.ndarray              # [M,3] uint8
+    conf: np.ndarray                # [M] float32
+    depth: np.ndarray               # [M] float32, depth of each point in its camera
+    frustum: np.ndarray             # [5,3] float32: apex, then image corners TL, TR, BR, BL
+    look_at: np.ndarray             # [3] a point the camera looks at (median depth on the axis)
+    median_depth: float = 1.0
+    width: int = 0                  # width of the result's depth map (or image)
+    image: Optional[np.ndarray] = None      # h×w×3 uint8 preview (newest frame of a batch only)
+    depth_map: Optional[np.ndarray] = None  # h×w float32 preview
+    conf_map: Optional[np.ndarray] = None
+
+
+def _colors_at(image: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    if image.shape[:2] == hw:
+        return image
+    import cv2
+    return cv2.resize(image, (hw[1], hw[0]), interpolation=cv2.INTER_NEAREST)
+
+
+def make_display_frame(r, stride: int = 2, frustum_depth: Optional[float] = None,
+                       keep_images: bool = True) -> DisplayFrame:
+    """Convert one FrameResult. `frustum_depth` fixes the drawn frustum size (scene units); None
+    uses FRUSTUM_FRACTION of this frame's median depth."""
+    c2w = np.asarray(r.c2w, np.float64)
+    K = np.asarray(r.K, np.float64)
+    image = np.asarray(r.image)
+    if r.depth is not None:
+        depth = np.asarray(r.depth, np.float32)
+        pts, mask = backproject(depth, K, c2w, stride=stride, conf=None)
+        colors = _colors_at(image, depth.shape)[mask].astype(np.uint8)
+        conf = (np.asarray(r.conf, np.float32)[mask] if r.conf is not None
+                else np.ones(len(pts), np.float32))
+        zs = depth[mask]
+        h, w = depth.shape
+    else:
+        pts = np.zeros((0, 3), np.float32)
+        colors = np.zeros((0, 3), np.uint8)
+        conf = zs = np.zeros(0, np.float32)
+        h, w = image.shape[:2]
+    med = float(np.median(zs)) if len(zs) else 1.0
+    fd = float(frustum_depth) if frustum_depth else FRUSTUM_FRACTION * med
+    # frustum: the image corners (pixel centres) on the plane z = fd of this camera
+    uv1 = np.array([[0, 0, 1], [w - 1, 0, 1], [w - 1, h - 1, 1], [0, h - 1, 1], [(w - 1) / 2, (h - 1) / 2, 1]],
+                   np.float64)
+    cam = np.linalg.solve(K, uv1.T).T * np.array([[fd], [fd], [fd], [fd], [med]])
+    world = cam @ c2w[:3, :3].T + c2w[:3, 3]
+    corners, look_at = world[:4], world[4]
+    frustum = np.concatenate([c2w[None, :3, 3], corners]).astype(np.float32)
+    return DisplayFrame(
+        index=int(r.index), timestamp=float(r.timestamp), is_keyframe=bool(r.is_keyframe),
+        segment=int(r.segment), c2w=c2w, K=K, points=pts, colors=colors, conf=conf,
+        depth=np.asarray(zs, np.float32), frustum=frustum, look_at=np.asarray(look_at, np.float32),
+        median_depth=med, width=int(w),
+        image=image if keep_images else None,
+        depth_map=(np.asarray(r.depth, np.float32) if keep_images and r.depth is not None else None),
+        conf_map=(np.asarray(r.conf, np.float32) if keep_images and r.conf is not None else None),
+    )

@@ -1,0 +1,748 @@
+"""The ReconStudio main window: source, transport, 3D view, previews, settings, monitors.
+
+Layout: a transport toolbar on top; the 3D viewer in the centre with the current input frame and
+its depth map beside it; a controls dock on the left (source, display, engine settings); the
+monitors dock at the bottom; a status bar. Errors appear in a non-modal banner above the view
+(never a blocking dialog), so scripted runs and tests are never stuck and the app stays usable.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6 import QtCore, QtGui, QtWidgets
+
+from engine.api import EngineError, SessionConfig, engine_capabilities
+
+from .monitors import MonitorsPanel
+from .settings_panel import SettingsPanel
+from .source_panel import SourcePanel
+from .viewer import COLOR_MODES, PointCloudViewer
+from .worker import RunOptions, WorkerHandle
+
+log = logging.getLogger(__name__)
+
+SPEEDS = (("As fast as possible", 0.0), ("Real time", 1.0), ("×0.5", 0.5), ("×2", 2.0), ("×4", 4.0))
+
+
+class Banner(QtWidgets.QFrame):
+    """A dismissable message strip above the view (errors in red, notes in blue)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        lay = QtWidgets.QHBoxLayout(self)
+        lay.setContentsMargins(10, 6, 6, 6)
+        self.label = QtWidgets.QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(QtCore.Qt.TextInteractionFlag.TextSelectableByMouse)
+        close = QtWidgets.QToolButton(text="✕")
+        close.setAutoRaise(True)
+        close.clicked.connect(self.hide)
+        lay.addWidget(self.label, 1)
+        lay.addWidget(close)
+        self.level = None
+        self.hide()
+
+    def show_message(self, text: str, level: str = "error") -> None:
+        colours = {"error": ("#5c1f24", "#ffd7d7"), "warning": ("#5a4a12", "#fff1c4"),
+                   "info": ("#1d3b5c", "#d8ecff")}
+        bg, fg = colours.get(level, colours["info"])
+        self.setStyleSheet(f"Banner {{ background: {bg}; border-radius: 4px; }} QLabel {{ color: {fg}; }}")
+        self.label.setText(text)
+        self.level = level
+        self.show()
+
+
+class _ImageLabel(QtWidgets.QLabel):
+    """Shows an RGB array scaled to fit (aspect kept)."""
+
+    def __init__(self, title: str):
+        super().__init__()
+        self.setAlignment(QtCore.Qt.AlignmentFlag.AlignCenter)
+        self.setMinimumSize(160, 120)
+        self.setSizePolicy(QtWidgets.QSizePolicy.Policy.Ignored, QtWidgets.QSizePolicy.Policy.Ignored)
+        self.setStyleSheet("background: #141518; color: #777;")
+        self.setText(title)
+        self._img: Optional[QtGui.QImage] = None
+
+    def set_rgb(self, rgb: np.ndarray) -> None:
+        rgb = np.ascontiguousarray(rgb[:, :, :3], dtype=np.uint8)
+        h, w = rgb.shape[:2]
+        self._img = QtGui.QImage(rgb.data, w, h, 3 * w, QtGui.QImage.Format.Format_RGB888).copy()
+        self._rescale()
+
+    def clear_image(self, title: str) -> None:
+        self._img = None
+        self.clear()
+        self.setText(title)
+
+    def _rescale(self) -> None:
+        if self._img is not None:
+            self.setPixmap(QtGui.QPixmap.fromImage(self._img).scaled(
+                self.size(), QtCore.Qt.AspectRatioMode.KeepAspectRatio,
+                QtCore.Qt.TransformationMode.SmoothTransformation))
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        self._rescale()
+
+
+class ImagePreview(QtWidgets.QWidget):
+    """The current input frame and its depth map (turbo colours, near = blue), stacked."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        lay = QtWidgets.QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(4)
+        self.rgb = _ImageLabel("input frame")
+        self.depth = _ImageLabel("depth")
+        lay.addWidget(self.rgb, 1)
+        lay.addWidget(self.depth, 1)
+        try:
+            self._cmap = pg.colormap.get("turbo")
+        except Exception:  # older pyqtgraph without turbo
+            self._cmap = pg.colormap.get("viridis")
+        self.shown_index = None
+        self.depth_shown_index = None
+
+    def show_frame(self, f) -> None:
+        if f.image is not None:
+            self.rgb.set_rgb(f.image)
+            self.shown_index = f.index
+        if f.depth_map is not None:
+            d = np.asarray(f.depth_map, np.float32)
+            ok = np.isfinite(d) & (d > 0)
+            hi = float(np.percentile(d[ok], 98)) if ok.any() else 1.0
+            rgba = self._cmap.map(np.clip(np.where(ok, d, 0.0) / max(hi, 1e-6), 0.0, 1.0), mode="byte")
+            rgba = np.asarray(rgba, np.uint8).reshape(d.shape + (-1,))
+            rgba[~ok, :3] = 0                      # no depth: black
+            self.depth.set_rgb(rgba)
+            self.depth_shown_index = f.index
+
+    def clear(self) -> None:
+        self.rgb.clear_image("input frame")
+        self.depth.clear_image("depth")
+        self.shown_index = None
+        self.depth_shown_index = None
+
+
+class MainWindow(QtWidgets.QMainWindow):
+    runFinished = QtCore.Signal(object)      # the worker's summary dict
+    framesShown = QtCore.Signal(int)         # frames in the viewer so far
+
+    def __init__(self, settings=None, session_root: Optional[str] = None):
+        super().__init__()
+        self.setWindowTitle("ReconStudio")
+        self.setAcceptDrops(True)
+        self.settings = settings
+        self.session_root = session_root
+        self.session_folder: Optional[str] = None
+        self.messages: list[tuple[str, str]] = []     # (level, text), newest last
+        self._handle: Optional[WorkerHandle] = None
+        self.last_handle: Optional[WorkerHandle] = None
+        self.last_summary: Optional[dict] = None
+        self.last_stats: dict = {}
+        self.source_info: dict = {}
+        self.model = None                              # a preloaded network (optional)
+        self._build()
+        self._restore_settings()
+        self._set_running(False)
+        self._fps_timer = QtCore.QTimer(self, interval=1000, timeout=self._sample_viewer_fps)
+        self._fps_timer.start()
+        self._last_draws = 0
+
+    # -- construction -------------------------------------------------------------------------
+    def _build(self) -> None:
+        self.viewer = PointCloudViewer()
+        self.preview = ImagePreview()
+        self.preview.setMinimumWidth(220)
+        self.banner = Banner()
+        split = QtWidgets.QSplitter(QtCore.Qt.Orientation.Horizontal)
+        split.addWidget(self.viewer)
+        split.addWidget(self.preview)
+        split.setStretchFactor(0, 4)
+        split.setStretchFactor(1, 1)
+        split.setSizes([900, 260])
+        central = QtWidgets.QWidget()
+        v = QtWidgets.QVBoxLayout(central)
+        v.setContentsMargins(4, 4, 4, 4)
+        v.addWidget(self.banner)
+        v.addWidget(split, 1)
+        self.setCentralWidget(central)
+
+        self._build_transport()
+        self._build_controls()
+        self.monitors = MonitorsPanel()
+        mon = QtWidgets.QDockWidget("Monitors", self)
+        mon.setObjectName("monitors")
+        mon.setWidget(self.monitors)
+        mon.setFeatures(QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetMovable
+                        | QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+        self.monitors.setMinimumHeight(150)
+        self.monitors.setMaximumHeight(260)
+        self.addDockWidget(QtCore.Qt.DockWidgetArea.BottomDockWidgetArea, mon)
+        self._build_menus()
+        self._build_status()
+
+    def _build_transport(self) -> None:
+        tb = QtWidgets.QToolBar("Transport")
+        tb.setObjectName("transport")
+        tb.setMovable(False)
+        tb.setToolButtonStyle(QtCore.Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        st = self.style()
+        SP = QtWidgets.QStyle.StandardPixmap
+        self.act_start = tb.addAction(st.standardIcon(SP.SP_MediaPlay), "Start", self.start_run)
+        self.act_start.setToolTip("Start a new reconstruction (resets the scene)")
+        self.act_pause = tb.addAction(st.standardIcon(SP.SP_MediaPause), "Pause", self.toggle_pause)
+        self.act_step = tb.addAction(st.standardIcon(SP.SP_MediaSkipForward), "Step", self.step)
+        self.act_step.setToolTip("Process one frame (starts paused if nothing runs)")
+        self.act_stop = tb.addAction(st.standardIcon(SP.SP_MediaStop), "Stop", self.stop_run)
+        tb.addSeparator()
+        tb.addWidget(QtWidgets.QLabel(" Speed "))
+        self.speed = QtWidgets.QComboBox()
+        for label, val in SPEEDS:
+            self.speed.addItem(label, val)
+        self.speed.setToolTip("Replay speed for files: as fast as the engine goes, or paced by the video's clock")
+        tb.addWidget(self.speed)
+        self.loop = QtWidgets.QCheckBox("Loop")
+        self.loop.setToolTip("Restart files at the end")
+        tb.addWidget(self.loop)
+        tb.addSeparator()
+        tb.addWidget(QtWidgets.QLabel(" Frame "))
+        self.seek_spin = QtWidgets.QSpinBox()
+        self.seek_spin.setRange(0, 10_000_000)
+        self.seek_spin.setToolTip("Frame to start from (or to jump to while running)")
+        tb.addWidget(self.seek_spin)
+        self.act_seek = tb.addAction("Go", lambda: self.seek_to(self.seek_spin.value()))
+        tb.addSeparator()
+        tb.addWidget(QtWidgets.QLabel(" Max frames "))
+        self.max_frames = QtWidgets.QSpinBox()
+        self.max_frames.setRange(0, 10_000_000)
+        self.max_frames.setSpecialValueText("all")
+        self.max_frames.setToolTip("Stop after this many input frames (all = to the end)")
+        tb.addWidget(self.max_frames)
+        spacer = QtWidgets.QWidget()
+        spacer.setSizePolicy(QtWidgets.QSizePolicy.Policy.Expanding, QtWidgets.QSizePolicy.Policy.Preferred)
+        tb.addWidget(spacer)
+        self.progress_label = QtWidgets.QLabel("idle ")
+        tb.addWidget(self.progress_label)
+        self.addToolBar(QtCore.Qt.ToolBarArea.TopToolBarArea, tb)
+        self.transport = tb
+
+    def _build_controls(self) -> None:
+        panel = QtWidgets.QWidget()
+        lay = QtWidgets.QVBoxLayout(panel)
+        lay.setContentsMargins(4, 4, 4, 4)
+        self.source_panel = SourcePanel()
+        self.source_panel.message.connect(lambda t: self.show_message(t, "warning"))
+        lay.addWidget(self._group("Source", self.source_panel))
+
+        disp = QtWidgets.QWidget()
+        form = QtWidgets.QFormLayout(disp)
+        self.conf_slider = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
+        self.conf_slider.setRange(0, 100)
+        self.conf_slider.setToolTip("Hide points below this confidence (percent of the range seen). "
+                                    "Also filters exports. Changes are instant (shader uniform).")
+        self.conf_label = QtWidgets.QLabel("all")
+        row = QtWidgets.QWidget()
+        h = QtWidgets.QHBoxLayout(row)
+        h.setContentsMargins(0, 0, 0, 0)
+        h.addWidget(self.conf_slider, 1)
+        h.addWidget(self.conf_label)
+        form.addRow("Min confidence", row)
+        self.point_size = QtWidgets.QDoubleSpinBox()
+        self.point_size.setRange(1.0, 12.0)
+        self.point_size.setSingleStep(0.5)
+        self.point_size.setValue(2.0)
+        self.point_size.setSuffix(" px")
+        form.addRow("Point size", self.point_size)
+        self.color_mode = QtWidgets.QComboBox()
+        self.color_mode.addItems([m.capitalize() if m != "rgb" else "RGB" for m in COLOR_MODES])
+        form.addRow("Colour", self.color_mode)
+        self.stride = QtWidgets.QSpinBox()
+        self.stride.setRange(1, 16)
+        self.stride.setValue(2)
+        self.stride.setToolTip("Keep every N-th pixel of each frame (next run / reopen; also used by exports)")
+        form.addRow("Subsample", self.stride)
+        checks = QtWidgets.QWidget()
+        g = QtWidgets.QGridLayout(checks)
+        g.setContentsMargins(0, 0, 0, 0)
+        self.show_frustums = QtWidgets.QCheckBox("Frustums")
+        self.show_frustums.setChecked(True)
+        self.show_traj = QtWidgets.QCheckBox("Trajectory")
+        self.show_traj.setChecked(True)
+        self.follow = QtWidgets.QCheckBox("Follow camera")
+        g.addWidget(self.show_frustums, 0, 0)
+        g.addWidget(self.show_traj, 0, 1)
+        g.addWidget(self.follow, 1, 0)
+        form.addRow(checks)
+        btns = QtWidgets.QWidget()
+        h = QtWidgets.QHBoxLayout(btns)
+        h.setContentsMargins(0, 0, 0, 0)
+        reset = QtWidgets.QPushButton("Reset view")
+        reset.clicked.connect(self.viewer.reset_view)
+        shot = QtWidgets.QPushButton("Screenshot…")
+        shot.clicked.connect(lambda: self.save_screenshot())
+        h.addWidget(reset)
+        h.addWidget(shot)
+        form.addRow(btns)
+        lay.addWidget(self._group("Display", disp))
+
+        self.settings_panel = SettingsPanel()
+        self.settings_panel.message.connect(lambda t: self.show_message(t, "info"))
+        self.settings_panel.changed.connect(self._update_engine_label)
+        lay.addWidget(self._group("Engine", self.settings_panel))
+        lay.addStretch(1)
+
+        scroll = QtWidgets.QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(panel)
+        scroll.setHorizontalScrollBarPolicy(QtCore.Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        dock = QtWidgets.QDockWidget("Controls", self)
+        dock.setObjectName("controls")
+        dock.setWidget(scroll)
+        dock.setFeatures(QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetMovable
+                         | QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+        panel.setMinimumWidth(300)
+        self.addDockWidget(QtCore.Qt.DockWidgetArea.LeftDockWidgetArea, dock)
+
+        self.conf_slider.valueChanged.connect(self._apply_threshold)
+        self.point_size.valueChanged.connect(self.viewer.set_point_size)
+        self.color_mode.currentIndexChanged.connect(lambda i: self.viewer.set_color_mode(COLOR_MODES[i]))
+        self.show_frustums.toggled.connect(self.viewer.set_show_frustums)
+        self.show_traj.toggled.connect(self.viewer.set_show_trajectory)
+        self.follow.toggled.connect(self.viewer.set_follow)
+
+    @staticmethod
+    def _group(title: str, w: QtWidgets.QWidget) -> QtWidgets.QGroupBox:
+        box = QtWidgets.QGroupBox(title)
+        lay = QtWidgets.QVBoxLayout(box)
+        lay.setContentsMargins(6, 6, 6, 6)
+        lay.addWidget(w)
+        return box
+
+    def _build_menus(self) -> None:
+        m = self.menuBar().addMenu("&File")
+        m.addAction("Open &video…", self._open_video_dialog, QtGui.QKeySequence.StandardKey.Open)
+        m.addAction("Open image &folder…", self._open_folder_dialog)
+        m.addAction("Open saved &session…", self._open_session_dialog)
+        m.addSeparator()
+        self.act_export_ply = m.addAction("Export point cloud (&PLY)…", lambda: self.export_dialog("ply"))
+        self.act_export_npz = m.addAction("Export arrays (&NPZ)…", lambda: self.export_dialog("npz"))
+        self.act_export_tum = m.addAction("Export trajectory (&TUM)…", lambda: self.export_dialog("tum"))
+        m.addSeparator()
+        m.addAction("Save &screenshot…", lambda: self.save_screenshot())
+        m.addSeparator()
+        m.addAction("&Quit", self.close, QtGui.QKeySequence.StandardKey.Quit)
+        r = self.menuBar().addMenu("&Run")
+        for a in (self.act_start, self.act_pause, self.act_step, self.act_stop):
+            r.addAction(a)
+        v = self.menuBar().addMenu("&View")
+        v.addAction("&Reset view", self.viewer.reset_view, QtGui.QKeySequence("R"))
+        v.addAction(self.follow.text(), lambda: self.follow.toggle(), QtGui.QKeySequence("F"))
+
+    def _build_status(self) -> None:
+        sb = self.statusBar()
+        self.st_frames = QtWidgets.QLabel()
+        self.st_points = QtWidgets.QLabel()
+        self.st_fps = QtWidgets.QLabel()
+        self.st_engine = QtWidgets.QLabel()
+        self.st_scale = QtWidgets.QLabel("monocular: arbitrary scale")
+        self.st_scale.setStyleSheet("color: #d19a66;")
+        for w, width in ((self.st_frames, 170), (self.st_points, 170), (self.st_fps, 70),
+                         (self.st_engine, 0), (self.st_scale, 0)):
+            w.setMinimumWidth(width)
+            sb.addPermanentWidget(w)
+        self._update_status()
+        self._update_engine_label()
+
+    # -- settings ------------------------------------------------------------------------------
+    def _restore_settings(self) -> None:
+        s = self.settings
+        if s is None:
+            return
+        self.settings_panel.set_config(s.load_config())
+        self.source_panel.restore(s.get("source/state", {}))
+        i = self.speed.findData(s.get("run/speed", 0.0))
+        self.speed.setCurrentIndex(max(i, 0))
+        self.loop.setChecked(bool(s.get("run/loop", False)))
+        self.point_size.setValue(float(s.get("display/point_size", 2.0)))
+        mode = s.get("display/color_mode", "rgb")
+        self.color_mode.setCurrentIndex(COLOR_MODES.index(mode) if mode in COLOR_MODES else 0)
+        self.stride.setValue(int(s.get("display/stride", 2)))
+        self.conf_slider.setValue(int(s.get("display/threshold", 0)))
+        geo = s.get_bytes("window/geometry")
+        if geo:
+            self.restoreGeometry(QtCore.QByteArray(geo))
+        st = s.get_bytes("window/state")
+        if st:
+            self.restoreState(QtCore.QByteArray(st))
+
+    def save_settings(self) -> None:
+        s = self.settings
+        if s is None:
+            return
+        try:
+            s.save_config(self.settings_panel.config())
+        except EngineError:
+            pass   # malformed intrinsics: keep the last good settings
+        s.set("source/state", self.source_panel.state())
+        s.set("run/speed", self.speed.currentData())
+        s.set("run/loop", self.loop.isChecked())
+        s.set("display/point_size", self.point_size.value())
+        s.set("display/color_mode", COLOR_MODES[self.color_mode.currentIndex()])
+        s.set("display/stride", self.stride.value())
+        s.set("display/threshold", self.conf_slider.value())
+        s.set_bytes("window/geometry", bytes(self.saveGeometry()))
+        s.set_bytes("window/state", bytes(self.saveState()))
+        s.sync()
+
+    # -- messages ------------------------------------------------------------------------------
+    def show_message(self, text: str, level: str = "error") -> None:
+        self.messages.append((level, text))
+        self.banner.show_message(text, level)
+        self.statusBar().showMessage(text, 10_000)
+        log.info("%s: %s", level, text)
+
+    # -- run control ---------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._handle is not None and self._handle.is_running()
+
+    def set_input(self, spec) -> None:
+        self.source_panel.set_input(spec)
+
+    def run_options(self, start_paused: bool = False) -> RunOptions:
+        cfg = self.settings_panel.config()
+        return RunOptions(
+            source=self.source_panel.spec(), config=cfg, session_root=self.session_root,
+            speed=float(self.speed.currentData()), loop=self.loop.isChecked(),
+            start_frame=int(self.seek_spin.value()), max_frames=int(self.max_frames.value()) or None,
+            start_paused=start_paused, display_stride=int(self.stride.value()),
+            webcam_resolution=self.source_panel.webcam_resolution(), model=self.model)
+
+    def start_run(self, start_paused: bool = False) -> bool:
+        """Start a fresh run with the current settings (stopping any running one and clearing
+        the scene). Returns False (with a message) if the settings are not usable."""
+        try:
+            opts = self.run_options(start_paused)
+        except EngineError as exc:
+            self.show_message(str(exc))
+            return False
+        if not opts.source and opts.source != 0:
+            self.show_message("Choose an input first: a video file, an image folder or a webcam")
+            return False
+        self.stop_run(wait=True)
+        self.banner.hide()
+        self.viewer.clear()
+        self.preview.clear()
+        self.monitors.reset()
+        self.last_stats = {}
+        self.last_summary = None
+        self.session_folder = None
+        self.save_settings()
+        h = WorkerHandle(opts, self)
+        w = h.worker
+        w.opened.connect(self._on_opened)
+        w.frameResult.connect(self._on_frames)
+        w.stats.connect(self._on_stats)
+        w.realigned.connect(self._on_realigned)
+        w.message.connect(self._on_worker_message)
+        w.error.connect(self._on_error)
+        w.finished.connect(self._on_finished)
+        self._handle = self.last_handle = h
+        self._update_engine_label()
+        self.progress_label.setText("opening… ")
+        h.start()
+        self._set_running(True)
+        return True
+
+    def toggle_pause(self) -> None:
+        if not self.running:
+            return
+        w = self._handle.worker
+        if w.paused:
+            w.resume()
+        else:
+            w.pause()
+        self._set_running(True)
+
+    def step(self) -> None:
+        if not self.running:
+            if not self.start_run(start_paused=True):
+                return
+        self._handle.worker.step()
+        self._set_running(True)
+
+    def seek_to(self, index: int) -> None:
+        if self.running:
+            self._handle.worker.seek(int(index))
+
+    def stop_run(self, wait: bool = False) -> None:
+        h = self._handle
+        if h is None:
+            return
+        h.worker.stop()
+        if wait:
+            if not h.stop_and_wait():
+                log.warning("engine thread did not stop in time")
+
+    def _is_current(self) -> bool:
+        return self._handle is not None and self.sender() is self._handle.worker
+
+    def _set_running(self, running: bool) -> None:
+        paused = running and self._handle is not None and self._handle.worker.paused
+        self.act_pause.setEnabled(running)
+        self.act_pause.setText("Resume" if paused else "Pause")
+        self.act_stop.setEnabled(running)
+        self.act_seek.setEnabled(not running or bool(self.source_info.get("seekable")))
+        can_export = self.session_folder is not None
+        for a in (self.act_export_ply, self.act_export_npz, self.act_export_tum):
+            a.setEnabled(can_export)
+
+    # -- worker signals ------------------------------------------------------------------------
+    def _on_opened(self, info: dict) -> None:
+        if not self._is_current():
+            return
+        self.source_info = dict(info)
+        self.session_folder = info.get("session")
+        self.setWindowTitle(f"ReconStudio — {info.get('name', '')}")
+        self._set_running(True)
+
+    def _on_frames(self, batch: list) -> None:
+        worker = self.sender()
+        if not self._is_current():
+            return
+        self.viewer.add_frames(batch)
+        for f in batch:
+            if f.image is not None or f.depth_map is not None:
+                self.preview.show_frame(f)
+        self._apply_threshold()
+        worker.ack()
+        self._update_status()
+        self.framesShown.emit(self.viewer.frame_count)
+
+    def _on_stats(self, stats: dict) -> None:
+        if not self._is_current():
+            return
+        self.last_stats = dict(stats)
+        self.monitors.update_stats(stats)
+        self._update_status()
+
+    def _on_realigned(self, segment: int, transform) -> None:
+        if not self._is_current():
+            return
+        self.viewer.apply_realign(segment, transform)
+
+    def _on_worker_message(self, text: str) -> None:
+        if self._is_current():
+            self.statusBar().showMessage(text, 8000)
+            self.messages.append(("info", text))
+
+    def _on_error(self, text: str) -> None:
+        if self._is_current():
+            self.show_message(text, "error")
+
+    def _on_finished(self, summary: dict) -> None:
+        if not self._is_current():
+            return
+        self.last_summary = dict(summary)
+        h = self._handle
+        h.thread.wait(5000)          # the run slot has returned; let the thread wind down
+        self._handle = None
+        self._set_running(False)
+        self._update_status()
+        state = "error" if summary.get("error") else ("stopped" if summary.get("stopped") else "done")
+        self.progress_label.setText(f"{state}: {summary.get('results', 0)} results ")
+        self.runFinished.emit(summary)
+
+    # -- status --------------------------------------------------------------------------------
+    def _update_engine_label(self) -> None:
+        name = self.settings_panel.engine_name()
+        try:
+            label = engine_capabilities(name).get("label", name)
+        except EngineError:
+            label = name
+        self.st_engine.setText(label)
+        self.st_scale.setVisible(name == "geometric")
+
+    def _update_status(self) -> None:
+        s = self.last_stats
+        kf = s.get("keyframes")
+        self.st_frames.setText(f"{self.viewer.frame_count} frames" + (f" · {kf} keyframes" if kf is not None else ""))
+        self.st_points.setText(f"{self.viewer.point_count:,} points drawn")
+        fps = s.get("fps")
+        self.st_fps.setText(f"{fps:.1f} fps" if fps else "")
+        if self.running:
+            n = self.source_info.get("frames") or 0
+            done = s.get("frames_in", 0)
+            state = "paused" if self._handle.worker.paused else "running"
+            self.progress_label.setText(f"{state}: frame {done}" + (f" / {n}" if n else "") + " ")
+
+    def _sample_viewer_fps(self) -> None:
+        draws = self.viewer.viewer_draws()
+        self.viewer_fps = draws - self._last_draws
+        self._last_draws = draws
+        if self.running:
+            self.monitors.update_viewer_fps(self.viewer_fps)
+
+    def conf_threshold(self) -> float:
+        """The raw confidence threshold the slider means (−inf at 0 = show everything)."""
+        p = self.conf_slider.value()
+        if p <= 0:
+            return float("-inf")
+        lo, hi = self.viewer.conf_range
+        return lo + (hi - lo) * p / 100.0
+
+    def _apply_threshold(self) -> None:
+        t = self.conf_threshold()
+        self.viewer.set_conf_threshold(t if np.isfinite(t) else -3.0e38)
+        self.conf_label.setText("all" if not np.isfinite(t) else f"{t:.3g}")
+
+    # -- files ---------------------------------------------------------------------------------
+    def _open_video_dialog(self) -> None:
+        from .source_panel import VIDEO_FILTER
+        p, _ = QtWidgets.QFileDialog.getOpenFileName(self, "Open a video", "", VIDEO_FILTER)
+        if p:
+            self.set_input(p)
+
+    def _open_folder_dialog(self) -> None:
+        p = QtWidgets.QFileDialog.getExistingDirectory(self, "Open an image folder")
+        if p:
+            self.set_input(p)
+
+    def _open_session_dialog(self) -> None:
+        from engine.io.store import default_session_root
+        p = QtWidgets.QFileDialog.getExistingDirectory(self, "Open a saved session",
+                                                       str(self.session_root or default_session_root()))
+        if p:
+            self.open_session_folder(p)
+
+    def open_session_folder(self, folder: str) -> bool:
+        """Show a saved session (engine.io.store.load_session) in the viewer; exports then use it."""
+        from engine.geometry import segment_transforms
+        from engine.io.store import load_session
+
+        from .display import FRUSTUM_FRACTION, make_display_frame
+        if self.running:
+            self.show_message("Stop the running reconstruction before opening a saved session", "warning")
+            return False
+        try:
+            loaded = load_session(folder)
+        except EngineError as exc:
+            self.show_message(str(exc))
+            return False
+        if not loaded.results:
+            self.show_message(f"{folder} holds no frames", "warning")
+            return False
+        self.viewer.clear()
+        self.preview.clear()
+        stride = self._stored_stride(loaded.results)
+        frames, fd = [], None
+        for r in loaded.results:
+            d = make_display_frame(r, stride, frustum_depth=fd, keep_images=r is loaded.results[-1])
+            if fd is None and len(d.depth):
+                fd = FRUSTUM_FRACTION * d.median_depth
+            frames.append(d)
+        for seg, T in segment_transforms(loaded.events).items():
+            self.viewer.apply_realign(seg, T)
+        self.viewer.add_frames(frames)
+        self.viewer.reset_view()
+        self.preview.show_frame(frames[-1])
+        self._apply_threshold()
+        self.session_folder = str(loaded.folder)
+        for p in loaded.problems:
+            self.messages.append(("warning", p))
+        note = "" if loaded.complete else " (the run was cut short)"
+        self.show_message(f"Opened session {loaded.folder.name}: {len(frames)} frames{note}", "info")
+        self.settings_panel.set_config(loaded.config)
+        self._update_engine_label()
+        self._set_running(False)
+        self._update_status()
+        return True
+
+    def _stored_stride(self, stored: list) -> int:
+        """The subsampling step at the session store's (smaller) resolution that keeps about
+        the density the user chose for live frames."""
+        stride = int(self.stride.value())
+        live_w = self.viewer.result_width
+        if not stored or not live_w:
+            return stride
+        stored_w = np.asarray(stored[0].image).shape[1]
+        return max(1, round(stride * stored_w / live_w))
+
+    def export_dialog(self, kind: str) -> None:
+        filters = {"ply": "PLY point cloud (*.ply)", "npz": "NumPy arrays (*.npz)", "tum": "TUM trajectory (*.txt)"}
+        suffix = {"ply": ".ply", "npz": ".npz", "tum": ".txt"}[kind]
+        p, _ = QtWidgets.QFileDialog.getSaveFileName(self, f"Export {kind.upper()}", "reconstruction" + suffix,
+                                                     filters[kind])
+        if p:
+            self.export(kind, p)
+
+    def export(self, kind: str, path: str) -> Optional[dict]:
+        """Export the current session (PLY / NPZ / TUM) filtered by the current confidence
+        threshold and subsampling. Returns engine.io.export.export_session's summary."""
+        from engine.io.export import export_session
+        from engine.io.store import load_session
+        if not self.session_folder:
+            self.show_message("Nothing to export yet: run a reconstruction or open a saved session", "warning")
+            return None
+        if kind not in ("ply", "npz", "tum"):
+            raise ValueError(kind)
+        QtWidgets.QApplication.setOverrideCursor(QtCore.Qt.CursorShape.WaitCursor)
+        try:
+            loaded = load_session(self.session_folder)
+            t = self.conf_threshold()
+            key = {"ply": "ply", "npz": "npz", "tum": "trajectory"}[kind]
+            out = export_session(loaded.results, loaded.events, conf_threshold=t if np.isfinite(t) else -np.inf,
+                                 stride=self._stored_stride(loaded.results), **{key: path})
+        except EngineError as exc:
+            self.show_message(str(exc))
+            return None
+        finally:
+            QtWidgets.QApplication.restoreOverrideCursor()
+        self.show_message(f"Exported {out['frames']} frames"
+                          + (f", {out['points']:,} points" if kind != "tum" else "") + f" to {path}", "info")
+        return out
+
+    def save_screenshot(self, path: Optional[str] = None) -> Optional[str]:
+        if path is None:
+            path, _ = QtWidgets.QFileDialog.getSaveFileName(self, "Save screenshot", "reconstudio.png", "PNG (*.png)")
+            if not path:
+                return None
+        try:
+            self.viewer.screenshot(path)
+        except OSError as exc:
+            self.show_message(str(exc))
+            return None
+        self.statusBar().showMessage(f"Screenshot saved to {path}", 5000)
+        return path
+
+    # -- drag and drop -------------------------------------------------------------------------
+    def dragEnterEvent(self, e: QtGui.QDragEnterEvent) -> None:
+        if e.mimeData().hasUrls():
+            e.acceptProposedAction()
+
+    def dropEvent(self, e: QtGui.QDropEvent) -> None:
+        urls = [u.toLocalFile() for u in e.mimeData().urls() if u.isLocalFile()]
+        if not urls:
+            return
+        p = urls[0]
+        if os.path.isdir(p) and (Path(p) / "config.json").exists() and (Path(p) / "frames").is_dir():
+            self.open_session_folder(p)
+        else:
+            self.set_input(p)
+            self.show_message(f"Input: {p} — press Start", "info")
+        e.acceptProposedAction()
+
+    # -- shutdown ------------------------------------------------------------------------------
+    def closeEvent(self, e: QtGui.QCloseEvent) -> None:
+        self.save_settings()
+        self.stop_run(wait=True)
+        self._fps_timer.stop()
+        super().closeEvent(e)

@@ -1,0 +1,142 @@
+"""Live monitors (pyqtgraph): engine FPS and latency, viewer FPS, memory, and the KV page map.
+
+The page map is the "visual memory" view: one cell per page of the layer-0 KV pool, coloured by
+what it holds (free / scale / window / special / pending — codes of PagedKVCache.page_map()), so
+the user sees the scale anchor, the sliding window cycling through the pool and the special-token
+stream growing, with memory staying flat.
+"""
+from __future__ import annotations
+
+import collections
+import os
+from typing import Optional
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6 import QtCore, QtWidgets
+
+HISTORY = 300                                   # samples kept per curve
+
+PAGE_CODES = ("free", "scale", "window", "special", "pending")
+PAGE_COLOURS = np.array([[60, 62, 70, 255], [230, 160, 40, 255], [60, 150, 240, 255],
+                         [120, 210, 110, 255], [220, 80, 200, 255]], np.ubyte)
+PAGE_MAP_COLUMNS = 32
+
+
+class _Series:
+    def __init__(self, plot: pg.PlotItem, name: str, colour: str):
+        self.t = collections.deque(maxlen=HISTORY)
+        self.v = collections.deque(maxlen=HISTORY)
+        self.curve = plot.plot(name=name, pen=pg.mkPen(colour, width=2))
+
+    def add(self, t: float, v) -> None:
+        if v is None:
+            return
+        self.t.append(t)
+        self.v.append(float(v))
+        self.curve.setData(np.fromiter(self.t, float), np.fromiter(self.v, float))
+
+    def clear(self) -> None:
+        self.t.clear()
+        self.v.clear()
+        self.curve.setData([], [])
+
+
+class MonitorsPanel(QtWidgets.QWidget):
+    def __init__(self, parent: Optional[QtWidgets.QWidget] = None):
+        super().__init__(parent)
+        pg.setConfigOptions(antialias=False, background="#202227", foreground="#c8c8c8")
+        lay = QtWidgets.QHBoxLayout(self)
+        lay.setContentsMargins(2, 2, 2, 2)
+        self.plots = pg.GraphicsLayoutWidget()
+        lay.addWidget(self.plots, 3)
+
+        self.fps_plot = self.plots.addPlot(title="Throughput (frames/s)")
+        self.fps_plot.addLegend(offset=(5, 5))
+        self.engine_fps = _Series(self.fps_plot, "engine", "#4fa3ff")
+        self.viewer_fps = _Series(self.fps_plot, "viewer", "#ffb000")
+        self.lat_plot = self.plots.addPlot(title="Latency per push (ms)")
+        self.lat_plot.addLegend(offset=(5, 5))
+        self.latency = _Series(self.lat_plot, "last", "#e06c75")
+        self.latency_p95 = _Series(self.lat_plot, "p95", "#98c379")
+        self.mem_plot = self.plots.addPlot(title="Memory (MiB)")
+        self.mem_plot.addLegend(offset=(5, 5))
+        self.ram = _Series(self.mem_plot, "process RAM", "#c678dd")
+        self.gpu_alloc = _Series(self.mem_plot, "GPU allocated", "#56b6c2")
+        self.gpu_reserved = _Series(self.mem_plot, "GPU reserved", "#d19a66")
+        for p in (self.fps_plot, self.lat_plot, self.mem_plot):
+            p.showGrid(x=True, y=True, alpha=0.2)
+            p.setLabel("bottom", "s")
+
+        # KV page map
+        kv = QtWidgets.QWidget()
+        kv_lay = QtWidgets.QVBoxLayout(kv)
+        kv_lay.setContentsMargins(0, 0, 0, 0)
+        self.kv_title = QtWidgets.QLabel("KV cache pages")
+        kv_lay.addWidget(self.kv_title)
+        self.kv_view = pg.GraphicsLayoutWidget()
+        self.kv_box = self.kv_view.addViewBox(lockAspect=True, invertY=True, enableMouse=False)
+        self.kv_image = pg.ImageItem()
+        self.kv_box.addItem(self.kv_image)
+        kv_lay.addWidget(self.kv_view, 1)
+        legend = " ".join(f"<span style='color: rgb({c[0]},{c[1]},{c[2]})'>■</span> {n}"
+                          for n, c in zip(PAGE_CODES, PAGE_COLOURS))
+        self.kv_legend = QtWidgets.QLabel(legend)
+        self.kv_legend.setWordWrap(True)
+        kv_lay.addWidget(self.kv_legend)
+        lay.addWidget(kv, 1)
+
+        self._proc = None
+        try:
+            import psutil
+            self._proc = psutil.Process(os.getpid())
+        except Exception:  # psutil missing: RAM curve stays empty
+            self._proc = None
+        self.page_map_shown: Optional[np.ndarray] = None
+        self.reset()
+
+    def reset(self) -> None:
+        self._t0 = QtCore.QElapsedTimer()
+        self._t0.start()
+        for s in (self.engine_fps, self.viewer_fps, self.latency, self.latency_p95, self.ram,
+                  self.gpu_alloc, self.gpu_reserved):
+            s.clear()
+        self.kv_image.clear()
+        self.page_map_shown = None
+        self.kv_title.setText("KV cache pages")
+
+    def _now(self) -> float:
+        return self._t0.elapsed() / 1000.0
+
+    def update_stats(self, stats: dict) -> None:
+        t = self._now()
+        self.engine_fps.add(t, stats.get("fps"))
+        self.latency.add(t, stats.get("latency_ms"))
+        self.latency_p95.add(t, stats.get("latency_p95_ms"))
+        mib = 1.0 / (1 << 20)
+        ga, gr = stats.get("gpu_allocated_bytes"), stats.get("gpu_reserved_bytes")
+        self.gpu_alloc.add(t, None if ga is None else ga * mib)
+        self.gpu_reserved.add(t, None if gr is None else gr * mib)
+        if self._proc is not None:
+            self.ram.add(t, self._proc.memory_info().rss * mib)
+        self.set_page_map(stats.get("kv_page_map"), stats.get("kv"))
+
+    def update_viewer_fps(self, fps: float) -> None:
+        self.viewer_fps.add(self._now(), fps)
+
+    def set_page_map(self, page_map, kv: Optional[dict] = None) -> None:
+        if page_map is None:
+            if self.page_map_shown is None:
+                self.kv_title.setText("KV cache pages — this engine has no KV cache")
+            return
+        codes = np.clip(np.asarray(page_map, np.int64).ravel(), 0, len(PAGE_CODES) - 1)
+        rows = -(-len(codes) // PAGE_MAP_COLUMNS)
+        grid = np.zeros(rows * PAGE_MAP_COLUMNS, np.int64)
+        grid[: len(codes)] = codes
+        rgba = PAGE_COLOURS[grid.reshape(rows, PAGE_MAP_COLUMNS)]
+        # ImageItem is column-major (x, y): transpose so rows run down the view
+        self.kv_image.setImage(rgba.transpose(1, 0, 2), autoLevels=False, levels=(0, 255))
+        self.page_map_shown = codes
+        counts = np.bincount(codes, minlength=len(PAGE_CODES))
+        self.kv_title.setText("KV pages (layer 0): " + ", ".join(
+            f"{n} {int(c)}" for n, c in zip(PAGE_CODES, counts) if c))

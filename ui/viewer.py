@@ -1,0 +1,474 @@
+"""Live 3D viewer: a vispy SceneCanvas embedded in Qt with an append-only point cloud.
+
+Why a custom visual: vispy's stock Markers re-upload the whole cloud on every `set_data`, which
+costs O(total points) per frame. Here every attribute (position, colour, confidence,
+depth+segment) lives in ONE preallocated GPU vertex buffer that grows by doubling (rare) and is
+appended with `set_subdata` (O(new points)). Everything the user tunes live — confidence threshold,
+point size, colour mode — is a shader uniform, so changing it uploads no vertex data. Each vertex
+carries its segment id; the segment transforms live in a small float texture, so a re-alignment
+event moves an already-drawn segment by rewriting one texture row (64 bytes), not its points.
+The trajectory and the camera frustums use the same visual in line mode (also append-only).
+
+The viewer does no geometry: points come back-projected by `engine.geometry` (see ui/display.py).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Optional
+
+import numpy as np
+from PySide6 import QtCore, QtGui, QtWidgets
+from vispy import gloo, scene
+from vispy.visuals import Visual
+
+log = logging.getLogger(__name__)
+
+COLOR_MODES = ("rgb", "depth", "confidence")
+_OVERLAY_CONF = 3.0e38          # lines carry this confidence so the threshold never hides them
+
+_VERT = """
+uniform sampler2D u_seg_tex;     // row s = segment s, 4 RGBA texels = the 4 matrix columns
+uniform float u_seg_rows;
+uniform float u_size;
+uniform float u_conf_min;
+uniform float u_color_mode;      // 0 rgb, 1 depth, 2 confidence
+uniform vec2 u_depth_range;
+uniform vec2 u_conf_range;
+uniform float u_overlay;         // 1 = lines: keep own colour, ignore the threshold
+attribute vec3 a_position;
+attribute float a_color;         // r + 256 g + 65536 b (exact in float32)
+attribute float a_conf;
+attribute vec2 a_depth_seg;      // (depth in the capturing camera, segment id)
+varying vec4 v_color;
+
+vec3 ramp(float t) {             // blue -> cyan -> green -> yellow -> red
+    return clamp(vec3(1.5 - abs(4.0 * t - 3.0), 1.5 - abs(4.0 * t - 2.0),
+                      1.5 - abs(4.0 * t - 1.0)), 0.0, 1.0);
+}
+
+mat4 segment_matrix(float s) {
+    float v = (s + 0.5) / u_seg_rows;
+    return mat4(texture2D(u_seg_tex, vec2(0.125, v)), texture2D(u_seg_tex, vec2(0.375, v)),
+                texture2D(u_seg_tex, vec2(0.625, v)), texture2D(u_seg_tex, vec2(0.875, v)));
+}
+
+void main() {
+    if (u_overlay < 0.5 && a_conf < u_conf_min) {
+        gl_Position = vec4(0.0, 0.0, 2.0, 1.0);   // beyond the far plane: clipped, no fragment
+        gl_PointSize = 1.0;
+        v_color = vec4(0.0);
+    } else {
+        vec4 world = segment_matrix(a_depth_seg.y) * vec4(a_position, 1.0);
+        gl_Position = $transform(world);
+        gl_PointSize = u_size;
+        vec3 rgb = vec3(mod(a_color, 256.0), mod(floor(a_color / 256.0), 256.0),
+                        floor(a_color / 65536.0)) / 255.0;
+        if (u_overlay < 0.5 && u_color_mode > 0.5) {
+            float t;
+            if (u_color_mode < 1.5)
+                t = (a_depth_seg.x - u_depth_range.x) / max(u_depth_range.y - u_depth_range.x, 1e-6);
+            else
+                t = (a_conf - u_conf_range.x) / max(u_conf_range.y - u_conf_range.x, 1e-6);
+            rgb = ramp(clamp(t, 0.0, 1.0));
+        }
+        v_color = vec4(rgb, 1.0);
+    }
+}
+"""
+
+_FRAG = """
+uniform float u_round;
+varying vec4 v_color;
+void main() {
+    if (u_round > 0.5) {
+        vec2 d = gl_PointCoord - vec2(0.5);
+        if (dot(d, d) > 0.25) discard;
+    }
+    gl_FragColor = v_color;
+}
+"""
+
+
+def pack_rgb(colors: np.ndarray) -> np.ndarray:
+    """uint8 [N,3] → float32 [N] holding r + 256 g + 65536 b (one 4-byte attribute per point)."""
+    c = np.asarray(colors, dtype=np.uint32)
+    return (c[:, 0] + (c[:, 1] << 8) + (c[:, 2] << 16)).astype(np.float32)
+
+
+class _GrowableAttribute:
+    """One GPU vertex buffer plus its host mirror. Appends upload only the new rows; when full
+    the capacity doubles and the mirror is uploaded once (the only O(total) upload)."""
+
+    def __init__(self, width: int, capacity: int, fill: float = 0.0):
+        self.width = width
+        self.fill = fill
+        self.host = np.full((capacity, width), fill, np.float32)
+        self.vbo = gloo.VertexBuffer(self.host)
+        self.uploaded_bytes = self.host.nbytes
+        self.full_uploads = 1
+
+    @property
+    def capacity(self) -> int:
+        return self.host.shape[0]
+
+    def grow(self, capacity: int, used: int) -> None:
+        host = np.full((capacity, self.width), self.fill, np.float32)
+        host[:used] = self.host[:used]
+        self.host = host
+        self.vbo.set_data(self.host)
+        self.uploaded_bytes += self.host.nbytes
+        self.full_uploads += 1
+
+    def write(self, offset: int, rows: np.ndarray) -> None:
+        rows = np.ascontiguousarray(rows, np.float32).reshape(-1, self.width)
+        self.host[offset:offset + len(rows)] = rows
+        self.vbo.set_subdata(rows, offset=offset)
+        self.uploaded_bytes += rows.nbytes
+
+
+class SegmentCloudVisual(Visual):
+    """Append-only points or lines with per-vertex segment ids and uniform-driven styling."""
+
+    _ATTRS = (("a_position", 3, 0.0), ("a_color", 1, 0.0), ("a_conf", 1, 0.0), ("a_depth_seg", 2, 0.0))
+
+    def __init__(self, mode: str = "points", capacity: int = 1 << 16, overlay: bool = False):
+        Visual.__init__(self, vcode=_VERT, fcode=_FRAG)
+        self._draw_mode = mode
+        self.count = 0
+        self._attrs = {name: _GrowableAttribute(w, capacity, fill) for name, w, fill in self._ATTRS}
+        self._seg = np.tile(np.eye(4, dtype=np.float32).T[None], (16, 1, 1))   # rows = M.T
+        self._seg_tex = gloo.Texture2D(self._seg, format="rgba", internalformat="rgba32f",
+                                       interpolation="nearest", wrapping="clamp_to_edge")
+        self.seg_uploads = 0
+        p = self.shared_program
+        p["u_seg_tex"] = self._seg_tex
+        p["u_seg_rows"] = float(self._seg.shape[0])
+        p["u_size"] = 2.0
+        p["u_conf_min"] = -3.0e38
+        p["u_color_mode"] = 0.0
+        p["u_depth_range"] = (0.0, 1.0)
+        p["u_conf_range"] = (0.0, 1.0)
+        p["u_overlay"] = 1.0 if overlay else 0.0
+        p["u_round"] = 1.0 if mode == "points" else 0.0
+        self.set_gl_state(depth_test=True, blend=False)
+
+    # -- data ---------------------------------------------------------------------------------
+    @property
+    def uploaded_bytes(self) -> int:
+        return sum(a.uploaded_bytes for a in self._attrs.values())
+
+    @property
+    def capacity(self) -> int:
+        return self._attrs["a_position"].capacity
+
+    def append(self, positions, packed_colors, conf, depth, segment) -> None:
+        """Append n vertices (all arrays length n except `segment`, a scalar or [n])."""
+        n = len(positions)
+        if n == 0:
+            return
+        need = self.count + n
+        if need > self.capacity:
+            cap = self.capacity
+            while cap < need:
+                cap *= 2
+            for a in self._attrs.values():
+                a.grow(cap, self.count)
+        seg = np.broadcast_to(np.asarray(segment, np.float32), (n,))
+        self._attrs["a_position"].write(self.count, positions)
+        self._attrs["a_color"].write(self.count, packed_colors)
+        self._attrs["a_conf"].write(self.count, conf)
+        self._attrs["a_depth_seg"].write(self.count, np.stack([np.asarray(depth, np.float32), seg], 1))
+        self.count = need
+        self._bind()
+        self.update()
+
+    def clear(self) -> None:
+        self.count = 0
+        self.update()
+
+    def _bind(self) -> None:
+        # A buffer *view* of the first `count` rows: the draw call covers only the used part and
+        # re-binding a view uploads nothing.
+        for name, a in self._attrs.items():
+            self.shared_program[name] = a.vbo[: self.count]
+
+    def set_segment_matrix(self, segment: int, matrix: np.ndarray) -> None:
+        if segment >= self._seg.shape[0]:
+            rows = self._seg.shape[0]
+            while rows <= segment:
+                rows *= 2
+            seg = np.tile(np.eye(4, dtype=np.float32).T[None], (rows, 1, 1))
+            seg[: self._seg.shape[0]] = self._seg
+            self._seg = seg
+            self.shared_program["u_seg_rows"] = float(rows)
+        self._seg[segment] = np.asarray(matrix, np.float32).T
+        self._seg_tex.set_data(self._seg)
+        self.seg_uploads += 1
+        self.update()
+
+    def reset_segments(self) -> None:
+        self._seg[:] = np.eye(4, dtype=np.float32).T
+        self._seg_tex.set_data(self._seg)
+        self.update()
+
+    # -- styling (uniforms only) --------------------------------------------------------------
+    def set_uniform(self, name: str, value) -> None:
+        self.shared_program[name] = value
+        self.update()
+
+    # -- vispy hooks --------------------------------------------------------------------------
+    def _prepare_transforms(self, view):
+        view.view_program.vert["transform"] = view.get_transform()
+
+    def _prepare_draw(self, view):
+        return self.count > 0
+
+    def _compute_bounds(self, axis, view):
+        if self.count == 0:
+            return None
+        col = self._attrs["a_position"].host[: self.count, axis]
+        return float(col.min()), float(col.max())
+
+
+SegmentCloud = scene.visuals.create_visual_node(SegmentCloudVisual)
+
+
+class ViewerCanvas(scene.SceneCanvas):
+    """The SceneCanvas; counts real draws so the window can show the viewer's FPS."""
+
+    def __init__(self, **kw):
+        super().__init__(keys="interactive", bgcolor="#1b1d22", show=False, **kw)
+        self.unfreeze()
+        self.draws = 0
+        self.freeze()
+
+    def on_draw(self, event):
+        super().on_draw(event)
+        self.draws += 1
+
+
+class PointCloudViewer(QtWidgets.QWidget):
+    """Qt widget hosting the canvas: point cloud, trajectory, frustums, current camera.
+
+    Feed it `ui.display.DisplayFrame`s with `add_frames`; move segments with `apply_realign`.
+    """
+
+    drawn = QtCore.Signal()
+
+    def __init__(self, parent: Optional[QtWidgets.QWidget] = None, capacity: int = 1 << 20):
+        super().__init__(parent)
+        self.canvas = ViewerCanvas()
+        self.view = self.canvas.central_widget.add_view()
+        self.view.camera = scene.cameras.TurntableCamera(up="-y", fov=50.0, elevation=20.0,
+                                                         azimuth=90.0, distance=3.0)
+        self.cloud = SegmentCloud(mode="points", capacity=capacity, parent=self.view.scene)
+        self.trajectory = SegmentCloud(mode="lines", capacity=1 << 12, overlay=True, parent=self.view.scene)
+        self.frustums = SegmentCloud(mode="lines", capacity=1 << 14, overlay=True, parent=self.view.scene)
+        self.current = SegmentCloud(mode="lines", capacity=64, overlay=True, parent=self.view.scene)
+        self.current.set_gl_state(depth_test=False)
+        self._layers = (self.cloud, self.trajectory, self.frustums, self.current)
+        self.auto_fit = True
+        self.canvas.events.mouse_press.connect(self._on_mouse_press)
+        self.canvas.events.mouse_wheel.connect(self._on_mouse_press)
+        lay = QtWidgets.QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.canvas.native)
+        self.setMinimumSize(320, 240)
+        self.setAcceptDrops(False)
+        self.clear()
+
+    # -- state --------------------------------------------------------------------------------
+    def clear(self) -> None:
+        """Empty scene (a new run). Buffers keep their capacity, so a restart allocates nothing."""
+        for layer in self._layers:
+            layer.clear()
+            layer.reset_segments()
+        self.frame_count = 0
+        self.result_width = 0       # width of the live results (for matching export density)
+        self.segments: dict[int, np.ndarray] = {}
+        self._last_center: dict[int, np.ndarray] = {}      # segment → last camera centre
+        self._centers: list[np.ndarray] = []
+        self._last_frame = None
+        self._depth_hi = 0.0
+        self.conf_range = (0.0, 1.0)
+        self._conf_seen = False
+        self.follow = getattr(self, "follow", False)
+        self.auto_fit = True
+        self.canvas.update()
+
+    @property
+    def point_count(self) -> int:
+        return self.cloud.count
+
+    @property
+    def frustum_count(self) -> int:
+        return self.frustums.count // 16
+
+    @property
+    def trajectory_count(self) -> int:
+        """Number of camera positions on the trajectory."""
+        return len(self._centers)
+
+    @property
+    def uploaded_bytes(self) -> int:
+        """Vertex bytes sent to the GPU so far (every layer) — tests check what costs uploads."""
+        return sum(layer.uploaded_bytes for layer in self._layers)
+
+    # -- data ---------------------------------------------------------------------------------
+    def add_frames(self, frames: Iterable) -> None:
+        last = None
+        for f in frames:
+            self._add_frame(f)
+            last = f
+        if last is not None:
+            self._set_current(last)
+            if self.follow:
+                self._follow(last)
+            elif self.auto_fit:
+                self._fit(keep_angles=True)
+            self.canvas.update()
+
+    def _add_frame(self, f) -> None:
+        seg = int(f.segment)
+        if seg not in self.segments:
+            self.segments[seg] = np.eye(4)
+        n = len(f.points)
+        if n:
+            self.cloud.append(f.points, pack_rgb(f.colors), f.conf, f.depth, seg)
+            if f.conf is not None and len(f.conf):
+                lo, hi = float(np.min(f.conf)), float(np.max(f.conf))
+                if self._conf_seen:
+                    lo, hi = min(lo, self.conf_range[0]), max(hi, self.conf_range[1])
+                self.conf_range = (lo, hi)
+                self._conf_seen = True
+                self.cloud.set_uniform("u_conf_range", self.conf_range)
+            hi = float(np.percentile(f.depth, 95)) if len(f.depth) else 0.0
+            if hi > self._depth_hi:
+                self._depth_hi = hi
+                self.cloud.set_uniform("u_depth_range", (0.0, self._depth_hi))
+        # frustum: 8 line segments (apex → 4 corners, then the image rectangle)
+        apex, corners = f.frustum[0], f.frustum[1:5]
+        lines = np.empty((16, 3), np.float32)
+        lines[0:8:2] = apex
+        lines[1:8:2] = corners
+        lines[8:16:2] = corners
+        lines[9:16:2] = np.roll(corners, -1, axis=0)
+        col = np.full(16, pack_rgb(np.array([[90, 170, 255] if f.is_keyframe else [150, 150, 160]]))[0],
+                      np.float32)
+        self.frustums.append(lines, col, np.full(16, _OVERLAY_CONF, np.float32), np.zeros(16), seg)
+        center = np.asarray(f.c2w, np.float32)[:3, 3]
+        prev = self._last_center.get(seg)
+        if prev is not None:
+            self.trajectory.append(np.stack([prev, center]),
+                                   np.full(2, pack_rgb(np.array([[255, 120, 40]]))[0], np.float32),
+                                   np.full(2, _OVERLAY_CONF, np.float32), np.zeros(2), seg)
+        self._last_center[seg] = center
+        self._centers.append(center)
+        self.frame_count += 1
+        self.result_width = int(f.width)
+
+    def _set_current(self, f) -> None:
+        apex, corners = f.frustum[0], f.frustum[1:5]
+        lines = np.empty((16, 3), np.float32)
+        lines[0:8:2] = apex
+        lines[1:8:2] = corners
+        lines[8:16:2] = corners
+        lines[9:16:2] = np.roll(corners, -1, axis=0)
+        self.current.clear()
+        self.current.append(lines, np.full(16, pack_rgb(np.array([[255, 220, 0]]))[0], np.float32),
+                            np.full(16, _OVERLAY_CONF, np.float32), np.zeros(16), int(f.segment))
+        self._last_frame = f
+
+    def apply_realign(self, segment: int, transform: np.ndarray) -> None:
+        """Place segment `segment` with the similarity `transform` (engines send absolute
+        transforms: a later event replaces the earlier one, see engine.geometry). Only the
+        segment's row of the transform texture changes: no point is re-uploaded."""
+        self.set_segment_transform(segment, transform)
+
+    def set_segment_transform(self, segment: int, matrix: np.ndarray) -> None:
+        self.segments[segment] = np.asarray(matrix, np.float64)
+        for layer in self._layers:
+            layer.set_segment_matrix(segment, self.segments[segment])
+        self.canvas.update()
+
+    # -- styling (uniforms only: nothing is re-uploaded) -------------------------------------
+    def set_conf_threshold(self, value: float) -> None:
+        self.cloud.set_uniform("u_conf_min", float(value))
+        self.canvas.update()
+
+    def set_point_size(self, px: float) -> None:
+        self.cloud.set_uniform("u_size", float(px))
+        self.canvas.update()
+
+    def set_color_mode(self, mode: str) -> None:
+        if mode not in COLOR_MODES:
+            raise ValueError(f"colour mode must be one of {COLOR_MODES}, got {mode!r}")
+        self.cloud.set_uniform("u_color_mode", float(COLOR_MODES.index(mode)))
+        self.canvas.update()
+
+    def set_show_frustums(self, on: bool) -> None:
+        self.frustums.visible = bool(on)
+        self.canvas.update()
+
+    def set_show_trajectory(self, on: bool) -> None:
+        self.trajectory.visible = bool(on)
+        self.canvas.update()
+
+    # -- camera ------------------------------------------------------------------------------
+    def set_follow(self, on: bool) -> None:
+        self.follow = bool(on)
+        if on and self._last_frame is not None:
+            self._follow(self._last_frame)
+
+    def _world(self, f, p) -> np.ndarray:
+        m = self.segments.get(int(f.segment), np.eye(4))
+        return (m[:3, :3] @ np.asarray(p, np.float64)) + m[:3, 3]
+
+    def _follow(self, f) -> None:
+        # orbit centre: the middle of what the current camera sees
+        self.view.camera.center = tuple(self._world(f, f.look_at))
+        self.canvas.update()
+
+    def _on_mouse_press(self, event) -> None:
+        self.auto_fit = False          # the user took the camera: stop re-framing
+
+    def reset_view(self) -> None:
+        """Look from behind and above the first camera at the middle of the cloud, far enough
+        to see it all; keep re-framing as the cloud grows until the user moves the view."""
+        self.auto_fit = True
+        self._fit(keep_angles=False)
+
+    def _fit(self, keep_angles: bool) -> None:
+        if self._last_frame is None:
+            return
+        cam = self.view.camera
+        if self.cloud.count:
+            pos = self.cloud._attrs["a_position"].host[: self.cloud.count]
+            step = max(1, len(pos) // 20000)
+            sample = pos[::step]
+            lo, hi = np.percentile(sample, 5, axis=0), np.percentile(sample, 95, axis=0)
+            centre = (lo + hi) / 2
+            extent = float(np.linalg.norm(hi - lo))
+        else:
+            centre, extent = np.asarray(self._last_frame.look_at), 1.0
+        cam.center = tuple(float(v) for v in centre)
+        cam.distance = max(extent, 1e-3) * 1.1
+        if not keep_angles:
+            cam.azimuth, cam.elevation = 90.0, 20.0
+        self.canvas.update()
+
+    # -- output ------------------------------------------------------------------------------
+    def render_image(self) -> np.ndarray:
+        """Render the 3D view offscreen → H×W×4 uint8 RGBA."""
+        return self.canvas.render()
+
+    def screenshot(self, path: str) -> np.ndarray:
+        img = np.ascontiguousarray(self.render_image())
+        h, w = img.shape[:2]
+        qimg = QtGui.QImage(img.data, w, h, 4 * w, QtGui.QImage.Format.Format_RGBA8888)
+        if not qimg.save(str(path)):
+            raise OSError(f"could not write screenshot to {path}")
+        return img
+
+    def viewer_draws(self) -> int:
+        return self.canvas.draws
