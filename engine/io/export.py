@@ -3,8 +3,9 @@
     export_ply(path, points, colors, conf)      binary little-endian PLY: x y z float32,
                                                 red green blue uint8, confidence float32
     export_npz(path, results, points, colors)   c2w [N,4,4], K [N,3,3], timestamps [N],
-                                                depth / conf [N,h,w], images [N,h,w,3], points [M,3],
-                                                colors [M,3] uint8, index, is_keyframe, segment
+                                                depth / conf [N,h,w], has_depth [N], images
+                                                [N,h,w,3], points [M,3], colors [M,3] uint8,
+                                                point_conf [M], index, is_keyframe, segment
     export_tum(path, results)                   `t tx ty tz qx qy qz qw`, camera-to-world
     export_session(results, events, ...)        all of the above from one run, with the
                                                 re-alignments applied and the points filtered
@@ -67,8 +68,9 @@ def _stack(arrays: list, name: str) -> np.ndarray:
 def export_npz(path: PathLike, results: Sequence, points: Optional[np.ndarray] = None,
                colors: Optional[np.ndarray] = None, conf: Optional[np.ndarray] = None) -> None:
     """Write the per-frame arrays of `results` and the point cloud into one .npz (uncompressed,
-    loadable with np.load(allow_pickle=False)). depth/conf/images are included when every frame
-    has them (a frame without confidence gets ones)."""
+    loadable with np.load(allow_pickle=False)). depth/conf [N,h,w] are always there (zeros for a
+    frame without depth, `has_depth` says which; ones for a missing confidence); images
+    [N,h,w,3] and pose_enc [N,9] when every frame has them."""
     results = list(results)
     n = len(results)
     arrays = {
@@ -79,10 +81,18 @@ def export_npz(path: PathLike, results: Sequence, points: Optional[np.ndarray] =
         "is_keyframe": np.array([r.is_keyframe for r in results], dtype=bool),
         "segment": np.array([r.segment for r in results], dtype=np.int64),
     }
-    if n and all(r.depth is not None for r in results):
-        arrays["depth"] = _stack([np.asarray(r.depth, np.float32) for r in results], "depth")
-        arrays["conf"] = _stack([np.asarray(r.conf, np.float32) if r.conf is not None
-                                 else np.ones(np.shape(r.depth), np.float32) for r in results], "conf")
+    # depth / conf always present: a frame without depth (e.g. a non-keyframe of the geometric
+    # engine) is all zeros (0 = no depth) and flagged in has_depth
+    with_depth = [r for r in results if r.depth is not None]
+    hw = (np.shape(with_depth[0].depth) if with_depth
+          else np.shape(results[0].image)[:2] if n else (0, 0))
+    arrays["has_depth"] = np.array([r.depth is not None for r in results], dtype=bool)
+    arrays["depth"] = _stack([np.asarray(r.depth, np.float32) if r.depth is not None
+                              else np.zeros(hw, np.float32) for r in results], "depth") if n \
+        else np.zeros((0, *hw), np.float32)
+    arrays["conf"] = _stack([np.asarray(r.conf, np.float32) if r.conf is not None
+                             else (np.ones(hw, np.float32) if r.depth is not None else np.zeros(hw, np.float32))
+                             for r in results], "conf") if n else np.zeros((0, *hw), np.float32)
     if n and all(r.image is not None and np.size(r.image) for r in results):
         images = [np.asarray(r.image, np.uint8) for r in results]
         if len({a.shape for a in images}) == 1:
@@ -105,15 +115,14 @@ def tum_lines(results: Iterable) -> list[str]:
     """`t tx ty tz qx qy qz qw` per result (camera-to-world; quaternion scalar-last)."""
     from scipy.spatial.transform import Rotation
 
-    lines = []
-    for r in results:
-        c2w = np.asarray(r.c2w, dtype=np.float64)
-        q = Rotation.from_matrix(c2w[:3, :3]).as_quat()     # x, y, z, w
-        if q[3] < 0:                                        # one canonical sign
-            q = -q
-        t = c2w[:3, 3]
-        lines.append(f"{float(r.timestamp):.6f} " + " ".join(f"{v:.9f}" for v in (*t, *q)))
-    return lines
+    results = list(results)
+    if not results:
+        return []
+    c2w = np.array([np.asarray(r.c2w, dtype=np.float64) for r in results]).reshape(-1, 4, 4)
+    q = Rotation.from_matrix(c2w[:, :3, :3]).as_quat()     # x, y, z, w
+    q[q[:, 3] < 0] *= -1                                   # one canonical sign
+    return [f"{float(r.timestamp):.6f} " + " ".join(f"{v:.9f}" for v in (*t, *qi))
+            for r, t, qi in zip(results, c2w[:, :3, 3], q)]
 
 
 def export_tum(path: PathLike, results: Iterable) -> int:

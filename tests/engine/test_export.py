@@ -141,6 +141,18 @@ def test_npz_shapes_and_dtypes(tmp_path):
     np.testing.assert_array_equal(z["points"], pts)
 
 
+def test_npz_frames_without_depth_are_zero_filled(tmp_path):
+    rs = _results(3)
+    rs[1].depth = rs[1].conf = None
+    export_npz(tmp_path / "z.npz", rs)
+    z = np.load(tmp_path / "z.npz")
+    assert z["depth"].shape == (3, 48, 64) and z["conf"].shape == (3, 48, 64)
+    np.testing.assert_array_equal(z["has_depth"], [True, False, True])
+    assert not z["depth"][1].any() and not z["conf"][1].any()
+    np.testing.assert_array_equal(z["depth"][2], rs[2].depth)
+    assert z["points"].shape == (0, 3) and z["colors"].dtype == np.uint8
+
+
 def test_tum_one_line_per_frame_and_round_trip(tmp_path):
     rs = _results(5)
     path = tmp_path / "traj.txt"

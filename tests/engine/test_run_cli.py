@@ -132,3 +132,30 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, clip, tmp_path, capsys)
     assert rc == 2
     assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("reconstudio run: error:")
+
+
+def test_run_with_the_default_geometric_engine(clip, tmp_path, capsys):
+    """The real default engine on the first 60 frames of the clip: every output is written and
+    consistent with the session store it came from."""
+    from engine.api import available_engines
+    if "geometric" not in available_engines():
+        pytest.skip("geometric engine not available in this checkout")
+    rc = main(["run", clip, "--max-frames", "60", "--ply", str(tmp_path / "g.ply"),
+               "--npz", str(tmp_path / "g.npz"), "--trajectory", str(tmp_path / "g.txt"),
+               "--session-dir", str(tmp_path / "sess")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    s = load_session(tmp_path / "sess")
+    assert s.config.engine == "geometric" and s.complete
+    n = len(s.results)
+    assert 0 < n <= 60
+    t, c2w = read_tum(tmp_path / "g.txt")
+    assert len(t) == n and np.all(np.diff(t) > 0)
+    z = np.load(tmp_path / "g.npz")
+    assert z["c2w"].shape == (n, 4, 4) and z["timestamps"].shape == (n,)
+    assert z["depth"].shape[0] == n and z["conf"].shape == z["depth"].shape and z["has_depth"].any()
+    assert (z["depth"][~z["has_depth"]] == 0).all()
+    from plyfile import PlyData
+    v = PlyData.read(str(tmp_path / "g.ply"))["vertex"].data
+    assert len(v) == len(z["points"]) > 0
+    assert np.isfinite(z["points"]).all()

@@ -1,0 +1,112 @@
+"""I/O benchmark (figures, not tests): frame decoding, session-store writes, reload, exports.
+
+    python -m engine.io.bench [--data ../shared/data] [--frames 200] [--json OUT]
+
+Uses the real ICL-NUIM clip and frames for decoding, and real 7-Scenes depth maps (with the
+matching colour frames) as dense engine results for the store and the exporters.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..api import FrameResult, SessionConfig
+
+
+def _timeit(fn, repeat=1):
+    t = time.perf_counter()
+    for _ in range(repeat):
+        out = fn()
+    return (time.perf_counter() - t) / repeat, out
+
+
+def _dense_results(data: Path, n: int, size) -> list:
+    import cv2
+    seq = data / "7scenes_redkitchen_150_199"
+    rgb = sorted((seq / "rgb").glob("*.jpg"))
+    dep = sorted((seq / "depth").glob("*.png"))
+    w, h = size
+    K = np.array([[585.0 * w / 640, 0, (319.5 + 0.5) * w / 640 - 0.5],
+                  [0, 585.0 * h / 480, (239.5 + 0.5) * h / 480 - 0.5], [0, 0, 1]])
+    out = []
+    for i in range(n):
+        j = i % len(rgb)
+        img = cv2.cvtColor(cv2.imread(str(rgb[j])), cv2.COLOR_BGR2RGB)
+        d = cv2.imread(str(dep[j]), cv2.IMREAD_UNCHANGED).astype(np.float32) / 1000.0
+        img = cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA)
+        d = cv2.resize(d, (w, h), interpolation=cv2.INTER_NEAREST)
+        conf = (1.0 + np.exp(-np.abs(np.gradient(d)[0]) * 20)).astype(np.float32)
+        c2w = np.eye(4)
+        c2w[0, 3] = 0.01 * i
+        out.append(FrameResult(i, i / 30, True, c2w, K, img, d, conf, np.zeros(9, np.float32)))
+    return out
+
+
+def run(data: Path, frames: int) -> dict:
+    from .export import export_npz, export_ply, export_tum
+    from ..geometry import collect_points
+    from .sources import open_source
+    from .store import SessionStore, load_session
+
+    res: dict = {"machine": f"{platform.machine()} {platform.processor() or ''} {platform.node()}".strip(),
+                 "frames": frames}
+    clip = data / "icl_livingroom_kt3" / "video.mp4"
+    for name, spec, kw in (("decode_video_640x480", clip, {}),
+                           ("decode_video_max518", clip, {"max_side": 518}),
+                           ("decode_folder_jpg_640x480", data / "icl_livingroom_kt3" / "rgb", {})):
+        src = open_source(spec, **kw)
+        t, n = _timeit(lambda: sum(1 for _ in src))
+        src.close()
+        res[name + "_fps"] = round(n / t, 1)
+
+    for label, size in (("518x378", (518, 378)), ("640x480", (640, 480))):
+        rs = _dense_results(data, frames, size)
+        with tempfile.TemporaryDirectory() as tmp:
+            for comp in (True, False):
+                folder = Path(tmp) / f"s{int(comp)}"
+                store = SessionStore(folder, SessionConfig(), "bench", compress=comp)
+                t, _ = _timeit(lambda: [store.write(r) for r in rs])
+                store.close()
+                kb = sum(p.stat().st_size for p in (folder / "frames").glob("*.npz")) / len(rs) / 1024
+                key = f"store_{label}_{'deflate1' if comp else 'raw'}"
+                res[key + "_ms_per_frame"] = round(1000 * t / len(rs), 2)
+                res[key + "_kb_per_frame"] = round(kb, 1)
+            folder = Path(tmp) / "s1"
+            t, loaded = _timeit(lambda: load_session(folder))
+            res[f"load_session_{label}_ms"] = round(1000 * t, 1)
+            if label == "640x480":
+                for stride in (1, 2):
+                    t, (pts, cols, conf) = _timeit(lambda: collect_points(loaded.results, 0.0, stride))
+                    res[f"collect_points_stride{stride}_ms"] = round(1000 * t, 1)
+                    res[f"points_stride{stride}"] = len(pts)
+                    t, _ = _timeit(lambda: export_ply(Path(tmp) / "a.ply", pts, cols, conf))
+                    res[f"export_ply_stride{stride}_ms"] = round(1000 * t, 1)
+                t, _ = _timeit(lambda: export_npz(Path(tmp) / "a.npz", loaded.results, pts, cols))
+                res["export_npz_stride2_ms"] = round(1000 * t, 1)
+                t, _ = _timeit(lambda: export_tum(Path(tmp) / "a.txt", loaded.results))
+                res["export_tum_ms"] = round(1000 * t, 1)
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=str(Path(__file__).resolve().parents[3] / "shared" / "data"))
+    p.add_argument("--frames", type=int, default=200)
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    args = p.parse_args(argv)
+    res = run(Path(args.data), args.frames)
+    for k, v in res.items():
+        print(f"{k:45s} {v}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
