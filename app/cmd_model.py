@@ -84,6 +84,9 @@ def _inspect(args) -> int:
         print(f"prefix:     {info.stripped_prefix!r} removed from every key")
     print(f"tensors:    {info.num_tensors:,} ({info.num_values:,} values, {_gb(info.tensor_bytes)})")
     print("dtypes:     " + ", ".join(f"{d} ×{n}" for d, n in info.dtypes().items()))
+    if info.dataless:
+        print(f"note:       {info.dataless:,} tensors hold no data (saved from the meta device): "
+              f"shapes only, this file cannot be loaded")
     if info.metadata:
         print("metadata:   " + ", ".join(f"{k}={v}" for k, v in list(info.metadata.items())[:8]))
     print("prefixes:")
@@ -91,7 +94,8 @@ def _inspect(args) -> int:
     second = info.prefixes(2)
     for prefix, n, values in top:
         print(f"  {prefix:<34} {n:>6,} tensors {values:>15,} values")
-        subs = [s for s in second if s[0].startswith(prefix + ".")]
+        subs = [(sp if sp != prefix else f"{prefix} (own)", sn, sv) for sp, sn, sv in second
+                if sp == prefix or sp.startswith(prefix + ".")]
         if len(subs) > 1:
             for sp, sn, sv in subs:
                 print(f"    {sp:<32} {sn:>6,} tensors {sv:>15,} values")

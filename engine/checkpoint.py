@@ -154,6 +154,7 @@ class CheckpointInfo:
     tensors: dict[str, tuple[tuple[int, ...], str]]   # name -> (shape, dtype name)
     ignored_entries: list[str] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)  # safetensors header metadata
+    dataless: int = 0            # tensors saved from the meta device: shapes only, not loadable
 
     @property
     def num_tensors(self) -> int:
@@ -358,7 +359,7 @@ def inspect_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
         return CheckpointInfo(
             path=str(path), format=ck.format, file_bytes=path.stat().st_size, wrapper=ck.wrapper,
             stripped_prefix=ck.stripped_prefix, tensors=ck.meta(), ignored_entries=ck.ignored_entries,
-            metadata=ck.metadata)
+            metadata=ck.metadata, dataless=len(ck.dataless))
 
 
 def compare_shapes(found: Mapping[str, tuple], expected: Mapping[str, tuple],
@@ -381,25 +382,14 @@ def compare_shapes(found: Mapping[str, tuple], expected: Mapping[str, tuple],
 
 def architecture_shapes(arch: str = "lingbot-map") -> dict[str, tuple[int, ...]]:
     """name -> shape of every state-dict entry of `build_model(arch)`, built on the meta device
-    (no memory, no weights)."""
+    (no memory, no weights). Unknown names raise EngineError."""
     import torch
 
-    try:
-        from .models import build_model
-    except ImportError as exc:
-        return _fallback_shapes(arch, exc)
+    from .models import build_model
+
     with torch.device("meta"):
         model = build_model(arch)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
-def _fallback_shapes(arch: str, exc: Exception) -> dict[str, tuple[int, ...]]:
-    # Interim: until engine.models lands, the released key list in the shared fixtures stands in.
-    shared = Path(os.environ.get("RECONSTUDIO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
-    tsv = shared / "fixtures" / ("lingbot_map_keys.tsv" if arch == "lingbot-map" else f"{arch}_keys.tsv")
-    if not tsv.is_file():
-        raise CheckpointError(f"the {arch} architecture is not available ({exc})") from None
-    return read_key_list(tsv)
 
 
 def read_key_list(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
@@ -477,6 +467,10 @@ def load_checkpoint(model, path: str | os.PathLike, *, strict: bool = True,
                     progress(i + 1, total)
         if assign:
             model.load_state_dict(assign, strict=False, assign=True)
+            still = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+            if still:  # non-persistent buffers are not in any checkpoint
+                report.warnings.append(f"{len(still)} tensor(s) not stored in checkpoints are still on the meta "
+                                       f"device and must be re-created before use: {_names(still, max_names)}")
         for key, n in report.converted.items():
             report.warnings.append(f"converted {n} tensor(s) {key.replace('->', ' → ')}")
     return report

@@ -357,3 +357,60 @@ def test_compare_shapes():
     assert diff.mismatched == [("b", (4,), (5,))] and diff.ignored == ["point_head.x"]
     assert not diff.fits
     assert BENIGN_EXTRA_PREFIXES == ("point_head.", "track_head.")
+
+
+# --- the real architecture (its small configuration) ----------------------------------------------
+
+def _tiny_lingbot(seed):
+    from engine.models import build_model
+
+    model = build_model("lingbot-map-tiny")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            t.copy_(torch.randn(t.shape, generator=g))
+    return model
+
+
+@pytest.mark.parametrize("fmt,wrapper,dtype", [("pt", "model", torch.float32), ("safetensors", None, torch.float32),
+                                               ("pt", None, torch.bfloat16)])
+def test_lingbot_map_tiny_round_trip(tmp_path, fmt, wrapper, dtype):
+    sd = {k: v.to(dtype) for k, v in _sd(_tiny_lingbot(1)).items()}
+    extras = {"point_head.scratch.output_conv.weight": torch.zeros(2, 2)}
+    payload = {**sd, **extras}
+    path = _save({wrapper: payload} if wrapper else payload, tmp_path / f"tiny.{fmt}", fmt)
+    dst = _tiny_lingbot(2)
+    report = load_checkpoint(dst, path)
+    assert report.ok and report.loaded == len(sd) == 286 and report.ignored == list(extras)
+    for k, v in dst.state_dict().items():
+        assert v.dtype == torch.float32 and torch.equal(v, sd[k].float()), k
+
+
+def test_lingbot_map_tiny_on_meta_device(tmp_path):
+    from engine.models import build_model
+
+    sd = _sd(_tiny_lingbot(1))
+    path = _save(sd, tmp_path / "tiny.safetensors", "safetensors")
+    with torch.device("meta"):
+        dst = build_model("lingbot-map-tiny")
+    report = load_checkpoint(dst, path)
+    _assert_same(dst, sd)
+    # ImageNet mean/std are non-persistent buffers: no checkpoint holds them, the report says so
+    assert any("aggregator._mean" in w and "meta" in w for w in report.warnings)
+
+
+def test_lingbot_map_tiny_does_not_take_the_full_size_file(tmp_path):
+    from engine.checkpoint import read_key_list
+    from engine.models import build_model
+    from tests.conftest import FIXTURES
+
+    shapes = read_key_list(FIXTURES / "lingbot_map_keys.tsv")
+    with torch.device("meta"):
+        sd = {k: torch.empty(s) for k, s in shapes.items()}
+    # full-size shapes, tiny data: a zip of meta tensors keeps the file small
+    torch.save(sd, tmp_path / "full.pt")
+    with pytest.raises(CheckpointError) as exc:
+        load_checkpoint(build_model("lingbot-map-tiny"), tmp_path / "full.pt")
+    msg = str(exc.value)
+    assert "with the wrong shape" in msg and "aggregator.camera_token (model [1, 2, 1, 64], file [1, 2, 1, 1024])" in msg
+    assert "unexpected key(s)" in msg and "1056 unexpected key(s)" in msg and "aggregator.frame_blocks.10.attn" in msg
