@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import threading
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -169,13 +171,19 @@ class SessionStore:
 
     `meta` is stored in config.json beside the settings (e.g. the source's kind, fps, frame
     count). `fsync=True` also survives power loss, at a cost per frame; a killed process loses
-    nothing committed either way. Writing is synchronous (a few ms per frame, see
-    docs/benchmarks_io.md) so that "written" means "on disk" when `write` returns.
+    nothing committed either way.
+
+    By default `write` is synchronous: when it returns the frame is on disk (a few ms per
+    frame, see docs/benchmarks_io.md). `background=True` moves compression and file writing to
+    one writer thread (zlib releases the GIL, so it overlaps the engine); `write` then only
+    downsamples and queues, blocking when `queue_size` frames are waiting, so a kill loses at
+    most those frames plus the one being written. Writer errors surface on the next `write` or
+    on `close`, which waits for the queue to drain.
     """
 
     def __init__(self, folder: Union[str, Path], config: SessionConfig, source_name: str,
                  max_side: int = 256, *, meta: Optional[dict] = None, fsync: bool = False,
-                 compress: bool = True):
+                 compress: bool = True, background: bool = False, queue_size: int = 2):
         self.folder = Path(folder).expanduser()
         self.frames_dir = self.folder / "frames"
         self.max_side = int(max_side)
@@ -202,6 +210,12 @@ class SessionStore:
         except OSError as exc:
             raise StoreError(f"Cannot write to session folder {self.folder}: {exc.strerror or exc}") from None
         self._closed = False
+        self._error: Optional[BaseException] = None
+        self._queue: Optional[queue.Queue] = None
+        if background:
+            self._queue = queue.Queue(maxsize=max(1, int(queue_size)))
+            self._thread = threading.Thread(target=self._writer, name="session-store-writer", daemon=True)
+            self._thread.start()
 
     def _write_info(self) -> None:
         try:
@@ -217,13 +231,45 @@ class SessionStore:
         """Store one result (downsampled), atomically; a re-emitted index replaces its file."""
         if self._closed:
             raise StoreError("session store is closed")
+        self._raise_writer_error()
         small = downsample_result(r, self.max_side)
+        if self._queue is None:
+            self._store(small)
+            return
+        # own copies: the engine may reuse its buffers while the frame waits in the queue
+        for name in ("image", "depth", "conf"):
+            a, src = getattr(small, name), getattr(r, name)
+            if a is not None and src is not None and np.shares_memory(a, np.asarray(src)):
+                setattr(small, name, a.copy())
+        self._queue.put(small)
+
+    def _store(self, small: FrameResult) -> None:
         try:
             with atomic_open(self.frame_path(small.index), "wb", fsync=self.fsync) as f:
                 _save_npz(f, _result_arrays(small), compress=self.compress)
         except OutputError as exc:
             raise StoreError(str(exc)) from None
         self.frames_written += 1
+
+    def _writer(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if self._error is None:
+                    self._store(item)
+            except BaseException as exc:   # kept for the caller's thread; later frames are dropped
+                self._error = exc
+            finally:
+                self._queue.task_done()
+
+    def _raise_writer_error(self) -> None:
+        if self._error is not None:
+            exc, self._error = self._error, None
+            if isinstance(exc, StoreError):
+                raise exc
+            raise StoreError(f"Writing the session store failed: {exc}") from exc
 
     def write_event(self, e: EngineEvent) -> None:
         """Append one event line and flush it to the OS at once."""
@@ -243,10 +289,14 @@ class SessionStore:
         if self._closed:
             return
         self._closed = True
+        if self._queue is not None:
+            self._queue.put(None)
+            self._thread.join()
         self._events.close()
         self._info["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self._info["frames"] = len(list(self.frames_dir.glob("*.npz")))
         self._write_info()
+        self._raise_writer_error()
 
     def __enter__(self):
         return self

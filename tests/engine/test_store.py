@@ -167,3 +167,30 @@ def test_sigkill_mid_run_loses_nothing_committed(tmp_path):
     assert [int(e.message) for e in s.events][: committed + 1] == list(range(committed + 1))
     assert not s.complete
     assert all(not p.startswith("skipped damaged frame") for p in s.problems)
+
+
+def test_background_writer_stores_everything_and_owns_its_copies(tmp_path):
+    store = SessionStore(tmp_path / "bg", SessionConfig(), "clip", background=True, queue_size=1)
+    buf = _result(0, h=40, w=60)              # small frames: not downsampled, so copies matter
+    expected = []
+    for i in range(12):
+        buf.index = i
+        buf.depth[...] = 1.0 + i               # the "engine" reuses its buffers
+        store.write(buf)
+        expected.append(1.0 + i)
+    store.close()
+    s = load_session(tmp_path / "bg")
+    assert s.complete and s.info["frames"] == 12
+    assert [float(r.depth[0, 0]) for r in s.results] == expected
+
+
+def test_background_writer_error_surfaces(tmp_path):
+    store = SessionStore(tmp_path / "bg", SessionConfig(), "clip", background=True)
+    import shutil
+    shutil.rmtree(tmp_path / "bg" / "frames")
+    (tmp_path / "bg" / "frames").write_text("now a file")   # every frame write fails
+    store.write(_result(0, h=10, w=10))
+    with pytest.raises(StoreError, match="Cannot write"):
+        for i in range(1, 5):
+            store.write(_result(i, h=10, w=10))
+        store.close()
