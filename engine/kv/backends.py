@@ -4,8 +4,9 @@ builds once per step; neither keeps its own bookkeeping.
 * ``sdpa``: `torch.nn.functional.scaled_dot_product_attention` with no mask over the visible
   tokens. When the visible pages are one contiguous run (the steady state of a keyframe stream,
   see paged_cache "Placement") it attends to a zero-copy view of the pool; otherwise it gathers
-  the visible pages into a buffer allocated once. Works on CPU and any GPU, in every dtype. On
-  CUDA the cuDNN attention kernel is tried first (measured fastest on the H200 for this shape).
+  the visible pages into a buffer allocated once. Works on CPU and any GPU, in every dtype.
+  PyTorch picks the kernel: on the H200 (bf16, q 1005 x kv 72,360) its default pick ran 0.87 ms,
+  faster than asking for cuDNN first (0.95 ms); see docs/benchmarks_kv.md.
 * ``flashinfer``: FlashInfer's `BatchPrefillWithPagedKVCacheWrapper` (NHD layout, the
   ``(k_pool, v_pool)`` pair of one layer, causal=False), planned once per step and run per
   layer; workspace allocated once. CUDA and bf16/fp16 only (FlashInfer has no fp32 kernels, and
@@ -85,16 +86,12 @@ class SDPABackend:
 
     name = "sdpa"
 
-    def __init__(self, cache, zero_copy: bool = True):
+    def __init__(self, cache, zero_copy: bool = True, kernels=None):
+        """kernels: optional list of torch.nn.attention.SDPBackend in priority order."""
         self.cache = cache
         self.zero_copy = zero_copy
         self._buf_k = self._buf_v = None
-        self._cuda = cache.device.type == "cuda"
-        self._kernels = None
-        if self._cuda:
-            from torch.nn.attention import SDPBackend
-            self._kernels = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-                             SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        self._kernels = kernels
 
     @classmethod
     def create(cls, cache):
