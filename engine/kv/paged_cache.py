@@ -162,6 +162,7 @@ class PagedKVCache:
         from .backends import resolve_backend  # late import: backends import this module
         self.backend = resolve_backend(backend, self.device, self.dtype)
         self._attn = self.backend.create(self)
+        self.timer = None       # optional `name -> context manager` around attend (benchmarks)
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -293,8 +294,12 @@ class PagedKVCache:
             raise KVCacheError(f"KV cache attend: expected q of shape {list(want)}, got {list(q.shape)}")
         if not step.written[layer]:
             raise KVCacheError(f"KV cache attend: layer {layer} was not written in this step")
-        out = self._attn.attend(step, q.reshape(F * T, self.num_heads, self.head_dim),
-                                self.k_pool[layer], self.v_pool[layer])
+        qf = q.reshape(F * T, self.num_heads, self.head_dim)
+        if self.timer is None:
+            out = self._attn.attend(step, qf, self.k_pool[layer], self.v_pool[layer])
+        else:
+            with self.timer("global_attention"):
+                out = self._attn.attend(step, qf, self.k_pool[layer], self.v_pool[layer])
         return out.reshape(want)
 
     def end_step(self) -> None:

@@ -1,0 +1,332 @@
+"""Benchmark of the streaming LingBot-Map engine: FPS, latency, GPU memory, per-part time.
+
+Drives a real session (`open_session(SessionConfig(engine="lingbot-map", ...), model=...)`) with
+synthetic frames already at model resolution, so what is measured is the engine (model, KV cache,
+camera cache, result conversion), not video decoding. Weights:
+
+* ``random``: every tensor drawn on the device with the scale of the fixtures' recipe
+  (LayerNorm ~1, Linear/Conv ~N(0, 1/fan_in), biases ~0.02, LayerScale ~0.2): seconds to build,
+  the same arithmetic as real weights (all-zero weights would run faster than real ones);
+* ``recipe``: the fixtures' deterministic recipe (engine.models.recipe; slow at full size on CPU);
+* a path: a checkpoint loaded with engine.load_checkpoint.
+
+Timing: each push is timed on the host (the session synchronises CUDA at the end of a push).
+With ``breakdown=True`` the model's section hooks and the KV cache's attend hook are timed with
+CUDA events (perf_counter on CPU): patch embed, frame blocks, global blocks (of which global
+attention = the paged-cache attend), camera head, depth head. The events cost a little, so
+FPS figures come from runs without breakdown.
+
+Memory: peak GPU allocated / reserved (torch.cuda) since the stream started, and the process RSS.
+A sweep (``sweep=[64, 1000, ...]``) runs one stream to the largest count and records a row at
+each count: that is how "memory stays flat from 1,000 to 10,000 frames" is checked.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from .api import EngineError, SessionConfig
+
+PARTS = ("patch_embed", "frame_blocks", "global_blocks", "global_attention", "camera_head", "depth_head")
+SWEEP_COLUMNS = ("frames", "seconds", "fps", "segment_fps", "latency_p50_ms", "latency_p95_ms",
+                 "peak_allocated_gib", "peak_reserved_gib", "allocated_gib", "rss_gib",
+                 "kv_pages_used", "kv_cached_frames", "kv_special_frames", "kv_bytes", "time_index")
+
+
+@dataclass
+class BenchConfig:
+    model: str = "lingbot-map"          # engine.models name ("lingbot-map-tiny" for tests)
+    weights: str = "random"             # "random" | "recipe" | checkpoint path
+    width: int = 518
+    height: int = 378
+    frames: int = 300
+    warmup: int = 30                    # streamed frames left out of the steady-state figures
+    window: int = 64
+    scale_frames: int = 8
+    keyframe_interval: int = 1
+    camera_iterations: int = 4
+    special_cap: int = 1024
+    dtype: str = "bf16"
+    kv_dtype: str = "auto"
+    backend: str = "auto"
+    device: str = "cuda"
+    breakdown: bool = False
+    sweep: list = field(default_factory=list)   # frame counts at which to record a row
+    seed: int = 0
+    distinct_frames: int = 16           # synthetic frames cycled through
+
+
+def height_for_width(width: int) -> int:
+    """Model height keeping the 518x378 aspect (37x27 patches), a multiple of 14."""
+    return max(14, round(width * 378 / 518 / 14) * 14)
+
+
+# ------------------------------------------------------------------ weights
+@torch.no_grad()
+def random_init_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Fill every parameter with recipe-scaled random values, drawn on its own device."""
+    gen = {}
+    for name, p in model.named_parameters():
+        dev = p.device
+        if dev not in gen:
+            gen[dev] = torch.Generator(device=dev).manual_seed(seed)
+        z = torch.randn(p.shape, generator=gen[dev], device=dev, dtype=torch.float32)
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf.endswith("weight") and p.ndim == 1:
+            z = 1.0 + 0.05 * z
+        elif leaf.endswith("weight"):
+            z = z / math.sqrt(max(1, math.prod(p.shape[1:])))
+        elif leaf.endswith("bias"):
+            z = 0.02 * z
+        elif leaf == "gamma":
+            z = 0.2 + 0.02 * z
+        p.copy_(z)
+    return model
+
+
+def build_bench_model(cfg: BenchConfig):
+    from .models import build_model
+    dev = torch.device(cfg.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError("bench: device 'cuda' was asked for but no CUDA GPU is available; use --device cpu")
+    with torch.device(dev):
+        model = build_model(cfg.model)
+    if cfg.weights == "random":
+        random_init_(model, cfg.seed)
+    elif cfg.weights == "recipe":
+        from .models.recipe import fill_recipe
+        fill_recipe(model)
+    else:
+        from .checkpoint import load_checkpoint
+        load_checkpoint(model, cfg.weights)
+    return model
+
+
+# ------------------------------------------------------------------ timing
+class SectionTimer:
+    """`timer(name)` context manager for the model / cache hooks; CUDA events or perf_counter."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.enabled = True
+        self._pending: list = []
+        self.totals: dict = defaultdict(float)    # seconds
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if not self.enabled:
+            yield
+            return
+        if self.cuda:
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            yield
+            b.record()
+            self._pending.append((name, a, b))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self.totals[name] += time.perf_counter() - t0
+
+    def collect(self) -> None:
+        """Fold finished CUDA events into the totals (call after a synchronise)."""
+        for name, a, b in self._pending:
+            self.totals[name] += a.elapsed_time(b) / 1e3
+        self._pending.clear()
+
+    def reset(self) -> None:
+        self._pending.clear()
+        self.totals.clear()
+
+
+def _rss_gib() -> Optional[float]:
+    try:
+        import psutil
+        return psutil.Process().memory_info().rss / 2**30
+    except Exception:
+        return None
+
+
+def _pct(xs, q) -> Optional[float]:
+    return float(np.percentile(np.asarray(xs) * 1e3, q)) if len(xs) else None
+
+
+# ------------------------------------------------------------------ run
+def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print) -> dict:
+    """Stream `cfg.frames` (or max(sweep)) synthetic frames through a lingbot-map session."""
+    from . import open_session
+    from .kv.backends import flashinfer_available
+
+    if cfg.width % 14 or cfg.height % 14:
+        raise EngineError(f"bench: resolution {cfg.width}x{cfg.height} must be multiples of 14")
+    sweep = sorted({int(n) for n in cfg.sweep if int(n) > 0})
+    total = max([cfg.frames] + sweep) if sweep else cfg.frames
+    if total < cfg.scale_frames:
+        raise EngineError(f"bench: --frames ({total}) must be at least --scale-frames ({cfg.scale_frames})")
+    dev = torch.device(cfg.device)
+    cuda = dev.type == "cuda"
+    torch.manual_seed(cfg.seed)
+
+    t_build = time.perf_counter()
+    if model is None:
+        model = build_bench_model(cfg)
+    build_s = time.perf_counter() - t_build
+    session = open_session(SessionConfig(
+        engine="lingbot-map", device=cfg.device, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype,
+        backend=cfg.backend, image_width=cfg.width, scale_frames=cfg.scale_frames, window=cfg.window,
+        keyframe_interval=cfg.keyframe_interval, camera_iterations=cfg.camera_iterations,
+        special_cap=cfg.special_cap), model=model)
+
+    gen = torch.Generator().manual_seed(cfg.seed)
+    frames = [torch.rand(3, cfg.height, cfg.width, generator=gen) for _ in range(max(1, cfg.distinct_frames))]
+    timer = SectionTimer(cuda) if cfg.breakdown else None
+    if timer is not None:
+        session.model.timer = timer
+    if cuda:
+        torch.cuda.synchronize(dev)
+        weights_gib = torch.cuda.memory_allocated(dev) / 2**30
+        torch.cuda.reset_peak_memory_stats(dev)
+    else:
+        weights_gib = None
+
+    lat: list = []                 # seconds per push that returned results (streamed frames)
+    done = 0                       # results received
+    t0 = time.perf_counter()
+    t_steady = None
+    steady_frames = 0
+    rows: list = []
+    seg_start_t, seg_start_n, seg_lat = t0, 0, []
+    next_sweep = 0
+    kv_hooked = False
+    for i in range(total):
+        tp = time.perf_counter()
+        results = session.push(frames[i % len(frames)])
+        dt = time.perf_counter() - tp
+        if timer is not None:
+            if not kv_hooked and session.kv is not None:
+                session.kv.timer = timer
+                kv_hooked = True
+            if cuda:
+                timer.collect()
+        if not results:
+            continue
+        done += len(results)
+        if len(results) == 1:
+            lat.append(dt)
+            seg_lat.append(dt)
+        streamed = done - cfg.scale_frames
+        if streamed == cfg.warmup:          # steady state starts after the warm-up frames
+            t_steady = time.perf_counter()
+            if timer is not None:
+                timer.reset()
+        elif streamed > cfg.warmup:
+            steady_frames += len(results)
+        while next_sweep < len(sweep) and done >= sweep[next_sweep]:
+            now = time.perf_counter()
+            st = session.stats()
+            kv = st.get("kv") or {}
+            rows.append({
+                "frames": done, "seconds": now - t0, "fps": done / (now - t0),
+                "segment_fps": (done - seg_start_n) / (now - seg_start_t),
+                "latency_p50_ms": _pct(seg_lat, 50), "latency_p95_ms": _pct(seg_lat, 95),
+                "peak_allocated_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else None,
+                "peak_reserved_gib": torch.cuda.max_memory_reserved(dev) / 2**30 if cuda else None,
+                "allocated_gib": torch.cuda.memory_allocated(dev) / 2**30 if cuda else None,
+                "rss_gib": _rss_gib(),
+                "kv_pages_used": kv.get("pages_total", 0) - kv.get("pages_free", 0),
+                "kv_cached_frames": kv.get("cached_frames"), "kv_special_frames": kv.get("special_frames"),
+                "kv_bytes": kv.get("bytes_allocated"), "time_index": st.get("time_index"),
+            })
+            log("  {frames:>6d} frames  {seconds:8.1f} s  {fps:6.2f} fps (segment {segment_fps:6.2f})  "
+                "peak alloc {pa}  reserved {pr}  kv pages {kv_pages_used}".format(
+                    **rows[-1], pa=_gib(rows[-1]["peak_allocated_gib"]), pr=_gib(rows[-1]["peak_reserved_gib"])))
+            seg_start_t, seg_start_n, seg_lat = now, done, []
+            next_sweep += 1
+    done += len(session.flush())
+    t_end = time.perf_counter()
+    st = session.stats()
+
+    res = {
+        "config": asdict(cfg),
+        "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
+        "torch": torch.__version__,
+        "flashinfer_available": flashinfer_available(),
+        "kv_backend": (st.get("kv") or {}).get("backend"),
+        "model_build_s": build_s,
+        "frames": done,
+        "seconds": t_end - t0,
+        "fps_overall": done / (t_end - t0),
+        "fps_steady": steady_frames / (t_end - t_steady) if t_steady and steady_frames else None,
+        "steady_frames": steady_frames,
+        "latency_p50_ms": _pct(lat[cfg.warmup:] or lat, 50),
+        "latency_p95_ms": _pct(lat[cfg.warmup:] or lat, 95),
+        "weights_gib": weights_gib,
+        "peak_allocated_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else None,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved(dev) / 2**30 if cuda else None,
+        "rss_gib": _rss_gib(),
+        "kv": st.get("kv"),
+        "camera_cache": st.get("camera_cache"),
+        "sweep": rows,
+    }
+    if timer is not None and steady_frames:
+        per = {k: 1e3 * v / steady_frames for k, v in timer.totals.items()}
+        res["breakdown_ms_per_frame"] = {k: per.get(k) for k in PARTS if k in per}
+        res["breakdown_total_ms_per_frame"] = 1e3 * (t_end - t_steady) / steady_frames
+    session.close()
+    return res
+
+
+def _gib(x) -> str:
+    return "-" if x is None else f"{x:.2f} GiB"
+
+
+def format_report(res: dict) -> str:
+    c = res["config"]
+    lines = [
+        f"LingBot-Map bench: {c['model']} ({c['weights']} weights) on {res['device_name']}, "
+        f"{c['width']}x{c['height']}, {c['dtype']} (kv {c['kv_dtype']}), backend {c['backend']} -> "
+        f"{res['kv_backend']}, window {c['window']}, scale {c['scale_frames']}, keyframe interval "
+        f"{c['keyframe_interval']}, camera iterations {c['camera_iterations']}",
+        f"  frames {res['frames']} in {res['seconds']:.2f} s: overall {res['fps_overall']:.2f} FPS, "
+        f"steady {res['fps_steady']:.2f} FPS over {res['steady_frames']} frames"
+        if res["fps_steady"] else f"  frames {res['frames']} in {res['seconds']:.2f} s: overall "
+                                  f"{res['fps_overall']:.2f} FPS (no steady-state frames after the warm-up)",
+        f"  latency p50 {res['latency_p50_ms'] or float('nan'):.1f} ms, p95 {res['latency_p95_ms'] or float('nan'):.1f} ms",
+        f"  GPU memory: weights {_gib(res['weights_gib'])}, peak allocated {_gib(res['peak_allocated_gib'])}, "
+        f"peak reserved {_gib(res['peak_reserved_gib'])}; RSS {_gib(res['rss_gib'])}",
+    ]
+    kv = res.get("kv") or {}
+    if kv:
+        lines.append(f"  KV cache: {kv['pages_total']} pages x {kv['page_size']} tokens, "
+                     f"{kv['bytes_allocated'] / 2**30:.2f} GiB, {kv['cached_frames']} frames cached, "
+                     f"{kv['special_frames']} frames of specials, zero-copy {kv['zero_copy']}")
+    bd = res.get("breakdown_ms_per_frame")
+    if bd:
+        tot = res["breakdown_total_ms_per_frame"]
+        lines.append(f"  breakdown (ms per steady frame, of {tot:.1f} ms; global attention is inside global blocks):")
+        for k, v in bd.items():
+            lines.append(f"    {k:18s} {v:8.2f}  {100 * v / tot:5.1f} %")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list, path: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(SWEEP_COLUMNS))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in SWEEP_COLUMNS})
+
+
+def write_json(res: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1, default=str)
