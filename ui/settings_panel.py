@@ -263,6 +263,8 @@ class SettingsPanel(QtWidgets.QWidget):
         for f in _SPIN_FIELDS:
             d[f] = int(self.controls[f].value())
         text = self.intrinsics.text().replace(",", " ").split()
+        if "intrinsics" not in set(self._caps.get("fields", [])):
+            text = []                          # not honoured by this engine: not parsed either
         if text:
             try:
                 vals = tuple(float(v) for v in text)

@@ -297,7 +297,9 @@ class WorkerHandle:
         self.thread.setObjectName("reconstudio-engine")
         self.worker.moveToThread(self.thread)
         self.thread.started.connect(self.worker.run)
-        self.worker.finished.connect(self.thread.quit)
+        # Direct: the thread must end even while the GUI thread is blocked in stop_and_wait
+        # (a queued quit would wait for the GUI event loop → deadlock on window close).
+        self.worker.finished.connect(self.thread.quit, QtCore.Qt.ConnectionType.DirectConnection)
 
     def start(self) -> None:
         self.thread.start()

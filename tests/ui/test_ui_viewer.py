@@ -1,0 +1,118 @@
+"""The vispy viewer: appends cost only the new points, styling is uniforms only, and a
+re-alignment moves an already-drawn segment without re-uploading it (rendered, not mocked)."""
+import numpy as np
+import pytest
+
+from engine.api import FrameResult
+
+from ui.display import make_display_frame
+from ui.viewer import PointCloudViewer
+
+BYTES_PER_POINT = (3 + 1 + 1 + 2) * 4       # position, packed colour, confidence, depth+segment
+
+
+def _frame(i, segment=0, w=80, h=60, x=0.0):
+    c2w = np.eye(4)
+    c2w[0, 3] = x
+    K = np.array([[60.0, 0, (w - 1) / 2], [0, 60.0, (h - 1) / 2], [0, 0, 1]])
+    img = np.zeros((h, w, 3), np.uint8)
+    img[..., 0] = 200
+    img[..., 1] = np.linspace(0, 255, w, dtype=np.uint8)[None]
+    depth = np.full((h, w), 2.0, np.float32)
+    conf = np.tile(np.linspace(1, 10, w, dtype=np.float32), (h, 1))
+    r = FrameResult(index=i, timestamp=i / 30, is_keyframe=True, c2w=c2w, K=K, image=img, depth=depth,
+                    conf=conf, segment=segment)
+    return make_display_frame(r, stride=1, frustum_depth=0.2)
+
+
+def _lit(img):
+    """Pixels that differ from the background colour."""
+    bg = img[0, 0, :3].astype(int)
+    return np.abs(img[..., :3].astype(int) - bg).sum(-1) > 30
+
+
+@pytest.fixture
+def viewer(qtbot):
+    v = PointCloudViewer(capacity=1 << 14)
+    qtbot.addWidget(v)
+    v.resize(480, 360)
+    v.show()
+    qtbot.waitExposed(v)
+    return v
+
+
+def test_append_uploads_only_the_new_points(viewer):
+    viewer.add_frames([_frame(0)])
+    n = len(_frame(0).points)
+    before = viewer.cloud.uploaded_bytes
+    viewer.add_frames([_frame(1, x=0.1)])
+    assert viewer.point_count == 2 * n
+    assert viewer.cloud.uploaded_bytes - before == n * BYTES_PER_POINT
+    assert viewer.frustum_count == 2 and viewer.trajectory_count == 2
+
+
+def test_growth_keeps_points_and_doubles_rarely(viewer):
+    n = len(_frame(0).points)                 # 4800 points per frame, capacity 16384
+    for i in range(10):
+        viewer.add_frames([_frame(i, x=0.01 * i)])
+    assert viewer.point_count == 10 * n
+    assert viewer.cloud.capacity >= 10 * n
+    # 16384 → 32768 → 65536: two regrowths for ten frames
+    assert viewer.cloud._attrs["a_position"].full_uploads == 3
+    pos = viewer.cloud._attrs["a_position"].host[: viewer.point_count]
+    assert np.allclose(pos[:n], _frame(0).points)
+    assert _lit(viewer.render_image()).sum() > 1000
+
+
+def test_uniform_changes_do_not_reupload(viewer):
+    viewer.add_frames([_frame(0)])
+    viewer.reset_view()
+    full = _lit(viewer.render_image()).sum()
+    before = viewer.uploaded_bytes
+    viewer.set_conf_threshold(5.5)            # hides the left half of the plane
+    half = _lit(viewer.render_image()).sum()
+    viewer.set_point_size(6)
+    viewer.set_color_mode("confidence")
+    coloured = viewer.render_image()
+    viewer.set_color_mode("depth")
+    viewer.set_color_mode("rgb")
+    viewer.set_conf_threshold(-3e38)
+    viewer.set_point_size(2)
+    again = _lit(viewer.render_image()).sum()
+    assert viewer.uploaded_bytes == before
+    assert half < 0.8 * full
+    assert again == full
+    assert coloured[..., :3].std() > 5
+    with pytest.raises(ValueError):
+        viewer.set_color_mode("bogus")
+
+
+def test_realign_moves_segment_without_reupload(viewer):
+    viewer.add_frames([_frame(0, segment=0), _frame(1, segment=1, x=0.05)])
+    viewer.set_show_frustums(False)
+    viewer.reset_view()
+    viewer.auto_fit = False
+    both = viewer.render_image()
+    before = viewer.uploaded_bytes
+    T = np.eye(4)
+    T[0, 3] = 100.0                          # move segment 1 far out of view
+    viewer.apply_realign(1, T)
+    moved = viewer.render_image()
+    assert viewer.uploaded_bytes == before
+    assert viewer.cloud.seg_uploads >= 1
+    assert not np.array_equal(both, moved)
+    # segment 0 still drawn; the absolute transform replaces the earlier one
+    assert _lit(moved).sum() > 0
+    viewer.apply_realign(1, np.eye(4))
+    assert np.array_equal(viewer.render_image(), both)
+
+
+def test_clear_and_screenshot(viewer, tmp_path):
+    viewer.add_frames([_frame(0)])
+    viewer.reset_view()
+    path = tmp_path / "shot.png"
+    img = viewer.screenshot(str(path))
+    assert path.stat().st_size > 0 and _lit(img).sum() > 100
+    viewer.clear()
+    assert viewer.point_count == 0 and viewer.frustum_count == 0 and viewer.trajectory_count == 0
+    assert _lit(viewer.render_image()).sum() == 0
