@@ -445,7 +445,7 @@ def load_checkpoint(model, path: str | os.PathLike, *, strict: bool = True,
         assign: dict[str, Any] = {}
         total = len(diff.matched)
         release = None
-        if diff.matched and ck.format in ("pt", "safetensors") and not any(t.is_meta for t in targets.values()):
+        if diff.matched and ck.format in ("pt", "safetensors"):
             release = _page_releaser(ck.tensor(diff.matched[0]))
         with torch.no_grad():
             for i, name in enumerate(diff.matched):
@@ -454,8 +454,11 @@ def load_checkpoint(model, path: str | os.PathLike, *, strict: bool = True,
                     key = f"{_dtype_name(src.dtype)}->{_dtype_name(dst.dtype)}"
                     report.converted[key] = report.converted.get(key, 0) + 1
                 if dst.is_meta:
-                    # Nothing allocated to copy into: adopt the (memory-mapped) tensor itself.
+                    # Nothing allocated to copy into: adopt the (memory-mapped) tensor itself, or
+                    # its converted copy, after which the file pages are no longer needed.
                     assign[name] = src.to(dst.dtype)
+                    if release is not None and src.dtype != dst.dtype:
+                        release(src)
                 else:
                     dst.copy_(src)                           # converts dtype and device, one tensor at a time
                     if release is not None:
