@@ -45,18 +45,19 @@ def choose_neighbours(ref: DepthView, candidates: list, median_depth: float, k: 
     return [c for _, c in scored[:k]]
 
 
-def _disparity_range(sgn_d: np.ndarray):
+def _disparity_range(sgn_d: np.ndarray, range_lo: float = 0.6, range_hi: float = 1.5):
     if len(sgn_d) < 5:
         return 0, 64
     lo, hi = np.percentile(sgn_d, [2, 98])
-    lo = int(np.floor(max(0.0, 0.6 * lo)))
-    hi = int(np.ceil(1.5 * hi)) + 2
+    lo = int(np.floor(max(0.0, range_lo * lo)))
+    hi = int(np.ceil(range_hi * hi)) + 2
     n = int(np.ceil(max(hi - lo, 16) / 16.0) * 16)
     return lo, min(n, 192)
 
 
 def pair_depth(ref: DepthView, nbr: DepthView, K: np.ndarray, sparse_uv: np.ndarray, sparse_z: np.ndarray,
-               block: int = 5) -> tuple[np.ndarray, np.ndarray]:
+               block: int = 5, alpha: float = -1.0, upscale: float = 1.0,
+               min_texture: float = 4.0, uniqueness: int = 10, range_lo: float = 0.4, range_hi: float = 2.5) -> tuple[np.ndarray, np.ndarray]:
     """Depth (float32, 0 = none) and disparity (in depth-resolution pixels) on ref's grid."""
     h, w = ref.gray.shape
     Rr, Rn = ref.c2w[:3, :3].T, nbr.c2w[:3, :3].T
@@ -64,15 +65,19 @@ def pair_depth(ref: DepthView, nbr: DepthView, K: np.ndarray, sparse_uv: np.ndar
     R = Rn @ Rr.T
     t = tn - R @ tr
     dist = np.zeros(5)
+    # alpha=1 keeps every source pixel in view; `upscale` enlarges the rectified images so the
+    # zoom-out does not cost resolution
+    rw, rh = int(round(w * upscale)), int(round(h * upscale))
     R1, R2, P1, P2, _, _, _ = cv2.stereoRectify(K, dist, K, dist, (w, h), R, t.reshape(3, 1),
-                                                flags=cv2.CALIB_ZERO_DISPARITY, alpha=0)
+                                                flags=cv2.CALIB_ZERO_DISPARITY, alpha=alpha,
+                                                newImageSize=(rw, rh))
     vertical = abs(P2[1, 3]) > abs(P2[0, 3])
     ax = 1 if vertical else 0
     f = P1[ax, ax]
     B = abs(P2[ax, 3]) / P2[ax, ax]
     ref_is_left = P2[ax, 3] < 0
-    m1 = cv2.initUndistortRectifyMap(K, dist, R1, P1, (w, h), cv2.CV_32FC1)
-    m2 = cv2.initUndistortRectifyMap(K, dist, R2, P2, (w, h), cv2.CV_32FC1)
+    m1 = cv2.initUndistortRectifyMap(K, dist, R1, P1, (rw, rh), cv2.CV_32FC1)
+    m2 = cv2.initUndistortRectifyMap(K, dist, R2, P2, (rw, rh), cv2.CV_32FC1)
     r0 = cv2.remap(ref.gray, m1[0], m1[1], cv2.INTER_LINEAR)
     r1 = cv2.remap(nbr.gray, m2[0], m2[1], cv2.INTER_LINEAR)
 
@@ -81,7 +86,7 @@ def pair_depth(ref: DepthView, nbr: DepthView, K: np.ndarray, sparse_uv: np.ndar
     rays = np.c_[sparse_uv, np.ones(len(sparse_uv))] @ Kinv.T * sparse_z[:, None]
     zr = (rays @ R1.T)[:, 2]
     d_exp = f * B / np.maximum(zr[zr > 0], 1e-9)
-    lo, n = _disparity_range(d_exp)
+    lo, n = _disparity_range(d_exp, range_lo, range_hi)
 
     def orient(img):
         if vertical:
@@ -90,7 +95,7 @@ def pair_depth(ref: DepthView, nbr: DepthView, K: np.ndarray, sparse_uv: np.ndar
     a, b = np.ascontiguousarray(orient(r0)), np.ascontiguousarray(orient(r1))
     sgbm = cv2.StereoSGBM_create(minDisparity=lo, numDisparities=n, blockSize=block,
                                  P1=8 * block * block, P2=32 * block * block, disp12MaxDiff=1,
-                                 uniquenessRatio=10, speckleWindowSize=80, speckleRange=2,
+                                 uniquenessRatio=uniqueness, speckleWindowSize=80, speckleRange=2,
                                  mode=cv2.STEREO_SGBM_MODE_SGBM)
     raw = sgbm.compute(a, b).astype(np.float32) / 16.0
     if not ref_is_left:
@@ -111,21 +116,28 @@ def pair_depth(ref: DepthView, nbr: DepthView, K: np.ndarray, sparse_uv: np.ndar
     with np.errstate(divide="ignore", invalid="ignore"):
         depth = np.where(ds > 0, f * B / ds / r[..., 2], 0.0).astype(np.float32)
     depth[~np.isfinite(depth) | (depth < 0)] = 0
+    if min_texture > 0:
+        # stereo is unreliable where the keyframe has no texture: local grey-level std over 7×7
+        g = ref.gray.astype(np.float32)
+        mu = cv2.blur(g, (7, 7))
+        sd = np.sqrt(np.maximum(cv2.blur(g * g, (7, 7)) - mu * mu, 0))
+        depth[sd < min_texture] = 0
+        ds = np.where(depth > 0, ds, 0)
     return depth, ds
 
 
 def keyframe_depth(ref: DepthView, neighbours: list, K: np.ndarray, sparse_uv: np.ndarray,
-                   sparse_z: np.ndarray, out_size: tuple[int, int], agree: float = 0.04):
+                   sparse_z: np.ndarray, out_size: tuple[int, int], agree: float = 0.04, **kw):
     """Depth and confidence for `ref` at `out_size` (w, h) from one or two neighbours; None if
     no neighbour is usable. K is for the depth resolution (ref.gray)."""
     if not neighbours:
         return None
     h, w = ref.gray.shape
     scale_out = out_size[0] / w
-    d1, disp1 = pair_depth(ref, neighbours[0], K, sparse_uv, sparse_z)
+    d1, disp1 = pair_depth(ref, neighbours[0], K, sparse_uv, sparse_z, **kw)
     conf = np.where(d1 > 0, 1.0 + disp1 * scale_out / 4.0, 0.0).astype(np.float32)
     if len(neighbours) > 1:
-        d2, _ = pair_depth(ref, neighbours[1], K, sparse_uv, sparse_z)
+        d2, _ = pair_depth(ref, neighbours[1], K, sparse_uv, sparse_z, **kw)
         both = (d1 > 0) & (d2 > 0)
         rel = np.abs(d1 - d2) / np.maximum(d1, 1e-9)
         keep = both & (rel < agree)

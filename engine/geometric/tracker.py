@@ -39,7 +39,9 @@ class TrackerParams:
     kf_min_points: int = 60
     ba_window: int = 7
     ba_fixed: int = 2
-    ba_max_nfev: int = 12
+    ba_max_nfev: int = 20
+    ba_lsmr_iters: int = 0             # 0 = scipy default (exact inner solves)
+    ba_lsmr_tol: float = 1e-8
     keep_keyframes: int = 30
     max_jump_ratio: float = 0.6        # centre jump beyond prediction, relative to median depth → lost
 
@@ -429,19 +431,26 @@ class MonoTracker:
         counts = np.bincount(pt_idx, minlength=len(pids))
         if (counts >= 2).sum() < 10:
             return
+        # a point seen once is unconstrained: leave it out of the problem
+        keep_pt = counts >= 2
+        remap = np.cumsum(keep_pt) - 1
+        keep_obs = keep_pt[pt_idx]
+        cam_idx, pt_idx, uvs = cam_idx[keep_obs], remap[pt_idx[keep_obs]], uvs[keep_obs]
+        pids = [i for i, k in zip(pids, keep_pt) if k]
         X0 = np.array([self.points[i] for i in pids])
         Rs = np.array([k.R for k in cams])
         ts = np.array([k.t for k in cams])
         R, t, X, err = bundle_adjust(self.K, Rs, ts, fixed, X0, cam_idx, pt_idx, uvs,
-                                     f_scale=1.0 * p.px, max_nfev=p.ba_max_nfev)
+                                     f_scale=1.0 * p.px, max_nfev=p.ba_max_nfev,
+                                     tr_options={"atol": p.ba_lsmr_tol, "btol": p.ba_lsmr_tol,
+                                                 **({"maxiter": p.ba_lsmr_iters} if p.ba_lsmr_iters else {})})
         for c, k in enumerate(cams):
             if not fixed[c]:
                 k.R, k.t = R[c], t[c]
                 if k.fid in self.poses:
                     self.poses[k.fid] = (k.R, k.t)
         for s, i in enumerate(pids):
-            if counts[s] >= 2:
-                self.points[i] = X[s]
+            self.points[i] = X[s]
         # drop outlying observations; points left with no support go
         bad = err > 3 * p.ransac_px * p.px
         for o in np.flatnonzero(bad):
