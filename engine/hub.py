@@ -9,6 +9,7 @@ Importing this module is cheap (no torch, no huggingface_hub until a download st
 """
 from __future__ import annotations
 
+import inspect
 import io
 import os
 from dataclasses import dataclass
@@ -79,8 +80,8 @@ def download_checkpoint(repo_id: str, filename: str, *, dest_dir: Optional[str |
     if dest_dir is not None:
         Path(dest_dir).mkdir(parents=True, exist_ok=True)
         kwargs["local_dir"] = str(dest_dir)
-    if progress is not None:
-        kwargs["tqdm_class"] = _callback_tqdm(progress)
+    if progress is not None and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
+        kwargs["tqdm_class"] = _callback_tqdm(progress)     # older huggingface_hub: completion only
     where = f"{filename} from {repo_id}"
     if not _offline_mode():
         # huggingface_hub retries an unreachable hub for ~25 s; a quick probe answers at once.
@@ -92,7 +93,7 @@ def download_checkpoint(repo_id: str, filename: str, *, dest_dir: Optional[str |
             raise DownloadError(f"cannot download {where}: cannot reach the Hugging Face hub ({problem}) "
                                 f"and the file is not in the local cache — {_BY_HAND}")
     try:
-        return Path(hf_hub_download(**kwargs))
+        path = Path(hf_hub_download(**kwargs))
     except hf_errors.GatedRepoError:
         raise DownloadError(f"{repo_id} is gated: accept its terms on huggingface.co and log in "
                             f"(`hf auth login`), or {_BY_HAND}") from None
@@ -117,6 +118,10 @@ def download_checkpoint(repo_id: str, filename: str, *, dest_dir: Optional[str |
         raise DownloadError(f"cannot reach the Hugging Face hub: {_short(exc)} — {_BY_HAND}") from None
     except OSError as exc:  # disk full, permission denied, ...
         raise DownloadError(f"cannot save {where}: {_short(exc)}") from None
+    if progress is not None:  # also when the file came from the cache and no bytes moved
+        size = path.stat().st_size
+        progress(size, size)
+    return path
 
 
 def download_known(name: str, *, dest_dir: Optional[str | os.PathLike] = None,

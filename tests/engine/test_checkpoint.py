@@ -414,3 +414,38 @@ def test_lingbot_map_tiny_does_not_take_the_full_size_file(tmp_path):
     msg = str(exc.value)
     assert "with the wrong shape" in msg and "aggregator.camera_token (model [1, 2, 1, 64], file [1, 2, 1, 1024])" in msg
     assert "unexpected key(s)" in msg and "1056 unexpected key(s)" in msg and "aggregator.frame_blocks.10.attn" in msg
+
+
+# --- the page release that keeps peak RSS near the model's size -----------------------------------
+
+def test_pages_are_released_only_for_file_mapped_tensors(tmp_path):
+    from engine.checkpoint import _page_releaser
+
+    big = torch.arange(300_000, dtype=torch.float32)
+    torch.save({"w": big}, tmp_path / "w.pt")
+    mapped = torch.load(tmp_path / "w.pt", weights_only=True, mmap=True)["w"]
+    release = _page_releaser(mapped)
+    assert release is not None                     # a private file mapping (Linux)
+    release(mapped)
+    assert torch.equal(mapped, big)                # dropped pages come back from the unchanged file
+    assert _page_releaser(big.clone()) is None     # anonymous memory is never released
+
+
+def test_tensors_sharing_storage_survive_the_page_release(tmp_path):
+    # Tied weights are saved once under two names; releasing the first copy's pages must not
+    # change what the second name reads.
+    src = Tiny(seed=1)
+    sd = _sd(src)
+    shared = torch.randn(3 * 8 * 8 * 1024).view(3 * 1024, 64)
+    model = Tiny(seed=2)
+    model.big_a = torch.nn.Parameter(torch.zeros(3 * 1024, 64))
+    model.big_b = torch.nn.Parameter(torch.zeros(3 * 1024, 64))
+    torch.save({**sd, "big_a": shared, "big_b": shared}, tmp_path / "tied.pt")
+    load_checkpoint(model, tmp_path / "tied.pt")
+    assert torch.equal(model.big_a, shared) and torch.equal(model.big_b, shared)
+
+
+def test_lazy_export_from_engine():
+    import engine
+
+    assert engine.load_checkpoint is load_checkpoint
