@@ -114,7 +114,7 @@ def _inspect(args) -> int:
         return 2
     diff = compare_shapes(info.shapes(), expected)
     print(f"architecture: {args.arch} ({len(expected):,} tensors)")
-    ignored = diff.ignored_line(args.limit)
+    ignored = diff.ignored_line()
     if diff.fits:
         note = "every tensor present with the right shape"
         if set(d for _, d in info.tensors.values()) - {"float32"}:

@@ -90,7 +90,7 @@ class KeyDiff:
             lines.append(f"{len(self.mismatched)} key(s) with the wrong shape: {shown}{more}")
         return lines
 
-    def ignored_line(self, max_names: int = DEFAULT_MAX_NAMES) -> Optional[str]:
+    def ignored_line(self) -> Optional[str]:
         if not self.ignored:
             return None
         groups = Counter(_head(k) for k in self.ignored)
@@ -270,9 +270,6 @@ class _Checkpoint:
         self._st_names = renamed
 
     # -- access ---------------------------------------------------------------------------------
-    def names(self) -> list[str]:
-        return list(self._st_names) if self._st is not None else list(self._state)
-
     def meta(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """name -> (shape, dtype name), without reading tensor data."""
         if self._st is not None:
@@ -427,7 +424,7 @@ def load_checkpoint(model, path: str | os.PathLike, *, strict: bool = True,
             report.warnings.append(f"removed the {ck.stripped_prefix!r} prefix from every key")
         if ck.ignored_entries:
             report.warnings.append("left alone non-weight entries: " + _names(ck.ignored_entries, max_names))
-        line = diff.ignored_line(max_names)
+        line = diff.ignored_line()
         if line:
             report.warnings.append(line)
         if not diff.fits:
