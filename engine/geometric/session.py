@@ -10,8 +10,10 @@ Ordering contract
 - A keyframe waits for its depth map; the frames after it wait behind it. When a keyframe is more
   than `depth_max_lag` frames old, `push` blocks until its depth is ready, so the depth worker
   keeps up by back-pressure and memory stays bounded. `flush()` drains everything.
-- Keyframes carry `depth`/`conf` (None when no neighbour keyframe had a usable baseline); other
-  frames carry depth=None, conf=None (the viewer back-projects keyframes only).
+- Keyframes carry `depth`/`conf`. A keyframe with no usable neighbour keyframe yet (too little
+  sideways baseline) waits up to `depth_max_lag` frames for a later keyframe to pair with, then
+  goes out with depth=None. Other frames carry depth=None, conf=None (the viewer back-projects
+  keyframes only).
 - Keyframe poses are taken at return time, so they include the bundle adjustment done up to then.
 """
 from __future__ import annotations
@@ -61,7 +63,7 @@ def to_rgb_uint8(frame: Any) -> np.ndarray:
 
 
 class _Pending:
-    __slots__ = ("fid", "timestamp", "image", "c2w", "is_kf", "segment", "future", "dropped")
+    __slots__ = ("fid", "timestamp", "image", "c2w", "is_kf", "segment", "future", "dropped", "deferred")
 
     def __init__(self, fid, timestamp, image):
         self.fid, self.timestamp, self.image = fid, timestamp, image
@@ -70,6 +72,7 @@ class _Pending:
         self.segment = 0
         self.future: Optional[Future] = None
         self.dropped = False
+        self.deferred = False     # keyframe waiting for a neighbour keyframe with enough baseline
 
 
 class GeometricSession:
@@ -93,6 +96,8 @@ class GeometricSession:
         self._n_out = self._n_kf = self._n_untracked = 0
         self._latencies: collections.deque = collections.deque(maxlen=300)
         self._track_times: collections.deque = collections.deque(maxlen=100)
+        self._track_cpu: collections.deque = collections.deque(maxlen=100)
+        self._depth_cpu: collections.deque = collections.deque(maxlen=50)
         self._depth_times: collections.deque = collections.deque(maxlen=50)
         self._depth_wait = 0.0
         self._closed = False
@@ -126,6 +131,7 @@ class GeometricSession:
         if self._closed:
             raise EngineError("session is closed")
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         rgb = to_rgb_uint8(frame)
         h_in, w_in = rgb.shape[:2]
         if self._input_size is None:
@@ -154,6 +160,7 @@ class GeometricSession:
             self.tracker.add_tracks(fid, new_ids, new_uv)
         self._apply(step, gray)
         self._track_times.append(time.perf_counter() - t0)
+        self._track_cpu.append(time.thread_time() - c0)
         out = self._drain(block_older_than=fid - self.depth_max_lag)
         self._latencies.append(time.perf_counter() - t0)
         return out
@@ -183,6 +190,9 @@ class GeometricSession:
             "segments": (self.tracker.segment + 1) if self.tracker else 0,
             "tracked": self._n_out, "untracked": self._n_untracked, "frames_in": self._frames_in,
             "depth_pending": pending, "depth_fps": depth_fps, "tracking_fps": track_fps,
+            # CPU seconds of the tracking / depth threads: speed without the other processes' load
+            "tracking_cpu_ms": 1e3 * float(np.mean(self._track_cpu)) if self._track_cpu else None,
+            "depth_cpu_ms": 1e3 * float(np.mean(self._depth_cpu)) if self._depth_cpu else None,
             "depth_wait_s": self._depth_wait, "map_points": self.tracker.n_points if self.tracker else 0,
             "resolution": list(self.work_size) if self._input_size else None,
             "intrinsics": self.intrinsics_note or None,
@@ -217,8 +227,10 @@ class GeometricSession:
             small = cv2.cvtColor(cv2.resize(rec.image, self.depth_size, interpolation=cv2.INTER_AREA),
                                  cv2.COLOR_RGB2GRAY)
             self._kf_views.append(DepthView(rec.fid, small, rec.c2w.copy(), rec.segment))
-        for rec in new_kfs:
-            self._submit_depth(rec)
+        if new_kfs:
+            # keyframes that had no usable neighbour may pair with the new ones
+            for rec in [r for r in self._queue if r.deferred and not r.dropped] + new_kfs:
+                self._submit_depth(rec)
 
     def _submit_depth(self, rec: _Pending):
         if self._pool is None:
@@ -239,14 +251,17 @@ class GeometricSession:
         uv, z = self.tracker.visible_points(rec.fid)
         sd = self.depth_size[0] / self.work_size[0]
         nbrs = choose_neighbours(view, cands, self.tracker.median_depth)
-        rec.future = self._pool.submit(self._depth_job, view, nbrs, uv * sd, z)
+        rec.deferred = not nbrs
+        if nbrs:
+            rec.future = self._pool.submit(self._depth_job, view, nbrs, uv * sd, z)
 
     def _depth_job(self, view, nbrs, uv, z):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return keyframe_depth(view, nbrs, self.K_depth, uv, z, self.work_size)
         finally:
             self._depth_times.append(time.perf_counter() - t0)
+            self._depth_cpu.append(time.thread_time() - c0)
 
     def _drain(self, block_older_than: Optional[int], all_: bool = False) -> list[FrameResult]:
         out = []
@@ -259,6 +274,8 @@ class GeometricSession:
                 continue
             if rec.c2w is None:
                 break
+            if rec.deferred and not all_ and (block_older_than is None or rec.fid > block_older_than):
+                break   # may still find a neighbour in the next keyframe
             if rec.future is not None and not rec.future.done():
                 if not all_ and (block_older_than is None or rec.fid > block_older_than):
                     break

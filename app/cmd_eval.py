@@ -1,0 +1,77 @@
+"""`reconstudio eval SEQUENCE_DIR`: run a sequence with ground truth (the layout of
+shared/data/README.md) through an engine and print ATE / RPE / coverage / depth metrics.
+
+Module level imports nothing heavy (no torch, cv2 or Qt)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sequence", metavar="SEQUENCE_DIR",
+                   help="folder with rgb/, groundtruth.txt, intrinsics.txt and optionally depth/")
+    p.add_argument("--engine", default="geometric", help="engine to evaluate (default: geometric)")
+    p.add_argument("--checkpoint", metavar="PATH", help="weights for a neural engine")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (neural engines)")
+    p.add_argument("--trajectory", metavar="OUT.txt", help="write the estimated trajectory (TUM format)")
+    p.add_argument("--max-frames", type=int, default=None, metavar="N", help="use only the first N frames")
+    p.add_argument("--max-side", type=int, default=None, metavar="PX",
+                   help="geometric engine: process frames at most this large (default 640)")
+    p.add_argument("--intrinsics", metavar="fx,fy,cx,cy,w,h",
+                   help="override the sequence's intrinsics.txt")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra engine setting (SessionConfig.extra), e.g. --set depth=false")
+    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+
+
+def _value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def main(args) -> int:
+    from engine.api import EngineError, SessionConfig
+    from engine.evaluate import evaluate_sequence, format_report
+    from engine.intrinsics import Intrinsics
+
+    cfg = SessionConfig(engine=args.engine, checkpoint=args.checkpoint)
+    if args.device:
+        cfg.device = args.device
+    if args.max_side:
+        cfg.max_side = args.max_side
+    try:
+        if args.intrinsics:
+            cfg.intrinsics = Intrinsics.from_sequence(args.intrinsics.replace(",", " ").split()).as_tuple()
+        for item in args.set:
+            if "=" not in item:
+                raise EngineError(f"--set needs KEY=VALUE, got {item!r}")
+            k, v = item.split("=", 1)
+            cfg.extra[k.strip()] = _value(v.strip())
+
+        def progress(i, n):
+            if not args.quiet and (i % 20 == 0 or i == n):
+                print(f"\r{i}/{n} frames", end="" if i < n else "\n", file=sys.stderr, flush=True)
+
+        rep = evaluate_sequence(args.sequence, cfg, max_frames=args.max_frames, trajectory=args.trajectory,
+                                progress=progress)
+    except EngineError as exc:
+        print(f"reconstudio eval: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("reconstudio eval: interrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(rep, indent=2, default=float))
+    else:
+        print(format_report(rep))
+    return 0
