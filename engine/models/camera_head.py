@@ -20,75 +20,87 @@ from .layers import Block, Mlp, sdpa_bnhd
 
 
 class CameraCache:
-    """Bounded per-iteration K/V cache of the camera trunk, float32.
+    """Bounded per-iteration K/V cache of the camera trunk, float32 (one token per frame and block).
 
-    Slots: the scale frames (never evicted) followed by a ring of the `cap` newest keyframes. The
-    camera trunk has no positional encoding and no mask, so slot order does not matter and the
-    ring overwrites the oldest entry in place: memory is allocated once, for `scale + cap` frames.
-    A non-keyframe attends to `[cached, itself]` without writing anything, so rollback is exact by
-    construction (no tensor or counter changes).
+    Slots: the scale frames (never evicted), a ring of `cap` committed keyframes, and one spare
+    slot right after the used ones. Policy (the same as the KV cache's special stream: "append,
+    attend, drop"): a streamed frame writes its token into the spare slot and attends to
+    `[scale, up to cap committed frames, itself]` -- always one contiguous slice, no copy. At
+    commit (keyframes only) the token stays in place while the ring is filling, or replaces the
+    oldest ring entry once it is full. The trunk has no positional encoding and no mask, so slot
+    order does not matter. Non-keyframes and aborted steps commit nothing: committed slots and
+    counters are untouched (only the spare slot's bytes change). Memory is allocated once, for
+    `scale_frames + cap + 1` frames x iterations x blocks (~256 KB per frame at full size with 4
+    iterations).
     """
 
     def __init__(self, iterations: int, depth: int, num_heads: int, head_dim: int, scale_frames: int,
                  cap: int, device="cpu", dtype=torch.float32):
-        if cap < 1:
-            raise ValueError("camera cache cap must be >= 1")
+        if cap < 1 or scale_frames < 1:
+            raise ValueError("camera cache: scale_frames and cap must be >= 1")
         self.iterations, self.depth = iterations, depth
         self.scale_frames, self.cap = scale_frames, cap
-        self.kv = torch.zeros(iterations, depth, 2, scale_frames + cap, num_heads, head_dim,
+        self.kv = torch.zeros(iterations, depth, 2, scale_frames + cap + 1, num_heads, head_dim,
                               device=device, dtype=dtype)
         self.num_scale = 0        # scale slots in use (fixed after the scale phase)
-        self.ring_count = 0       # ring slots in use
-        self.ring_next = 0        # next ring slot to (over)write
-        self.frames_seen = 0      # keyframes committed in total
+        self.ring_count = 0       # committed ring entries
+        self.ring_next = 0        # oldest ring entry (overwritten at the next commit once full)
+        self.committed = 0        # keyframes committed in total (scale included)
         self._step: Optional[tuple[bool, bool, int]] = None
-
-    # -- step protocol, mirrors the paged KV cache -------------------------------------------
-    def begin_step(self, num_frames: int, scale: bool, keyframe: bool) -> None:
-        if scale and (self.frames_seen or num_frames > self.scale_frames):
-            raise ValueError("the scale phase must come first and hold at most scale_frames frames")
-        if not scale and num_frames != 1:
-            raise ValueError("streamed steps carry exactly one frame")
-        self._step = (scale, keyframe or scale, num_frames)
-
-    def end_step(self) -> None:
-        scale, keyframe, n = self._step
-        if scale:
-            self.num_scale = n
-        elif keyframe:
-            self.ring_next = (self.ring_next + 1) % self.cap
-            self.ring_count = min(self.ring_count + 1, self.cap)
-        if keyframe:
-            self.frames_seen += n
-        self._step = None
 
     @property
     def visible(self) -> int:
+        """Committed tokens a new frame attends to (besides itself)."""
         return self.num_scale + self.ring_count
 
-    def attend_fn(self, iteration: int, block: int):
-        scale, keyframe, n = self._step
-        store = self.kv[iteration, block]
+    def begin_step(self, num_frames: int, scale: bool, keyframe: bool) -> None:
+        if self._step is not None:
+            raise RuntimeError("camera cache: begin_step called twice without end_step")
+        if scale and (self.committed or num_frames > self.scale_frames):
+            raise ValueError("camera cache: the scale phase must come first and hold at most scale_frames frames")
+        if not scale and (num_frames != 1 or not self.num_scale):
+            raise ValueError("camera cache: streamed steps carry one frame, after the scale phase")
+        self._step = (scale, keyframe or scale, num_frames)
 
-        def attend(q, k, v):                           # [1, n, H, D]
-            if scale:
-                store[0, :n] = k[0]
-                store[1, :n] = v[0]
-                return sdpa_bnhd(q, store[0:1, :n], store[1:2, :n])
-            if keyframe:
-                slot = self.num_scale + self.ring_next
-                store[0, slot] = k[0, 0]
-                store[1, slot] = v[0, 0]
-                m = self.num_scale + min(self.ring_count + 1, self.cap)
-                return sdpa_bnhd(q, store[0:1, :m], store[1:2, :m])
-            m = self.visible
-            return sdpa_bnhd(q, torch.cat((store[0:1, :m], k), 1), torch.cat((store[1:2, :m], v), 1))
+    def attend_fn(self, iteration: int, block: int):
+        _, _, n = self._step
+        store = self.kv[iteration, block]
+        at = self.visible                      # spare slot(s) right after the committed ones
+
+        def attend(q, k, v):                   # [1, n, H, D]
+            store[0, at:at + n] = k[0]
+            store[1, at:at + n] = v[0]
+            return sdpa_bnhd(q, store[0:1, :at + n], store[1:2, :at + n])
 
         return attend
 
+    def end_step(self) -> None:
+        scale, keyframe, n = self._step
+        self._step = None
+        if scale:
+            self.num_scale = n
+        elif keyframe:
+            if self.ring_count < self.cap:
+                self.ring_count += 1           # the token already sits in its slot
+            else:
+                src, dst = self.visible, self.num_scale + self.ring_next
+                self.kv[:, :, :, dst] = self.kv[:, :, :, src]
+                self.ring_next = (self.ring_next + 1) % self.cap
+        if keyframe:
+            self.committed += n
+
+    def abort_step(self) -> None:
+        """Forget a step that failed half-way; nothing was committed."""
+        self._step = None
+
+    def state(self) -> dict:
+        """Counters and a copy of the committed slots (for exact-rollback checks)."""
+        return {"num_scale": self.num_scale, "ring_count": self.ring_count, "ring_next": self.ring_next,
+                "committed": self.committed, "slots": self.kv[:, :, :, :self.visible].clone()}
+
     def stats(self) -> dict:
         return {"frames": self.visible, "capacity": self.scale_frames + self.cap,
-                "bytes_allocated": self.kv.numel() * self.kv.element_size()}
+                "committed": self.committed, "bytes_allocated": self.kv.numel() * self.kv.element_size()}
 
 
 class CameraHead(nn.Module):

@@ -1,0 +1,332 @@
+"""The "lingbot-map" streaming session: LingBot-Map over the paged KV cache, one frame per push.
+
+Flow (the engine contract in shared/DESIGN.md):
+1. every pushed frame is preprocessed (engine/preprocess.py) to the model resolution, which is
+   fixed by the first frame;
+2. **scale phase**: the first `scale_frames` frames are buffered (push returns []) and then run
+   together, attending to each other bidirectionally; that push returns all of them. A stream
+   shorter than `scale_frames` runs its scale phase at `flush()`;
+3. then one frame per push, attending to the KV cache (scale frames, the `window` newest cached
+   frames, the special tokens of up to `special_cap` cached frames) and to itself;
+4. **keyframes**: frame i (i >= number of scale frames) is a keyframe when
+   `(i - scale) % keyframe_interval == 0`. Only keyframes stay cached: for any other frame the KV
+   cache and the camera cache are rolled back exactly and the time index does not advance;
+5. per frame: pose encoding -> c2w + K (engine/pose.py; for LingBot-Map the decoded [R|t] *is*
+   camera-to-world), depth and confidence at the model resolution.
+
+Dtypes: the trunk runs in `dtype` (fp32 / bf16 / fp16); the camera and depth heads and the camera
+cache stay float32 (as upstream). The global KV cache stores `kv_dtype` ("auto" = compute dtype).
+
+Position limit (3D RoPE time index)
+-----------------------------------
+The global blocks place frame f at time position f, where f counts the *cached* frames (scale
+frames, then keyframes; non-keyframes take the next free position and give it back). Upstream
+looks positions up in a table of `max_frame_num` = 1024 rows and fails once f reaches it; the model
+was trained with at most 320 cached views. Policy here: **positions are computed from the RoPE
+formula, so f keeps counting past 1024 and a stream of any length runs.** This changes nothing
+numerically below 1024 (the formula *is* the table), and it is sound past it because attention
+under RoPE depends only on position differences: q_f . k_g = function of (f - g). What the
+model sees is therefore bounded by the cache policy, not by f: window frames are at most
+`window - 1` positions back; only the scale frames and the retained special tokens are far away,
+exactly as upstream in its first 1024 frames. Two events mark the crossings: a "warning" when f
+passes the trained range (320 cached views; accuracy may degrade), and an "info" when it passes
+the released table size (where upstream would stop). Memory does not depend on f: the KV pages,
+the special stream (special_cap frames) and the camera cache (scale + special_cap frames) are all
+allocated once.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from .api import EngineError, EngineEvent, FrameResult, SessionConfig, register_engine
+from .pose import decode_pose
+from .preprocess import preprocess
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _config_error(msg: str) -> EngineError:
+    return EngineError(f"LingBot-Map settings: {msg}")
+
+
+def _validate(cfg: SessionConfig) -> None:
+    if cfg.dtype not in _DTYPES:
+        raise _config_error(f"dtype must be one of {', '.join(_DTYPES)} (got {cfg.dtype!r})")
+    if cfg.kv_dtype not in ("auto", *_DTYPES):
+        raise _config_error(f"kv_dtype must be auto, fp32, bf16 or fp16 (got {cfg.kv_dtype!r})")
+    if cfg.backend not in ("auto", "sdpa", "flashinfer"):
+        raise _config_error(f"backend must be auto, sdpa or flashinfer (got {cfg.backend!r})")
+    if cfg.mode != "streaming":
+        raise _config_error(f"mode {cfg.mode!r} is not available for this engine; use 'streaming'")
+    if cfg.kv_compression not in ("none", None):
+        raise _config_error(f"kv_compression {cfg.kv_compression!r} is not available; use 'none'")
+    for name, lo in (("scale_frames", 1), ("window", 1), ("keyframe_interval", 1), ("camera_iterations", 1),
+                     ("special_cap", 1), ("image_width", 14)):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise _config_error(f"{name} must be an integer >= {lo} (got {v!r})")
+    if cfg.image_width % 14:
+        raise _config_error(f"image_width must be a multiple of 14 (got {cfg.image_width})")
+    if cfg.special_cap < cfg.scale_frames + cfg.window:
+        raise _config_error(f"special_cap ({cfg.special_cap}) must be at least scale_frames + window "
+                            f"({cfg.scale_frames + cfg.window})")
+    if not (isinstance(cfg.fps, (int, float)) and cfg.fps > 0):
+        raise _config_error(f"fps must be positive (got {cfg.fps!r})")
+
+
+def _device(cfg: SessionConfig) -> torch.device:
+    try:
+        dev = torch.device(cfg.device)
+    except (RuntimeError, TypeError):
+        raise _config_error(f"unknown device {cfg.device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise _config_error("device 'cuda' was chosen but no CUDA GPU is available; use cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise _config_error(f"{cfg.device} does not exist ({torch.cuda.device_count()} GPU(s) found)")
+    elif dev.type != "cpu":
+        raise _config_error(f"unsupported device {cfg.device!r}; use cpu, cuda or cuda:N")
+    return dev
+
+
+def load_lingbot_map(cfg: SessionConfig, device: torch.device, dtype: torch.dtype):
+    """Build the released architecture on `device` in `dtype` and load `cfg.checkpoint` into it."""
+    if not cfg.checkpoint:
+        raise EngineError("LingBot-Map needs weights: choose a checkpoint file (lingbot-map.pt, "
+                          "lingbot-map-long.pt or a .safetensors export) in the settings")
+    from .checkpoint import load_checkpoint
+    from .models import build_model
+    with torch.device(device):
+        model = build_model("lingbot-map")
+    model.set_dtype(dtype)
+    load_checkpoint(model, cfg.checkpoint)
+    return model
+
+
+class LingBotMapSession:
+    """Streaming session of the "lingbot-map" engine (see the module docstring)."""
+
+    def __init__(self, config: SessionConfig, model: Any = None):
+        _validate(config)
+        self.config = config
+        self.device = _device(config)
+        self.dtype = _DTYPES[config.dtype]
+        if model is None:
+            model = load_lingbot_map(config, self.device, self.dtype)
+        from .models import LingBotMap
+        if not isinstance(model, LingBotMap):
+            raise EngineError(f"the lingbot-map engine needs a LingBot-Map model, got {type(model).__name__}")
+        self.model = model.to(self.device).set_dtype(self.dtype).eval()
+        self.kv_dtype = self.dtype if config.kv_dtype == "auto" else _DTYPES[config.kv_dtype]
+        self.kv = None                  # PagedKVCache, built at the first step (needs the token count)
+        self.camera_cache = None
+        self._hw: Optional[tuple[int, int]] = None
+        self._pending: list = []        # scale-phase frames: (index, timestamp, Prepared)
+        self._num_scale = 0             # frames in the scale phase once it ran
+        self._next_index = 0
+        self._time = 0                  # 3D-RoPE time index of the next cached frame
+        self._frames = 0
+        self._keyframes = 0
+        self._latency = deque(maxlen=256)
+        self._rate = deque(maxlen=32)   # (results, seconds) of recent model runs
+        self._last_latency: Optional[float] = None
+        self._events: list[EngineEvent] = []
+        self._closed = False
+
+    # ------------------------------------------------------------------ contract
+    def push(self, frame, timestamp: Optional[float] = None) -> list[FrameResult]:
+        self._check_open()
+        t0 = time.perf_counter()
+        prep = preprocess(frame, self.config.image_width)
+        hw = tuple(prep.tensor.shape[1:])
+        if self._hw is None:
+            self._hw = hw
+        elif hw != self._hw:
+            raise EngineError(f"frame size changed: this session runs at {self._hw[1]}x{self._hw[0]} but the "
+                              f"frame becomes {hw[1]}x{hw[0]}; start a new session for a different source")
+        index = self._next_index
+        self._next_index += 1
+        ts = float(timestamp) if timestamp is not None else index / float(self.config.fps)
+        if self._num_scale == 0:
+            self._pending.append((index, ts, prep))
+            if len(self._pending) < self.config.scale_frames:
+                return []
+            return self._timed(t0, self._run_scale)
+        return self._timed(t0, lambda: self._run_stream(index, ts, prep))
+
+    def flush(self) -> list[FrameResult]:
+        self._check_open()
+        if self._num_scale == 0 and self._pending:
+            return self._timed(time.perf_counter(), self._run_scale)
+        return []
+
+    def stats(self) -> dict:
+        lat = np.asarray(self._latency, dtype=np.float64) * 1e3
+        n_res = sum(r for r, _ in self._rate)
+        secs = sum(s for _, s in self._rate)
+        gpu = self.device.type == "cuda"
+        out = {
+            "frames": self._frames,
+            "keyframes": self._keyframes,
+            "fps": (n_res / secs) if secs > 0 else None,
+            "latency_ms": self._last_latency * 1e3 if self._last_latency is not None else None,
+            "latency_p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+            "latency_p95_ms": float(np.percentile(lat, 95)) if lat.size else None,
+            "gpu_allocated_bytes": torch.cuda.memory_allocated(self.device) if gpu else None,
+            "gpu_reserved_bytes": torch.cuda.memory_reserved(self.device) if gpu else None,
+            "segments": 1,
+            "kv": self.kv.stats() if self.kv is not None else None,
+            "kv_page_map": self.kv.page_map() if self.kv is not None else None,
+            "camera_cache": self.camera_cache.stats() if self.camera_cache is not None else None,
+            "time_index": self._time,
+            "pending_scale_frames": len(self._pending),
+            "resolution": (self._hw[1], self._hw[0]) if self._hw else None,
+        }
+        return out
+
+    def poll_events(self) -> list[EngineEvent]:
+        ev, self._events = self._events, []
+        return ev
+
+    def close(self) -> None:
+        self._closed = True
+        self.kv = None
+        self.camera_cache = None
+        self._pending.clear()
+
+    # ------------------------------------------------------------------ internals
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError("this LingBot-Map session is closed; open a new one")
+
+    def _timed(self, t0: float, run) -> list[FrameResult]:
+        results = run()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        self._last_latency = dt
+        self._latency.append(dt)
+        self._rate.append((len(results), dt))
+        return results
+
+    def _ensure_caches(self) -> None:
+        if self.kv is not None:
+            return
+        from .kv import PagedKVCache
+        cfg, geo = self.config, self.model.kv_geometry()
+        h, w = self._hw
+        patches = (h // 14) * (w // 14)
+        self.kv = PagedKVCache(geo["num_layers"], geo["num_heads"], geo["head_dim"], patches,
+                               special_tokens=geo["special_tokens"], scale_frames=cfg.scale_frames,
+                               window=cfg.window, special_cap=cfg.special_cap, dtype=self.kv_dtype,
+                               device=self.device, backend=cfg.backend)
+        self.camera_cache = self.model.new_camera_cache(cfg.camera_iterations, cfg.scale_frames, cfg.special_cap)
+
+    def _step(self, images: torch.Tensor, n: int, scale: bool, keyframe: bool, first: bool) -> dict:
+        self._ensure_caches()
+        self.kv.begin_step(n, scale=scale, keyframe=keyframe)
+        self.camera_cache.begin_step(n, scale=scale, keyframe=keyframe)
+        try:
+            out = self.model.forward_step(images.to(self.device, non_blocking=True),
+                                          time_index=range(self._time, self._time + n), first_frame=first,
+                                          scale_phase=scale, kv=_KVAdapter(self.kv),
+                                          camera_cache=self.camera_cache,
+                                          iterations=self.config.camera_iterations)
+        except BaseException:
+            self.kv.abort_step()
+            self.camera_cache.abort_step()
+            raise
+        self.kv.end_step()
+        self.camera_cache.end_step()
+        if keyframe:
+            self._advance_time(n)
+        return {k: v.float().cpu().numpy() for k, v in out.items()}
+
+    def _run_scale(self) -> list[FrameResult]:
+        items, self._pending = self._pending, []
+        imgs = torch.stack([p.tensor for _, _, p in items])
+        out = self._step(imgs, len(items), scale=True, keyframe=True, first=True)
+        self._num_scale = len(items)
+        return [self._result(i, idx, ts, prep, out, True) for i, (idx, ts, prep) in enumerate(items)]
+
+    def _run_stream(self, index: int, ts: float, prep) -> list[FrameResult]:
+        k = self.config.keyframe_interval
+        keyframe = k <= 1 or (index - self._num_scale) % k == 0
+        out = self._step(prep.tensor[None], 1, scale=False, keyframe=keyframe, first=False)
+        return [self._result(0, index, ts, prep, out, keyframe)]
+
+    def _advance_time(self, n: int) -> None:
+        before, self._time = self._time, self._time + n
+        mc = self.model.config
+        if before < mc.trained_views <= self._time:
+            self._events.append(EngineEvent("warning", message=(
+                f"{self._time} frames cached: past the {mc.trained_views} views LingBot-Map was trained "
+                f"on; the scale-frame anchor is now far in time and accuracy may degrade")))
+        if before < mc.max_frame_num <= self._time:
+            self._events.append(EngineEvent("info", message=(
+                f"{self._time} frames cached: past the released 3D-RoPE table ({mc.max_frame_num}); "
+                f"positions continue from the formula (upstream stops here)")))
+
+    def _result(self, i: int, index: int, ts: float, prep, out: dict, keyframe: bool) -> FrameResult:
+        h, w = self._hw
+        c2w, K = decode_pose(out["pose_enc"][i], (h, w), convention="c2w")
+        self._frames += 1
+        self._keyframes += int(keyframe)
+        return FrameResult(index=index, timestamp=ts, is_keyframe=keyframe, c2w=c2w, K=K, image=prep.image,
+                           depth=out["depth"][i].astype(np.float32), conf=out["conf"][i].astype(np.float32),
+                           pose_enc=out["pose_enc"][i].astype(np.float32), segment=0)
+
+
+class _KVAdapter:
+    """Casts q/k/v to the KV dtype and the attention output back to the compute dtype."""
+
+    __slots__ = ("kv",)
+
+    def __init__(self, kv):
+        self.kv = kv
+
+    def write(self, layer, k, v):
+        self.kv.write(layer, k, v)
+
+    def attend(self, layer, q):
+        return self.kv.attend(layer, q.to(self.kv.dtype)).to(q.dtype)
+
+
+CAPABILITIES = {
+    "label": "LingBot-Map (neural, streaming)",
+    "needs_checkpoint": True,
+    "devices": ["cpu", "cuda"],
+    "dtypes": ["fp32", "bf16", "fp16"],
+    "backends": ["auto", "sdpa", "flashinfer"],
+    "modes": ["streaming"],
+    "kv_compression": ["none"],
+    "kv_dtypes": ["auto", "fp32", "bf16", "fp16"],
+    "fields": ["checkpoint", "device", "dtype", "backend", "image_width", "scale_frames", "window",
+               "keyframe_interval", "camera_iterations", "special_cap", "kv_dtype", "fps"],
+    "tooltips": {
+        "scale_frames": "frames of the first, bidirectional pass; they anchor scale and stay cached. "
+                        "More = steadier scale, longer wait before the first result",
+        "window": "recent frames kept in full in the KV cache. Larger = more context, more memory and time per frame",
+        "keyframe_interval": "every N-th frame is cached; the others are reconstructed but forgotten. "
+                             "Larger = slower cache turnover, longer memory in time",
+        "camera_iterations": "camera-head refinement passes. Fewer = faster, poses slightly rougher",
+        "special_cap": "frames whose 6 summary tokens stay cached (long-range memory). Bounds memory",
+        "dtype": "bf16/fp16 halve memory and run much faster on GPU; fp32 is the reference",
+        "kv_dtype": "storage of the KV cache; auto = the compute dtype",
+        "backend": "attention kernel: flashinfer (CUDA, bf16/fp16) or sdpa (everywhere)",
+        "image_width": "model input width (multiple of 14); 518 is what the model was trained at",
+    },
+}
+
+
+def _factory(config: SessionConfig, model: Any) -> LingBotMapSession:
+    return LingBotMapSession(config, model)
+
+
+register_engine("lingbot-map", _factory, CAPABILITIES)
