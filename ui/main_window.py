@@ -26,6 +26,7 @@ from .worker import RunOptions, WorkerHandle
 
 log = logging.getLogger(__name__)
 
+PREVIEW_HZ = 8.0
 SPEEDS = (("As fast as possible", 0.0), ("Real time", 1.0), ("×0.5", 0.5), ("×2", 2.0), ("×4", 4.0))
 
 
@@ -155,6 +156,10 @@ class MainWindow(QtWidgets.QMainWindow):
         self._fps_timer = QtCore.QTimer(self, interval=1000, timeout=self._sample_viewer_fps)
         self._fps_timer.start()
         self._last_draws = 0
+        self._clock = QtCore.QElapsedTimer()
+        self._clock.start()
+        self._last_preview = -1e9
+        self._preview_backlog: list = []
 
     # -- construction -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -519,9 +524,15 @@ class MainWindow(QtWidgets.QMainWindow):
         if not self._is_current():
             return
         self.viewer.add_frames(batch)
-        for f in batch:
-            if f.image is not None or f.depth_map is not None:
-                self.preview.show_frame(f)
+        # previews repaint at most PREVIEW_HZ (colour-mapping a depth map costs ~10 ms)
+        now = self._clock.elapsed()
+        if now - self._last_preview >= 1000 / PREVIEW_HZ or self.preview.shown_index is None:
+            self._last_preview = now
+            for f in batch:
+                if f.image is not None or f.depth_map is not None:
+                    self.preview.show_frame(f)
+        else:
+            self._preview_backlog = [f for f in batch if f.image is not None or f.depth_map is not None]
         self._apply_threshold()
         worker.ack()
         self._update_status()
@@ -552,6 +563,9 @@ class MainWindow(QtWidgets.QMainWindow):
         if not self._is_current():
             return
         self.last_summary = dict(summary)
+        for f in self._preview_backlog:          # the last frames' previews
+            self.preview.show_frame(f)
+        self._preview_backlog = []
         h = self._handle
         h.thread.wait(5000)          # the run slot has returned; let the thread wind down
         self._handle = None

@@ -21,6 +21,7 @@ PAGE_CODES = ("free", "scale", "window", "special", "pending")
 PAGE_COLOURS = np.array([[60, 62, 70, 255], [230, 160, 40, 255], [60, 150, 240, 255],
                          [120, 210, 110, 255], [220, 80, 200, 255]], np.ubyte)
 PAGE_MAP_COLUMNS = 32
+REFRESH_HZ = 1.0
 
 
 class _Series:
@@ -34,7 +35,12 @@ class _Series:
             return
         self.t.append(t)
         self.v.append(float(v))
-        self.curve.setData(np.fromiter(self.t, float), np.fromiter(self.v, float))
+        self.dirty = True
+
+    def refresh(self) -> None:
+        if getattr(self, "dirty", False):
+            self.curve.setData(np.fromiter(self.t, float), np.fromiter(self.v, float))
+            self.dirty = False
 
     def clear(self) -> None:
         self.t.clear()
@@ -93,14 +99,31 @@ class MonitorsPanel(QtWidgets.QWidget):
         except Exception:  # psutil missing: RAM curve stays empty
             self._proc = None
         self.page_map_shown: Optional[np.ndarray] = None
+        # Samples are recorded as they come; the plots repaint at REFRESH_HZ only — redrawing
+        # pyqtgraph axes is the GUI's largest CPU cost after the 3D view itself.
+        self._pending_map = None
+        self._timer = QtCore.QTimer(self, interval=int(1000 / REFRESH_HZ), timeout=self.refresh)
+        self._timer.start()
         self.reset()
+
+    def _series(self):
+        return (self.engine_fps, self.viewer_fps, self.latency, self.latency_p95, self.ram,
+                self.gpu_alloc, self.gpu_reserved)
+
+    def refresh(self) -> None:
+        """Push the recorded samples and the newest page map to the plots."""
+        for s in self._series():
+            s.refresh()
+        if self._pending_map is not None:
+            self._show_page_map(self._pending_map)
+            self._pending_map = None
 
     def reset(self) -> None:
         self._t0 = QtCore.QElapsedTimer()
         self._t0.start()
-        for s in (self.engine_fps, self.viewer_fps, self.latency, self.latency_p95, self.ram,
-                  self.gpu_alloc, self.gpu_reserved):
+        for s in self._series():
             s.clear()
+        self._pending_map = None
         self.kv_image.clear()
         self.page_map_shown = None
         self.kv_title.setText("KV cache pages")
@@ -126,9 +149,12 @@ class MonitorsPanel(QtWidgets.QWidget):
 
     def set_page_map(self, page_map, kv: Optional[dict] = None) -> None:
         if page_map is None:
-            if self.page_map_shown is None:
+            if self.page_map_shown is None and self._pending_map is None:
                 self.kv_title.setText("KV cache pages — this engine has no KV cache")
             return
+        self._pending_map = np.array(page_map, copy=True)
+
+    def _show_page_map(self, page_map) -> None:
         codes = np.clip(np.asarray(page_map, np.int64).ravel(), 0, len(PAGE_CODES) - 1)
         rows = -(-len(codes) // PAGE_MAP_COLUMNS)
         grid = np.zeros(rows * PAGE_MAP_COLUMNS, np.int64)

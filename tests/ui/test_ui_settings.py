@@ -72,9 +72,13 @@ def test_kv_page_map_colours(qtbot):
     m = MonitorsPanel()
     qtbot.addWidget(m)
     m.update_stats({"fps": 10.0, "latency_ms": 5.0, "kv_page_map": np.array([0, 1, 2, 3, 4, 2], np.int8)})
+    m.refresh()
     assert list(m.page_map_shown) == [0, 1, 2, 3, 4, 2]
     img = m.kv_image.image                     # (columns, rows, rgba)
     assert np.array_equal(img[1, 0], PAGE_COLOURS[1]) and np.array_equal(img[3, 0], PAGE_COLOURS[3])
     assert "window 2" in m.kv_title.text()
     m.update_stats({"fps": 10.0})              # an engine without KV cache keeps the last map
+    m.refresh()
+    x, y = m.engine_fps.curve.getData()
+    assert list(y) == [10.0, 10.0]
     assert list(m.page_map_shown) == [0, 1, 2, 3, 4, 2]

@@ -53,6 +53,7 @@ def test_run_to_end_and_restart_resets_scene(qtbot, make_window, shared_data):
     w.start_run()
     first = wait_finished(qtbot, w)
     assert first["results"] == 12 and w.viewer.frame_count == 12
+    w.monitors.refresh()
     assert w.monitors.page_map_shown is not None and len(w.monitors.page_map_shown) == 10
     first_handle = w.last_handle
     w.max_frames.setValue(5)                    # new settings, start again: fresh scene
