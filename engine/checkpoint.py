@@ -389,6 +389,13 @@ def architecture_shapes(arch: str = "lingbot-map") -> dict[str, tuple[int, ...]]
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
+def check_checkpoint(path: str | os.PathLike, arch: str = "lingbot-map") -> tuple[CheckpointInfo, KeyDiff]:
+    """Does the file fit `build_model(arch)`? Metadata only, cheap enough for a settings panel to
+    call when a file is chosen. CheckpointError if unreadable or refused."""
+    info = inspect_checkpoint(path)
+    return info, compare_shapes(info.shapes(), architecture_shapes(arch))
+
+
 def read_key_list(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     """Read a `key<TAB>shape<TAB>dtype` list (the fixtures' format) into name -> shape."""
     out = {}

@@ -449,3 +449,17 @@ def test_lazy_export_from_engine():
     import engine
 
     assert engine.load_checkpoint is load_checkpoint
+
+
+def test_check_checkpoint_and_safetensors_prefix(tmp_path):
+    from engine.checkpoint import check_checkpoint
+
+    sd = _sd(_tiny_lingbot(1))
+    path = _save({"_orig_mod." + k: v for k, v in sd.items()}, tmp_path / "compiled.safetensors", "safetensors")
+    info, diff = check_checkpoint(path, "lingbot-map-tiny")
+    assert info.stripped_prefix == "_orig_mod." and diff.fits and len(diff.matched) == 286
+    info, diff = check_checkpoint(path, "lingbot-map")
+    assert not diff.fits and len(diff.mismatched) > 200
+    dst = _tiny_lingbot(2)
+    assert load_checkpoint(dst, path).stripped_prefix == "_orig_mod."
+    _assert_same(dst, sd)
