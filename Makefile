@@ -10,5 +10,5 @@ run: setup
 
 test: setup
 	# engine tests with Qt imports blocked: proves the engine works with no Qt installed
-	RECONSTUDIO_BLOCK_QT=1 .venv/bin/python -m pytest -q tests/engine
+	RECONSTUDIO_BLOCK_QT=1 .venv/bin/python -m pytest -q -p no:pytest-qt tests/engine
 	QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1600x1000x24" .venv/bin/python -m pytest -q tests/ui

@@ -47,7 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         print(args._unavailable, file=sys.stderr)
         return 2
     mod = importlib.import_module(args._module)
-    return int(mod.main(args) or 0)
+    try:
+        return int(mod.main(args) or 0)
+    except BrokenPipeError:  # output piped into `head` etc.: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
