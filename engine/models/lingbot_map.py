@@ -116,8 +116,9 @@ class Aggregator(nn.Module):
             patches = self.patch_embed(x)
         x = torch.cat((self.special_tokens(S, first_frame, scale_phase), patches), dim=1)   # [S, T, C]
         n_sp = cfg.num_special
-        rot2d = self.rope2d.rotation(gh, gw, n_sp, x.device)
-        rot3d = self.rope3d.rotation(list(time_index), gh, gw, n_sp, x.device, dtype=torch.float32)
+        # tables rounded once to the compute dtype (float32 angles, float64 for the 3D RoPE)
+        rot2d = self.rope2d.rotation(gh, gw, n_sp, x.device, dtype)
+        rot3d = self.rope3d.rotation(list(time_index), gh, gw, n_sp, x.device, dtype)
         wanted = set(cfg.intermediate_layers)
         feats = []
         for i in range(cfg.depth):

@@ -66,15 +66,15 @@ class Rope2D:
         patches = torch.stack((yy.reshape(-1), xx.reshape(-1)), dim=-1) + (1 if num_special else 0)
         return torch.cat((torch.zeros(num_special, 2, dtype=torch.long), patches), dim=0)
 
-    def rotation(self, grid_h: int, grid_w: int, num_special: int, device) -> Rotation:
-        key = (grid_h, grid_w, num_special, str(device))
+    def rotation(self, grid_h: int, grid_w: int, num_special: int, device, dtype=torch.float32) -> Rotation:
+        key = (grid_h, grid_w, num_special, str(device), dtype)
         rot = self._cache.get(key)
         if rot is None:
             d = self.head_dim // 2                                    # per axis
             inv_freq = 1.0 / (self.frequency ** (torch.arange(0, d, 2).float() / d))   # [d/2]
             pos = self.positions(grid_h, grid_w, num_special).float()                 # [N, 2]
             ang = torch.cat((pos[:, :1] * inv_freq, pos[:, 1:] * inv_freq), dim=-1)   # [N, d] = (y, x)
-            rot = Rotation(ang.cos()[None, :, None, :].to(device), ang.sin()[None, :, None, :].to(device),
+            rot = Rotation(ang.cos()[None, :, None, :].to(device, dtype), ang.sin()[None, :, None, :].to(device, dtype),
                            interleaved=False, chunks=2)
             self._cache[key] = rot
         return rot
