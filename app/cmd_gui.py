@@ -90,6 +90,10 @@ def main(args: argparse.Namespace) -> int:
         if summary and summary.get("error"):
             status["code"] = 1
         if args.screenshot:
+            win.follow.setChecked(False)           # the whole reconstruction, not the chase view
+            win.viewer.reset_view()
+            for _ in range(3):
+                app.processEvents()
             win.save_screenshot(args.screenshot)
         if args.window_screenshot:
             win.grab().save(args.window_screenshot)

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any, Optional
 
 from engine.api import SessionConfig
 
 ORGANIZATION = "ReconStudio"
 APPLICATION = "ReconStudio"
+
+
+def defaults() -> dict:
+    """The shipped defaults (resources/default_settings.json), {} if missing or unreadable."""
+    path = Path(__file__).resolve().parents[1] / "resources" / "default_settings.json"
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
 
 
 class AppSettings:
@@ -58,6 +69,8 @@ class AppSettings:
 
     def load_config(self) -> SessionConfig:
         d = self.get("engine/config", None)
+        if not isinstance(d, dict):
+            d = defaults().get("session")
         if not isinstance(d, dict):
             return SessionConfig()
         try:

@@ -118,6 +118,8 @@ class ImagePreview(QtWidgets.QWidget):
         if f.depth_map is not None:
             d = np.asarray(f.depth_map, np.float32)
             ok = np.isfinite(d) & (d > 0)
+            if not ok.any():
+                return                             # keep the last useful depth map on screen
             hi = float(np.percentile(d[ok], 98)) if ok.any() else 1.0
             rgba = self._cmap.map(np.clip(np.where(ok, d, 0.0) / max(hi, 1e-6), 0.0, 1.0), mode="byte")
             rgba = np.asarray(rgba, np.uint8).reshape(d.shape + (-1,))
@@ -139,6 +141,9 @@ class MainWindow(QtWidgets.QMainWindow):
     def __init__(self, settings=None, session_root: Optional[str] = None):
         super().__init__()
         self.setWindowTitle("ReconStudio")
+        icon = Path(__file__).resolve().parents[1] / "resources" / "icons" / "reconstudio.png"
+        if icon.exists():
+            self.setWindowIcon(QtGui.QIcon(str(icon)))
         self.setAcceptDrops(True)
         self.settings = settings
         self.session_root = session_root
@@ -313,7 +318,7 @@ class MainWindow(QtWidgets.QMainWindow):
         dock.setWidget(scroll)
         dock.setFeatures(QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetMovable
                          | QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetFloatable)
-        panel.setMinimumWidth(300)
+        panel.setMinimumWidth(350)
         self.addDockWidget(QtCore.Qt.DockWidgetArea.LeftDockWidgetArea, dock)
 
         self.conf_slider.valueChanged.connect(self._apply_threshold)
@@ -371,16 +376,22 @@ class MainWindow(QtWidgets.QMainWindow):
         s = self.settings
         if s is None:
             return
+        from app.settings import defaults
+        d = defaults()
+        dv, ds = d.get("viewer", {}) or {}, d.get("source", {}) or {}
         self.settings_panel.set_config(s.load_config())
         self.source_panel.restore(s.get("source/state", {}))
-        i = self.speed.findData(s.get("run/speed", 0.0))
+        i = self.speed.findData(s.get("run/speed", ds.get("speed", 0.0)))
         self.speed.setCurrentIndex(max(i, 0))
-        self.loop.setChecked(bool(s.get("run/loop", False)))
-        self.point_size.setValue(float(s.get("display/point_size", 2.0)))
-        mode = s.get("display/color_mode", "rgb")
+        self.loop.setChecked(bool(s.get("run/loop", ds.get("loop", False))))
+        self.point_size.setValue(float(s.get("display/point_size", dv.get("point_size", 2.0))))
+        mode = s.get("display/color_mode", dv.get("color_mode", "rgb"))
         self.color_mode.setCurrentIndex(COLOR_MODES.index(mode) if mode in COLOR_MODES else 0)
-        self.stride.setValue(int(s.get("display/stride", 2)))
+        self.stride.setValue(int(s.get("display/stride", dv.get("stride", 2))))
         self.conf_slider.setValue(int(s.get("display/threshold", 0)))
+        self.show_frustums.setChecked(bool(s.get("display/frustums", dv.get("show_frustums", True))))
+        self.show_traj.setChecked(bool(s.get("display/trajectory", dv.get("show_trajectory", True))))
+        self.follow.setChecked(bool(s.get("display/follow", dv.get("follow_camera", False))))
         geo = s.get_bytes("window/geometry")
         if geo:
             self.restoreGeometry(QtCore.QByteArray(geo))
@@ -403,6 +414,9 @@ class MainWindow(QtWidgets.QMainWindow):
         s.set("display/color_mode", COLOR_MODES[self.color_mode.currentIndex()])
         s.set("display/stride", self.stride.value())
         s.set("display/threshold", self.conf_slider.value())
+        s.set("display/frustums", self.show_frustums.isChecked())
+        s.set("display/trajectory", self.show_traj.isChecked())
+        s.set("display/follow", self.follow.isChecked())
         s.set_bytes("window/geometry", bytes(self.saveGeometry()))
         s.set_bytes("window/state", bytes(self.saveState()))
         s.sync()

@@ -114,12 +114,15 @@ class SettingsPanel(QtWidgets.QWidget):
 
         # checkpoint row: path, browse, download from the hub
         ck = QtWidgets.QWidget()
-        h = QtWidgets.QHBoxLayout(ck)
+        v = QtWidgets.QVBoxLayout(ck)
+        v.setContentsMargins(0, 0, 0, 0)
+        v.setSpacing(2)
+        h = QtWidgets.QHBoxLayout()
         h.setContentsMargins(0, 0, 0, 0)
         self.checkpoint = QtWidgets.QLineEdit()
         self.checkpoint.setPlaceholderText("weights file (.pt / .safetensors)")
         self.checkpoint.setToolTip(DEFAULT_TOOLTIPS["checkpoint"])
-        browse = QtWidgets.QToolButton(text="…")
+        browse = QtWidgets.QToolButton(text="Browse…")
         browse.setToolTip("Choose a checkpoint file")
         browse.clicked.connect(self._browse_checkpoint)
         self.download_button = QtWidgets.QToolButton(text="Download")
@@ -127,9 +130,11 @@ class SettingsPanel(QtWidgets.QWidget):
         self.download_button.setToolTip("Download a released checkpoint from the Hugging Face hub")
         self._download_menu = QtWidgets.QMenu(self.download_button)
         self.download_button.setMenu(self._download_menu)
-        h.addWidget(self.checkpoint, 1)
+        v.addWidget(self.checkpoint)
         h.addWidget(browse)
         h.addWidget(self.download_button)
+        h.addStretch(1)
+        v.addLayout(h)
         self._add_row("checkpoint", "Checkpoint", ck)
         self.download_progress = QtWidgets.QProgressBar()
         self.download_progress.setVisible(False)
@@ -250,6 +255,7 @@ class SettingsPanel(QtWidgets.QWidget):
         self.intrinsics.setText(" ".join(f"{v:g}" for v in cfg.intrinsics) if cfg.intrinsics else "")
         self.fov.setValue(float(cfg.fov_deg))
         self._base = cfg
+        self.changed.emit()
 
     def config(self) -> SessionConfig:
         """The SessionConfig the controls describe. Raises EngineError on malformed intrinsics."""

@@ -273,9 +273,17 @@ class PointCloudViewer(QtWidgets.QWidget):
         lay = QtWidgets.QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.canvas.native)
+        self.hint = QtWidgets.QLabel("Choose a video, an image folder or a webcam, then press Start\n"
+                                     "(drag to orbit, right-drag or wheel to zoom, shift-drag to pan)", self)
+        self.hint.setAlignment(QtCore.Qt.AlignmentFlag.AlignCenter)
+        self.hint.setStyleSheet("color: #8a8f98; background: transparent; font-size: 13px;")
         self.setMinimumSize(320, 240)
         self.setAcceptDrops(False)
         self.clear()
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        self.hint.setGeometry(0, 0, self.width(), self.height())
 
     # -- state --------------------------------------------------------------------------------
     def clear(self) -> None:
@@ -294,6 +302,8 @@ class PointCloudViewer(QtWidgets.QWidget):
         self._conf_seen = False
         self.follow = getattr(self, "follow", False)
         self.auto_fit = True
+        if hasattr(self, "hint"):
+            self.hint.show()
         self.canvas.update()
 
     @property
@@ -317,6 +327,7 @@ class PointCloudViewer(QtWidgets.QWidget):
     # -- data ---------------------------------------------------------------------------------
     def add_frames(self, frames: Iterable) -> None:
         last = None
+        self.hint.hide()
         for f in frames:
             self._add_frame(f)
             last = f
@@ -346,8 +357,11 @@ class PointCloudViewer(QtWidgets.QWidget):
             if hi > self._depth_hi:
                 self._depth_hi = hi
                 self.cloud.set_uniform("u_depth_range", (0.0, self._depth_hi))
-        # frustum: 8 line segments (apex → 4 corners, then the image rectangle)
+        # frustum: 8 line segments (apex → 4 corners, then the image rectangle); non-keyframes
+        # are drawn at half size and grey so the keyframes stand out
         apex, corners = f.frustum[0], f.frustum[1:5]
+        if not f.is_keyframe:
+            corners = apex + 0.5 * (corners - apex)
         lines = np.empty((16, 3), np.float32)
         lines[0:8:2] = apex
         lines[1:8:2] = corners
@@ -425,8 +439,19 @@ class PointCloudViewer(QtWidgets.QWidget):
         return (m[:3, :3] @ np.asarray(p, np.float64)) + m[:3, 3]
 
     def _follow(self, f) -> None:
-        # orbit centre: the middle of what the current camera sees
-        self.view.camera.center = tuple(self._world(f, f.look_at))
+        """Chase view: orbit around what the current camera looks at, from just behind it and
+        a little above, looking the way it looks."""
+        cam = self.view.camera
+        m = self.segments.get(int(f.segment), np.eye(4))
+        centre = self._world(f, f.look_at)
+        fwd = m[:3, :3] @ np.asarray(f.c2w, np.float64)[:3, 2]
+        scale = float(np.cbrt(abs(np.linalg.det(m[:3, :3])))) or 1.0
+        n = float(np.linalg.norm(fwd)) or 1.0
+        # turntable with up = -y: azimuth 0° looks along +x, 90° along +z; elevation > 0 looks down
+        cam.azimuth = float(np.degrees(np.arctan2(fwd[2], fwd[0])))
+        cam.elevation = float(np.clip(np.degrees(np.arcsin(np.clip(fwd[1] / n, -1, 1))) + 15.0, -80, 80))
+        cam.center = tuple(float(v) for v in centre)
+        cam.distance = 2.0 * float(f.median_depth) * scale
         self.canvas.update()
 
     def _on_mouse_press(self, event) -> None:

@@ -104,3 +104,34 @@ def test_realign_event_reaches_viewer(qtbot, make_window, shared_data):
     assert w.viewer.segments[0][1, 3] == 1.0
     events = Path(w.session_folder, "events.jsonl").read_text().splitlines()
     assert any(json.loads(e)["kind"] == "realign" for e in events)
+
+
+def test_seek_then_step(qtbot, make_window, shared_data):
+    w = make_window()
+    w.set_input(_rgb(shared_data))
+    w.seek_spin.setValue(100)                   # start frame
+    w.step()
+    qtbot.waitUntil(lambda: w.viewer.frame_count == 1, timeout=20_000)
+    assert abs(w.viewer._last_frame.timestamp - 100 / 30) < 1e-6
+    w.seek_to(150)                              # jump while running (paused)
+    w.step()
+    qtbot.waitUntil(lambda: w.viewer.frame_count == 2, timeout=20_000)
+    assert abs(w.viewer._last_frame.timestamp - 150 / 30) < 1e-6
+    w.stop_run()
+    assert wait_finished(qtbot, w)["results"] == 2
+
+
+def test_loop_replays_a_folder(qtbot, make_window, shared_data, tmp_path):
+    import shutil
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for name in ("000000.jpg", "000001.jpg", "000002.jpg"):
+        shutil.copy(shared_data / "icl_livingroom_kt3" / "rgb" / name, folder / name)
+    w = make_window()
+    w.set_input(str(folder))
+    w.loop.setChecked(True)
+    w.max_frames.setValue(7)
+    w.start_run()
+    s = wait_finished(qtbot, w)
+    assert s["results"] == 7 and w.viewer.frame_count == 7
+    assert w.viewer._last_frame.timestamp > 6 / 30 - 1e-6   # timestamps keep increasing
