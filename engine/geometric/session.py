@@ -14,7 +14,8 @@ Ordering contract
   sideways baseline) waits up to `depth_max_lag` frames for a later keyframe to pair with, then
   goes out with depth=None. Other frames carry depth=None, conf=None (the viewer back-projects
   keyframes only).
-- Keyframe poses are taken at return time, so they include the bundle adjustment done up to then.
+- Poses are final when the frame is tracked (a keyframe's after its own bundle adjustment); later
+  refinements are not fed back, so results do not depend on how fast the depth worker runs.
 """
 from __future__ import annotations
 
@@ -292,9 +293,6 @@ class GeometricSession:
         c2w = rec.c2w
         if rec.is_kf:
             self._n_kf += 1
-            refined = self.tracker.keyframe_pose(rec.fid)
-            if refined is not None:
-                c2w = refined
             if rec.future is not None:
                 try:
                     res = rec.future.result()

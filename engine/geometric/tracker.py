@@ -82,6 +82,7 @@ class MonoTracker:
         self.origin = np.eye(4)            # c2w of the first frame of the segment
         self.target_depth = 1.0            # median scene depth the initial map is scaled to
         self.lost_count = 0
+        self.debug = False
         self._reset_map()
 
     # --- state -------------------------------------------------------------------------------
@@ -147,9 +148,11 @@ class MonoTracker:
         out = StepResult()
         if not self.initialised and self.pending:
             out.untracked = [f for f, _, _ in self.pending]
-            out.events.append(("warning", self.segment,
-                               f"{len(self.pending)} frame(s) at the end got no pose: the camera did not "
-                               "move enough to start tracking (monocular tracking needs sideways motion)"))
+            if self.ref is not None and len(self.ref[1]) < self.p.min_init_points:
+                why = "the images have too little texture to track (blank, dark or blurred frames?)"
+            else:
+                why = "the camera did not move enough to start tracking (monocular tracking needs sideways motion)"
+            out.events.append(("warning", self.segment, f"{len(self.pending)} frame(s) at the end got no pose: {why}"))
             self.pending = []
         return out
 
@@ -188,14 +191,20 @@ class MonoTracker:
                                        threshold=p.ransac_px * p.px * 0.5)
         if E is None or E.shape != (3, 3):
             return
-        _, R, t, mask = cv2.recoverPose(E, p0, p1, self.K, mask=mask)
         inl = mask.ravel() > 0
+        # recoverPose only picks the (R, t) of the four; its own mask also drops points beyond
+        # 50 baselines, i.e. nearly all of them at the small baselines we start from
+        _, R, t, _ = cv2.recoverPose(E, p0, p1, self.K, mask=mask.copy())
         t = t.ravel()
         X, ang = triangulate(self.K, np.eye(3), np.zeros(3), p0, R, t, p1)
         uv0, z0 = project(self.K, np.eye(3), np.zeros(3), X)
         uv1, z1 = project(self.K, R, t, X)
         err = np.maximum(np.linalg.norm(uv0 - p0, axis=1), np.linalg.norm(uv1 - p1, axis=1))
         good = inl & (z0 > 0) & (z1 > 0) & (err < 2 * p.ransac_px * p.px) & (ang > 0.25 * p.min_init_angle_deg)
+        if self.debug:
+            print(f"init try {fid}: common {len(c_ids)} inl {inl.sum()} zpos {((z0 > 0) & (z1 > 0) & inl).sum()} "
+                  f"err {(inl & (err < 2 * p.ransac_px * p.px)).sum()} ang {(inl & (ang > 0.25 * p.min_init_angle_deg)).sum()} "
+                  f"good {good.sum()} med ang {np.median(ang[good]) if good.any() else 0:.2f}")
         if good.sum() < p.min_init_points or np.median(ang[good]) < p.min_init_angle_deg:
             return
         # scale: median depth of the initial map = target depth; place the reference at the origin
