@@ -179,3 +179,20 @@ def test_capabilities_registered():
     caps = engine_capabilities("lingbot-map")
     assert caps["needs_checkpoint"] and "bf16" in caps["dtypes"] and "sdpa" in caps["backends"]
     assert {"scale_frames", "window", "keyframe_interval", "camera_iterations"} <= set(caps["fields"])
+
+
+@pytest.mark.parametrize("dtype, kv_dtype", [("bf16", "auto"), ("fp16", "fp32")])
+def test_reduced_precision_sessions(frames, dtype, kv_dtype):
+    ref_model = fill_recipe(build_model("lingbot-map-tiny"))
+    low_model = fill_recipe(build_model("lingbot-map-tiny"))
+    ref = open_session(_cfg(window=2), model=ref_model)
+    low = open_session(_cfg(window=2, dtype=dtype, kv_dtype=kv_dtype), model=low_model)
+    a = [r for f in frames[:6] for r in ref.push(f)]
+    b = [r for f in frames[:6] for r in low.push(f)]
+    assert low_model.aggregator.frame_blocks[0].attn.qkv.weight.dtype != torch.float32
+    assert low_model.camera_head.trunk[0].attn.qkv.weight.dtype == torch.float32
+    assert low.stats()["kv"]["dtype"] == {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[
+        dtype if kv_dtype == "auto" else kv_dtype]
+    for x, y in zip(a, b):
+        assert np.isfinite(y.depth).all() and np.isfinite(y.pose_enc).all()
+        assert np.abs(np.log(y.depth) - np.log(x.depth)).max() < 0.1
