@@ -179,7 +179,8 @@ class GeometricSession:
     def stats(self) -> dict:
         lat = np.array(self._latencies) * 1e3 if self._latencies else None
         track_fps = len(self._track_times) / sum(self._track_times) if self._track_times else None
-        fps = len(self._latencies) / sum(self._latencies) if self._latencies else None
+        recent = list(self._latencies)[-100:]
+        fps = len(recent) / sum(recent) if recent else None
         depth_fps = len(self._depth_times) / sum(self._depth_times) if self._depth_times else None
         pending = sum(1 for r in self._queue if r.future is not None and not r.future.done())
         return {
