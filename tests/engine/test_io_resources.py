@@ -50,3 +50,13 @@ def test_default_settings_are_valid():
     d["engine"] = "changed"                         # callers get a copy
     assert resources.default_settings()["engine"] == "geometric"
     json.loads(resources.resource_path("default_settings.json").read_text())
+
+
+def test_io_package_names_resolve_lazily():
+    import engine.io as io
+    from engine.io import export, sources, store
+    assert io.open_source is sources.open_source and io.SessionStore is store.SessionStore
+    assert io.export_session is export.export_session and io.load_session is store.load_session
+    import pytest
+    with pytest.raises(AttributeError):
+        io.no_such_name
