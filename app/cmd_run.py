@@ -5,6 +5,9 @@ folder as it arrives (crash-safe, reopenable in the GUI), and at the end the req
 (PLY, NPZ, TUM trajectory) are written from that folder with re-alignments applied. Bad input
 is one line on stderr and exit code 2; Ctrl-C stops, keeps and exports what was done (exit 130).
 
+INPUT may also be a saved session folder: its results are exported again (e.g. with another
+confidence threshold or stride) without running an engine.
+
 Module level imports nothing heavy (no torch, cv2 or Qt): the parser is built for every command.
 """
 from __future__ import annotations
@@ -30,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = _defaults()
     export = d.get("export", {})
     p.add_argument("input", metavar="INPUT",
-                   help="video file, image folder (jpg/jpeg/png, sorted by name), or webcam:N")
+                   help="video file, image folder (jpg/jpeg/png, sorted by name), webcam:N, or a saved "
+                        "session folder (then only the exports are written, no engine runs)")
     g = p.add_argument_group("engine")
     g.add_argument("--engine", default=d.get("engine", "geometric"),
                    help="geometric (CPU, no weights; default) or lingbot-map (needs --checkpoint)")
@@ -150,6 +154,34 @@ def _build_config(args, source):
     return cfg, note
 
 
+def _is_session_folder(spec: str) -> bool:
+    p = Path(str(spec)).expanduser()
+    return p.is_dir() and (p / "config.json").is_file() and (p / "frames").is_dir()
+
+
+def _export_only(args, outputs: dict) -> int:
+    """INPUT is a saved session folder: export it again (other threshold / stride), no engine."""
+    from engine.io.export import export_session
+    from engine.io.store import load_session
+
+    if not outputs:
+        raise _BadInput(f"{args.input} is a saved session: give --ply, --npz and/or --trajectory to export it")
+    loaded = load_session(args.input)
+    for problem in loaded.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    if not loaded.results:
+        raise _BadInput(f"session {args.input} holds no frames")
+    out = export_session(loaded.results, loaded.events, ply=outputs.get("ply"), npz=outputs.get("npz"),
+                         trajectory=outputs.get("trajectory"), conf_threshold=args.conf_threshold,
+                         stride=args.stride)
+    if not args.quiet:
+        for f in out["files"]:
+            print(f"wrote {f}", file=sys.stderr)
+        print(f"{out['frames']} frames, {out['points']} points exported from session {loaded.folder} "
+              f"(confidence >= {args.conf_threshold:g}, stride {args.stride})", file=sys.stderr)
+    return 0
+
+
 def main(args) -> int:
     from engine.api import EngineError
 
@@ -177,6 +209,8 @@ def _run(args) -> int:
     if args.fps is not None and args.fps <= 0:
         raise _BadInput(f"--fps must be positive, got {args.fps}")
 
+    if _is_session_folder(args.input):
+        return _export_only(args, outputs)
     source = open_source(args.input, fps=args.fps, max_side=args.resize)
     session = store = None
     interrupted = False

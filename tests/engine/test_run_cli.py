@@ -101,6 +101,20 @@ def test_run_writes_session_and_exports(clip, tmp_path, capsys):
     np.testing.assert_array_equal(np.stack([v["x"], v["y"], v["z"]], 1), z["points"])
 
 
+def test_reexport_a_saved_session(clip, tmp_path, capsys):
+    assert main(["run", clip, "--engine", "io-test", "--max-frames", "6", "-q",
+                 "--session-dir", str(tmp_path / "sess")]) == 0
+    rc = main(["run", str(tmp_path / "sess"), "--stride", "4", "--conf-threshold", "3",
+               "--npz", str(tmp_path / "again.npz"), "--trajectory", str(tmp_path / "again.txt")])
+    assert rc == 0, capsys.readouterr().err
+    z = np.load(tmp_path / "again.npz")
+    assert z["c2w"].shape == (6, 4, 4)
+    assert len(z["points"]) == 6 * 16 * sum(1 for y in range(0, 48, 4) if 1 + y % 3 >= 3)
+    assert len(read_tum(tmp_path / "again.txt")[0]) == 6
+    assert main(["run", str(tmp_path / "sess")]) == 2          # nothing asked for
+    assert "give --ply" in capsys.readouterr().err
+
+
 def test_run_default_session_root_and_folder_input(shared_data, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RECONSTUDIO_SESSIONS", str(tmp_path / "root"))
     rc = main(["run", str(shared_data / "icl_livingroom_kt3" / "rgb"), "--engine", "io-test",
