@@ -96,14 +96,15 @@ def _device(cfg: SessionConfig) -> torch.device:
 
 
 def load_lingbot_map(cfg: SessionConfig, device: torch.device, dtype: torch.dtype):
-    """Build the released architecture on `device` in `dtype` and load `cfg.checkpoint` into it."""
+    """Build the architecture (`cfg.extra["model"]`, default the released "lingbot-map") on
+    `device` in `dtype` and load `cfg.checkpoint` into it (strict; CheckpointError says what is wrong)."""
     if not cfg.checkpoint:
         raise EngineError("LingBot-Map needs weights: choose a checkpoint file (lingbot-map.pt, "
                           "lingbot-map-long.pt or a .safetensors export) in the settings")
     from .checkpoint import load_checkpoint
     from .models import build_model
     with torch.device(device):
-        model = build_model("lingbot-map")
+        model = build_model(str((cfg.extra or {}).get("model", "lingbot-map")))
     model.set_dtype(dtype)
     load_checkpoint(model, cfg.checkpoint)
     return model

@@ -15,11 +15,11 @@ def _uv_sincos_embed(h: int, w: int, channels: int, aspect: float, device) -> to
     """[channels, h, w] sin/cos embedding of a centred UV grid spanning the image diagonal."""
     diag = (aspect ** 2 + 1.0) ** 0.5
     sx, sy = aspect / diag, 1.0 / diag
-    xs = torch.linspace(-sx * (w - 1) / w, sx * (w - 1) / w, steps=w, dtype=torch.float32)
-    ys = torch.linspace(-sy * (h - 1) / h, sy * (h - 1) / h, steps=h, dtype=torch.float32)
+    xs = torch.linspace(-sx * (w - 1) / w, sx * (w - 1) / w, steps=w, dtype=torch.float32, device="cpu")
+    ys = torch.linspace(-sy * (h - 1) / h, sy * (h - 1) / h, steps=h, dtype=torch.float32, device="cpu")
     uu, vv = torch.meshgrid(xs, ys, indexing="xy")                    # [h, w]
     half = channels // 2
-    omega = torch.arange(half // 2, dtype=torch.float64) / (half / 2.0)
+    omega = torch.arange(half // 2, dtype=torch.float64, device="cpu") / (half / 2.0)
     omega = 1.0 / 100.0 ** omega
 
     def embed(coord):

@@ -85,5 +85,6 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, layer_scale)
 
     def forward(self, x: torch.Tensor, rope=None, attend: Optional[AttendFn] = None) -> torch.Tensor:
-        x = x + self.ls1(self.attn(self.norm1(x), rope, attend))
-        return x + self.ls2(self.mlp(self.norm2(x)))
+        # residual + LayerScale fused into one addcmul each (fewer kernels per block)
+        x = torch.addcmul(x, self.attn(self.norm1(x), rope, attend), self.ls1.gamma)
+        return torch.addcmul(x, self.mlp(self.norm2(x)), self.ls2.gamma)

@@ -27,27 +27,40 @@ import torch
 
 @dataclass
 class Rotation:
-    """cos/sin of a rotary embedding; `apply(x)` rotates `x` of shape [B, N, H, D]."""
+    """A rotary embedding ready to apply: `apply(x)` rotates x of shape [B, N, H, D].
 
-    cos: torch.Tensor   # [B or 1, N, 1, D/2]
-    sin: torch.Tensor
-    interleaved: bool   # True: pairs (2i, 2i+1); False: rotate-half inside each axis chunk
-    chunks: int = 1     # rotate-half: number of independent axis chunks along D
+    Both RoPE flavours rotate pairs of features (a, b) -> (a cos - b sin, b cos + a sin); they only
+    pair different features. With the pair partner obtained by one `flip` of a view, the rotation
+    is `x * cos + partner(x) * sin_signed` -- three kernels whatever the flavour, with full-width
+    tables: `cos` [.., D] and `sin` [.., D] carrying -sin on the first and +sin on the second
+    member of every pair.
+    """
+
+    cos: torch.Tensor          # [B or 1, N, 1, D]
+    sin: torch.Tensor          # [B or 1, N, 1, D], signed
+    interleaved: bool          # pairs (2i, 2i+1); else rotate-half inside each of `chunks` chunks
+    chunks: int = 1
+
+    def partner(self, x: torch.Tensor) -> torch.Tensor:
+        D = x.shape[-1]
+        if self.interleaved:
+            return x.unflatten(-1, (D // 2, 2)).flip(-1).flatten(-2)
+        return x.unflatten(-1, (self.chunks, 2, D // (2 * self.chunks))).flip(-2).flatten(-3)
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
-        if self.interleaved:
-            x1, x2 = x[..., 0::2], x[..., 1::2]
-            return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-        # rotate-half per chunk: chunk c holds [a, b] halves; out = [a cos - b sin, b cos + a sin]
-        shp = x.shape
-        xc = x.reshape(*shp[:-1], self.chunks, 2, shp[-1] // (2 * self.chunks))
-        a, b = xc[..., 0, :], xc[..., 1, :]
-        c = cos.reshape(*cos.shape[:-1], self.chunks, -1)
-        s = sin.reshape(*sin.shape[:-1], self.chunks, -1)
-        return torch.stack((a * c - b * s, b * c + a * s), dim=-2).reshape(shp)
+        return torch.addcmul(x * self.cos, self.partner(x), self.sin)
 
     __call__ = apply
+
+
+def _pair_tables(ang: torch.Tensor, interleaved: bool, chunks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-width (cos, signed sin) tables from per-pair angles [..., D/2]."""
+    c, s = ang.cos(), ang.sin()
+    if interleaved:
+        return (torch.stack((c, c), -1).flatten(-2), torch.stack((-s, s), -1).flatten(-2))
+    c = c.unflatten(-1, (chunks, -1))
+    s = s.unflatten(-1, (chunks, -1))
+    return (torch.stack((c, c), -2).flatten(-3), torch.stack((-s, s), -2).flatten(-3))
 
 
 class Rope2D:
@@ -62,19 +75,20 @@ class Rope2D:
 
     def positions(self, grid_h: int, grid_w: int, num_special: int) -> torch.Tensor:
         """[N, 2] (row, col) of one frame's tokens: specials at (0,0), patches at (y+1, x+1)."""
-        yy, xx = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
+        yy, xx = torch.meshgrid(torch.arange(grid_h, device="cpu"), torch.arange(grid_w, device="cpu"), indexing="ij")
         patches = torch.stack((yy.reshape(-1), xx.reshape(-1)), dim=-1) + (1 if num_special else 0)
-        return torch.cat((torch.zeros(num_special, 2, dtype=torch.long), patches), dim=0)
+        return torch.cat((torch.zeros(num_special, 2, dtype=torch.long, device="cpu"), patches), dim=0)
 
     def rotation(self, grid_h: int, grid_w: int, num_special: int, device, dtype=torch.float32) -> Rotation:
         key = (grid_h, grid_w, num_special, str(device), dtype)
         rot = self._cache.get(key)
         if rot is None:
             d = self.head_dim // 2                                    # per axis
-            inv_freq = 1.0 / (self.frequency ** (torch.arange(0, d, 2).float() / d))   # [d/2]
+            inv_freq = 1.0 / (self.frequency ** (torch.arange(0, d, 2, device="cpu").float() / d))   # [d/2]
             pos = self.positions(grid_h, grid_w, num_special).float()                 # [N, 2]
             ang = torch.cat((pos[:, :1] * inv_freq, pos[:, 1:] * inv_freq), dim=-1)   # [N, d] = (y, x)
-            rot = Rotation(ang.cos()[None, :, None, :].to(device, dtype), ang.sin()[None, :, None, :].to(device, dtype),
+            cos, sin = _pair_tables(ang, interleaved=False, chunks=2)
+            rot = Rotation(cos[None, :, None, :].to(device, dtype), sin[None, :, None, :].to(device, dtype),
                            interleaved=False, chunks=2)
             self._cache[key] = rot
         return rot
@@ -96,7 +110,7 @@ class VideoRope3D:
         if sum(self.split) != head_dim or any(s % 2 for s in self.split):
             raise ValueError(f"3D RoPE split {self.split} must be even and sum to head dim {head_dim}")
         self.theta = theta
-        self.inv_freq = [1.0 / (theta ** (torch.arange(0, s, 2, dtype=torch.float64) / s)) for s in self.split]
+        self.inv_freq = [1.0 / (theta ** (torch.arange(0, s, 2, dtype=torch.float64, device="cpu") / s)) for s in self.split]
         self._spatial: dict = {}
 
     def _spatial_angles(self, grid_h: int, grid_w: int, num_special: int) -> torch.Tensor:
@@ -104,10 +118,10 @@ class VideoRope3D:
         ang = self._spatial.get(key)
         if ang is None:
             _, fh, fw = self.inv_freq
-            idx = torch.arange(num_special, dtype=torch.float64)
+            idx = torch.arange(num_special, dtype=torch.float64, device="cpu")
             special = torch.cat((idx[:, None] * fh, idx[:, None] * fw), dim=-1)          # (j, j)
-            rows = (num_special + torch.arange(grid_h, dtype=torch.float64))[:, None] * fh
-            cols = (num_special + torch.arange(grid_w, dtype=torch.float64))[:, None] * fw
+            rows = (num_special + torch.arange(grid_h, dtype=torch.float64, device="cpu"))[:, None] * fh
+            cols = (num_special + torch.arange(grid_w, dtype=torch.float64, device="cpu"))[:, None] * fw
             patches = torch.cat((rows[:, None, :].expand(grid_h, grid_w, -1),
                                  cols[None, :, :].expand(grid_h, grid_w, -1)), dim=-1).reshape(grid_h * grid_w, -1)
             ang = torch.cat((special, patches), dim=0)                                  # [N, (h+w)/2]
@@ -117,10 +131,11 @@ class VideoRope3D:
     def rotation(self, time_index: torch.Tensor | list[int], grid_h: int, grid_w: int, num_special: int,
                  device, dtype=torch.float32) -> Rotation:
         """Rotation for frames at temporal positions `time_index` ([F] ints, any size)."""
-        t = torch.as_tensor(time_index, dtype=torch.float64).reshape(-1, 1)
+        t = torch.as_tensor(list(time_index), dtype=torch.float64, device="cpu").reshape(-1, 1)
         t_ang = t * self.inv_freq[0]                                                     # [F, t/2]
         sp = self._spatial_angles(grid_h, grid_w, num_special)                          # [N, (h+w)/2]
         ang = torch.cat((t_ang[:, None, :].expand(-1, sp.shape[0], -1),
                          sp[None].expand(t_ang.shape[0], -1, -1)), dim=-1)               # [F, N, D/2]
-        return Rotation(ang.cos().to(dtype)[:, :, None, :].to(device),
-                        ang.sin().to(dtype)[:, :, None, :].to(device), interleaved=True)
+        cos, sin = _pair_tables(ang, interleaved=True)
+        return Rotation(cos.to(dtype)[:, :, None, :].to(device), sin.to(dtype)[:, :, None, :].to(device),
+                        interleaved=True)

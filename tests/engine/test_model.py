@@ -62,7 +62,7 @@ def test_rope3d_layout_and_formula_past_table():
     rope = VideoRope3D(64)
     assert rope.split == (20, 22, 22)
     rot = rope.rotation([3, 2000], grid_h=2, grid_w=3, num_special=6, device="cpu", dtype=torch.float64)
-    cos = rot.cos[:, :, 0]                                            # [F, N, 32]
+    cos = rot.cos[:, :, 0, 0::2]                                      # [F, N, 32] per pair
     inv_t = 1.0 / 1e4 ** (torch.arange(0, 20, 2, dtype=torch.float64) / 20)
     inv_h = 1.0 / 1e4 ** (torch.arange(0, 22, 2, dtype=torch.float64) / 22)
     assert torch.allclose(cos[1, 0, :10], torch.cos(2000 * inv_t))     # time past the 1024 table

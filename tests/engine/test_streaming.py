@@ -196,3 +196,17 @@ def test_reduced_precision_sessions(frames, dtype, kv_dtype):
     for x, y in zip(a, b):
         assert np.isfinite(y.depth).all() and np.isfinite(y.pose_enc).all()
         assert np.abs(np.log(y.depth) - np.log(x.depth)).max() < 0.1
+
+
+def test_session_loads_its_checkpoint(tiny, frames, tmp_path):
+    path = tmp_path / "tiny.pt"
+    torch.save({"model": tiny.state_dict()}, path)
+    s = open_session(_cfg(checkpoint=str(path), extra={"model": "lingbot-map-tiny"}), model=None)
+    ref = open_session(_cfg(), model=tiny)
+    for f in frames[:4]:
+        for a, b in zip(s.push(f), ref.push(f)):
+            np.testing.assert_array_equal(a.pose_enc, b.pose_enc)
+    bad = tmp_path / "bad.pt"
+    torch.save({"something.else": torch.zeros(3)}, bad)
+    with pytest.raises(EngineError):
+        open_session(_cfg(checkpoint=str(bad), extra={"model": "lingbot-map-tiny"}), model=None)
