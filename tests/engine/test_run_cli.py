@@ -173,3 +173,53 @@ def test_run_with_the_default_geometric_engine(clip, tmp_path, capsys):
     v = PlyData.read(str(tmp_path / "g.ply"))["vertex"].data
     assert len(v) == len(z["points"]) > 0
     assert np.isfinite(z["points"]).all()
+
+
+SIGINT_CHILD = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from engine.api import FrameResult, register_engine
+class Slow:
+    def __init__(self, config, model=None):
+        self.config, self.n = config, 0
+    def push(self, frame, timestamp=None):
+        time.sleep(0.02)          # slow enough that the interrupt lands mid-run
+        self.n += 1
+        return [FrameResult(self.n - 1, timestamp, True, np.eye(4), np.eye(3), frame[::20, ::20],
+                            np.ones((24, 32), np.float32), None)]
+    def flush(self): return []
+    def stats(self): return {"fps": None}
+    def poll_events(self): return []
+    def close(self): pass
+register_engine("slow-test", Slow, {"devices": ["cpu"]})
+from app.cli import main
+sys.exit(main(["run", sys.argv[2], "--engine", "slow-test", "--session-dir", sys.argv[3],
+              "--trajectory", sys.argv[4]]))
+"""
+
+
+def test_ctrl_c_keeps_and_exports_what_was_done(shared_data, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from tests.conftest import REPO
+    rgb = shared_data / "icl_livingroom_kt3" / "rgb"
+    sess, traj = tmp_path / "sess", tmp_path / "t.txt"
+    proc = subprocess.Popen([sys.executable, "-c", SIGINT_CHILD, str(REPO), str(rgb), str(sess), str(traj)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        frames = sess / "frames"
+        while proc.poll() is None and len(list(frames.glob("*.npz")) if frames.is_dir() else []) < 5:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    n = len(load_session(sess).results)
+    assert 5 <= n < 200
+    assert len(read_tum(traj)[0]) == n
