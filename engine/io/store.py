@@ -364,7 +364,6 @@ def load_session(folder: Union[str, Path]) -> LoadedSession:
         try:
             with np.load(p, allow_pickle=False) as z:
                 r = _result_from_npz(z)
-                r.image, r.c2w, r.K = np.array(r.image), np.array(r.c2w), np.array(r.K)
             results.append(r)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             problems.append(f"skipped damaged frame file {p.name} ({type(exc).__name__})")
