@@ -7,6 +7,9 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+  # freshly installed headers would look newer than a carried JIT build and make ninja rebuild
+  # everything (~2 min): date them back so a carried .cache/flashinfer_jit.tar.xz.part* is reused
+  find /tmp/site -exec touch -h -d '2000-01-01 00:00:00' {} + 2>/dev/null
 fi
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
 # reuse a carried JIT cache (.cache/flashinfer_jit.tar.xz.part*) when there is one
