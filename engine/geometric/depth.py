@@ -5,8 +5,13 @@ the keyframe's own pixel grid. With a second neighbour the two depth maps are cr
 only agreeing pixels are kept. The disparity search range comes from the sparse map points seen
 in the keyframe, which keeps the search short and the scale consistent with the trajectory.
 
-Confidence (larger = better): 1 + (disparity in result pixels) / 4 for a single pair, times an
-agreement factor in (0, 1] when cross-checked; 0 where there is no depth."""
+Keyframes whose neighbours moved mostly forward (the epipole inside the image, where rectification
+degenerates) fall back to a plane sweep: fronto-parallel planes at uniform inverse depth, ZNCC
+averaged over up to two neighbours, winner-take-all with parabolic refinement, and matches kept
+only when strong (ZNCC > 0.8), unambiguous and textured.
+
+Confidence (larger = better, 0 = no depth): stereo 1 + (disparity in result pixels) / 4, halved
+where only one of two pairs saw the pixel; plane sweep 1 + 20·(ZNCC − 0.8), i.e. 1..5."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -127,12 +132,24 @@ def pair_depth(ref: DepthView, nbr: DepthView, K: np.ndarray, sparse_uv: np.ndar
 
 
 def keyframe_depth(ref: DepthView, neighbours: list, K: np.ndarray, sparse_uv: np.ndarray,
-                   sparse_z: np.ndarray, out_size: tuple[int, int], agree: float = 0.04, **kw):
-    """Depth and confidence for `ref` at `out_size` (w, h) from one or two neighbours; None if
-    no neighbour is usable. K is for the depth resolution (ref.gray)."""
+                   sparse_z: np.ndarray, out_size: tuple[int, int], agree: float = 0.04,
+                   sweep: bool = False, **kw):
+    """Depth and confidence for `ref` at `out_size` (w, h) from one or two neighbours (stereo
+    pairs, or plane-sweep neighbours with `sweep=True`); None if no neighbour is usable. K is for
+    the depth resolution (ref.gray)."""
     if not neighbours:
         return None
     h, w = ref.gray.shape
+    if sweep:
+        res = sweep_depth(ref, neighbours, K, sparse_z)
+        if res is None:
+            return None
+        d1, score = res
+        conf = np.where(d1 > 0, 1.0 + 20.0 * (score - 0.8), 0.0).astype(np.float32)
+        if (w, h) != tuple(out_size):
+            d1 = cv2.resize(d1, out_size, interpolation=cv2.INTER_NEAREST)
+            conf = cv2.resize(conf, out_size, interpolation=cv2.INTER_NEAREST)
+        return d1, conf
     scale_out = out_size[0] / w
     d1, disp1 = pair_depth(ref, neighbours[0], K, sparse_uv, sparse_z, **kw)
     conf = np.where(d1 > 0, 1.0 + disp1 * scale_out / 4.0, 0.0).astype(np.float32)
@@ -148,3 +165,82 @@ def keyframe_depth(ref: DepthView, neighbours: list, K: np.ndarray, sparse_uv: n
         d1 = cv2.resize(d1, out_size, interpolation=cv2.INTER_NEAREST)
         conf = cv2.resize(conf, out_size, interpolation=cv2.INTER_NEAREST)
     return d1, conf
+
+
+def choose_sweep_neighbours(ref: DepthView, candidates: list, median_depth: float, k: int = 2,
+                            target_ratio: float = 0.1, min_ratio: float = 0.03, max_ratio: float = 0.4) -> list:
+    """Neighbours for the plane sweep: any baseline direction (forward motion included)."""
+    Rr = ref.c2w[:3, :3].T
+    scored = []
+    for c in candidates:
+        if c.fid == ref.fid:
+            continue
+        ratio = np.linalg.norm(c.c2w[:3, 3] - ref.c2w[:3, 3]) / max(median_depth, 1e-9)
+        rel = Rr @ c.c2w[:3, :3]
+        angle = np.degrees(np.arccos(np.clip((np.trace(rel) - 1) / 2, -1, 1)))
+        if not (min_ratio <= ratio <= max_ratio) or angle > 25:
+            continue
+        scored.append((abs(np.log(ratio / target_ratio)), c))
+    scored.sort(key=lambda s: s[0])
+    return [c for _, c in scored[:k]]
+
+
+def sweep_depth(ref: DepthView, neighbours: list, K: np.ndarray, sparse_z: np.ndarray, planes: int = 48,
+                win: int = 7, min_score: float = 0.8, min_texture: float = 4.0):
+    """Plane-sweep depth for `ref` against any-direction neighbours: fronto-parallel planes at
+    uniform inverse depth over the sparse map's range, ZNCC over win×win windows averaged over
+    the neighbours, winner-take-all with a parabolic refinement. Returns (depth, score) with 0
+    where the match is weak, ambiguous or untextured."""
+    h, w = ref.gray.shape
+    z = sparse_z[sparse_z > 0]
+    if len(z) < 5 or not neighbours:
+        return None
+    zlo, zhi = np.percentile(z, [2, 98])
+    inv = np.linspace(1.0 / (0.6 * zlo), 1.0 / (1.6 * zhi), planes)
+    Kinv = np.linalg.inv(K)
+    r = ref.gray.astype(np.float32)
+    box = (win, win)
+    mr = cv2.blur(r, box)
+    vr = np.maximum(cv2.blur(r * r, box) - mr * mr, 0)
+    Rr, tr = ref.c2w[:3, :3].T, -ref.c2w[:3, :3].T @ ref.c2w[:3, 3]
+    rel = []
+    for nb in neighbours:
+        Rn, tn = nb.c2w[:3, :3].T, -nb.c2w[:3, :3].T @ nb.c2w[:3, 3]
+        R = Rn @ Rr.T
+        rel.append((R, tn - R @ tr, nb.gray.astype(np.float32)))
+    ones = np.ones((h, w), np.float32)
+    scores = np.empty((planes, h, w), np.float32)
+    n_up = np.array([0.0, 0.0, 1.0])
+    for p, q in enumerate(inv):
+        acc = np.zeros((h, w), np.float32)
+        cnt = np.zeros((h, w), np.float32)
+        for R, t, g in rel:
+            H = K @ (R + np.outer(t, n_up) * q) @ Kinv        # ref pixel → neighbour pixel on the plane z = 1/q
+            flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
+            wimg = cv2.warpPerspective(g, H, (w, h), flags=flags, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+            valid = cv2.warpPerspective(ones, H, (w, h), flags=flags, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+            mw = cv2.blur(wimg, box)
+            vw = np.maximum(cv2.blur(wimg * wimg, box) - mw * mw, 0)
+            cross = cv2.blur(r * wimg, box) - mr * mw
+            zncc = cross / np.sqrt(vr * vw + 1e-3)
+            ok = valid > 0.999
+            acc += np.where(ok, zncc, 0)
+            cnt += ok
+        scores[p] = np.where(cnt > 0, acc / np.maximum(cnt, 1), -1)
+    best = scores.argmax(0)
+    ii, jj = np.indices((h, w))
+    s0 = scores[best, ii, jj]
+    sm = scores[np.clip(best - 1, 0, planes - 1), ii, jj]
+    sp = scores[np.clip(best + 1, 0, planes - 1), ii, jj]
+    denom = sm - 2 * s0 + sp
+    off = np.where((best > 0) & (best < planes - 1) & (denom < -1e-6), 0.5 * (sm - sp) / np.where(denom < -1e-6, denom, -1), 0)
+    q = np.interp(best + off, np.arange(planes), inv)
+    # ambiguity: the best score must beat everything outside its own peak by a margin
+    masked = scores.copy()
+    for d in (-2, -1, 0, 1, 2):
+        masked[np.clip(best + d, 0, planes - 1), ii, jj] = -1
+    second = masked.max(0)
+    sd = np.sqrt(vr)
+    good = (s0 > min_score) & (s0 - second > 0.05) & (sd >= min_texture) & (best > 0) & (best < planes - 1)
+    depth = np.where(good, 1.0 / np.maximum(q, 1e-9), 0).astype(np.float32)
+    return depth, np.where(good, s0, 0).astype(np.float32)

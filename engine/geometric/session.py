@@ -29,7 +29,7 @@ import numpy as np
 
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from ..intrinsics import resolve_intrinsics
-from .depth import DepthView, choose_neighbours, keyframe_depth
+from .depth import DepthView, choose_neighbours, choose_sweep_neighbours, keyframe_depth
 from .frontend import KLTFrontend
 from .tracker import MonoTracker, TrackerParams
 
@@ -253,14 +253,18 @@ class GeometricSession:
         uv, z = self.tracker.visible_points(rec.fid)
         sd = self.depth_size[0] / self.work_size[0]
         nbrs = choose_neighbours(view, cands, self.tracker.median_depth)
+        sweep = False
+        if not nbrs:   # no sideways baseline: plane sweep against neighbours in any direction
+            nbrs = choose_sweep_neighbours(view, cands, self.tracker.median_depth)
+            sweep = bool(nbrs)
         rec.deferred = not nbrs
         if nbrs:
-            rec.future = self._pool.submit(self._depth_job, view, nbrs, uv * sd, z)
+            rec.future = self._pool.submit(self._depth_job, view, nbrs, uv * sd, z, sweep)
 
-    def _depth_job(self, view, nbrs, uv, z):
+    def _depth_job(self, view, nbrs, uv, z, sweep=False):
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            return keyframe_depth(view, nbrs, self.K_depth, uv, z, self.work_size)
+            return keyframe_depth(view, nbrs, self.K_depth, uv, z, self.work_size, sweep=sweep)
         finally:
             self._depth_times.append(time.perf_counter() - t0)
             self._depth_cpu.append(time.thread_time() - c0)
