@@ -185,7 +185,7 @@ def choose_sweep_neighbours(ref: DepthView, candidates: list, median_depth: floa
     return [c for _, c in scored[:k]]
 
 
-def sweep_depth(ref: DepthView, neighbours: list, K: np.ndarray, sparse_z: np.ndarray, planes: int = 48,
+def sweep_depth(ref: DepthView, neighbours: list, K: np.ndarray, sparse_z: np.ndarray, planes: int = 32,
                 win: int = 7, min_score: float = 0.8, min_texture: float = 4.0):
     """Plane-sweep depth for `ref` against any-direction neighbours: fronto-parallel planes at
     uniform inverse depth over the sparse map's range, ZNCC over win×win windows averaged over

@@ -96,6 +96,7 @@ class MonoTracker:
         self.pending: list[tuple[int, np.ndarray, np.ndarray]] = []
         self.last_fids: list[int] = []
         self.median_depth = self.target_depth
+        self._asked_for_motion = False
 
     @property
     def n_points(self) -> int:
@@ -182,6 +183,10 @@ class MonoTracker:
             nf, nids, nuv = self.pending[0]
             self.ref = (nf, {int(i): q for i, q in zip(nids.tolist(), nuv)})
             return
+        if len(self.pending) >= 45 and not self._asked_for_motion:
+            self._asked_for_motion = True
+            out.events.append(("info", self.segment, "Waiting to start tracking: move the camera sideways "
+                                                     "(a monocular camera needs parallax to measure depth)"))
         c_ids = ids[common]
         p1 = uv[common]
         p0 = np.array([ref_obs[i] for i in c_ids.tolist()])

@@ -88,11 +88,15 @@ def test_no_motion_means_no_pose_and_a_clear_warning():
     X = _scene()
     rng = np.random.default_rng(0)
     tr = MonoTracker(K)
-    for f in range(10):                    # a static camera: no parallax, never initialises
+    events = []
+    for f in range(50):                    # a static camera: no parallax, never initialises
         ids, uv = _observe(X, np.eye(4), 0.3, rng)
-        assert tr.process(f, ids, uv).posed == []
+        step = tr.process(f, ids, uv)
+        assert step.posed == []
+        events += step.events
+    assert [e[0] for e in events] == ["info"] and "move the camera sideways" in events[0][2]
     end = tr.finish()
-    assert sorted(end.untracked) == list(range(10))
+    assert sorted(end.untracked) == list(range(50))
     assert end.events and "did not move enough" in end.events[0][2]
 
 
