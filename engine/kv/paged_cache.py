@@ -26,10 +26,13 @@ Semantics (match upstream LingBot-Map, shared/fixtures/README.md section 4)
   and of the W-1 newest cached non-scale frames ("append, evict, attend"), plus the special
   tokens of every cached frame (bounded by ``special_cap``, below).
 * Keyframe: `end_step` commits (the oldest window frame is evicted to the free list when the
-  window is over-full; its special tokens stay). Non-keyframe: it writes into a spare page and
-  pending special slots, attends with the same visible set a keyframe would have (the oldest
-  window frame hidden when the window is full), and `end_step` restores every table, counter and
-  the free list exactly; no byte of a committed page or committed special slot is written.
+  window is over-full; its special tokens stay). Non-keyframe: it writes into pending special
+  slots and a page of its own, attends with the same visible set a keyframe would have (the
+  oldest window frame hidden when the window is full), and `end_step` restores every table,
+  counter, the free list and every committed pool byte exactly. While the window has room its
+  page is a free one; once the window is full it *borrows* the page of the hidden oldest frame
+  (whose bytes are first copied to a spare page, for all layers at once, and copied back by
+  `end_step`), so its visible set stays the same contiguous run as a keyframe's (no gather).
 
 Special cap policy
 ------------------
@@ -110,6 +113,8 @@ class StepTable:
     pages_t: torch.Tensor = None        # int64 [len(pages)] on device (gather)
     written: list = field(default_factory=list)   # per layer: write() done this step
     plan: Any = None                    # backend-private per-step data (e.g. FlashInfer plan)
+    borrowed: list = field(default_factory=list)  # non-keyframe: hidden window pages written over
+    backup: list = field(default_factory=list)    # spare pages holding the borrowed pages' bytes
 
 
 class PagedKVCache:
@@ -190,8 +195,20 @@ class PagedKVCache:
             raise KVCacheError("KV cache: out of pages (internal accounting error)")
         return self._free.pop(i)
 
+    def _alloc_top(self) -> int:
+        if not self._free:
+            raise KVCacheError("KV cache: out of pages (internal accounting error)")
+        return self._free.pop()
+
     def _release(self, page: int) -> None:
         bisect.insort(self._free, page)
+
+    def _copy_pages(self, src: list, dst: list) -> None:
+        """Copy whole pages (every layer, keys and values) from `src` to `dst`."""
+        s = torch.tensor(src, dtype=torch.int64, device=self.device)
+        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
+        for pool in (self.k_pool, self.v_pool):
+            pool.index_copy_(1, d, pool.index_select(1, s))
 
     # ------------------------------------------------------------------ step protocol
     def begin_step(self, num_frames: int, scale: bool = False, keyframe: bool = True) -> StepTable:
@@ -216,6 +233,8 @@ class PagedKVCache:
         P, S = self.page_size, self.special_tokens
         masked = 0 if scale else max(0, len(self._window) + F - self.window)
         evicted: list[int] = []
+        borrowed: list[int] = []
+        backup: list[int] = []
         if keyframe and masked:
             # A keyframe's eviction is final: free the oldest pages first so the new frame reuses
             # them (keeps the steady-state visible set one contiguous run).
@@ -224,9 +243,20 @@ class PagedKVCache:
                 self._release(p)
             self._evictions += len(evicted)
             visible_window = list(self._window)
-        else:
+            new_pages = []
+        elif masked:
+            # Non-keyframe over a full window: borrow the hidden oldest pages (backed up to spare
+            # pages taken from the top, away from the special zone) so the visible set stays one
+            # contiguous run; end_step copies them back.
             visible_window = self._window[masked:]
-        new_pages = [self._alloc(0) for _ in range(F)]
+            borrowed = self._window[:masked]
+            backup = [self._alloc_top() for _ in borrowed]
+            self._copy_pages(borrowed, backup)
+            new_pages = list(borrowed)
+        else:
+            visible_window = list(self._window)
+            new_pages = []
+        new_pages += [self._alloc(0) for _ in range(F - len(new_pages))]
 
         # special slots for the new frames: appended at the end of the committed stream
         start = self._special_len
@@ -252,7 +282,8 @@ class PagedKVCache:
         dev = self.device
         step = StepTable(
             num_frames=F, scale=bool(scale), keyframe=bool(keyframe), q_tokens=F * (S + P),
-            new_pages=new_pages, evicted=evicted, masked=masked, pending_special_pages=pending,
+            new_pages=new_pages, evicted=evicted, masked=masked, borrowed=borrowed, backup=backup,
+            pending_special_pages=pending,
             special_start=start, pages=pages, last_page_len=last_len, num_kv_tokens=num_tokens,
             contiguous=contiguous, device=dev,
             new_pages_t=torch.tensor(new_pages, dtype=torch.int64, device=dev),
@@ -327,8 +358,13 @@ class PagedKVCache:
             self._rollback(step)
 
     def _rollback(self, step: StepTable) -> None:
+        if step.borrowed:
+            self._copy_pages(step.backup, step.borrowed)
+            for p in step.backup:
+                self._release(p)
         for p in step.new_pages:
-            self._release(p)
+            if p not in step.borrowed:
+                self._release(p)
         for p in step.pending_special_pages:
             self._special_pages.remove(p)
             self._release(p)
@@ -423,7 +459,8 @@ class PagedKVCache:
 
     def stats(self) -> dict:
         step = self._step
-        pending = len(step.new_pages) + len(step.pending_special_pages) if step else 0
+        pending = (len(step.new_pages) + len(step.pending_special_pages) + len(step.backup)
+                   - len(step.borrowed)) if step else 0
         elem = self.k_pool.element_size()
         return {
             "pages_total": self.num_pages,
@@ -462,6 +499,7 @@ class PagedKVCache:
         if self._step is not None:
             m[self._step.new_pages] = PAGE_PENDING
             m[self._step.pending_special_pages] = PAGE_PENDING
+            m[self._step.backup] = PAGE_PENDING
         return m
 
     def __repr__(self) -> str:

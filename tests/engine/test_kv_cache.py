@@ -258,6 +258,12 @@ def test_steady_state_is_zero_copy_and_equals_gather():
         assert kz.data_ptr() == cache.k_pool[layer, step.contiguous[0]].data_ptr()   # a view
     cache.end_step()
     assert cache.stats()["zero_copy"] is True
+    # a non-keyframe borrows the hidden oldest window page (backed up), so it stays zero-copy too
+    oldest = cache.window_pages[0]
+    step = cache.begin_step(1, keyframe=False)
+    assert step.contiguous is not None and step.borrowed == [oldest] and step.new_pages == [oldest]
+    assert oldest not in step.pages[:len(cache.scale_pages) + len(cache.window_pages) - 1]
+    cache.abort_step()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
