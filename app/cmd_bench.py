@@ -66,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from engine.api import EngineError
-    from engine.bench import BenchConfig, format_report, height_for_width, run_bench, write_csv, write_json
+    from engine.bench import BenchConfig, CsvRows, format_report, height_for_width, run_bench, write_json
 
     if args.resolution:
         w, h = args.resolution
@@ -84,16 +84,18 @@ def main(args: argparse.Namespace) -> int:
                       special_cap=args.special_cap, dtype=args.dtype, kv_dtype=args.kv_dtype,
                       backend=args.backend, device=device, breakdown=args.breakdown,
                       sweep=args.sweep or [], seed=args.seed)
+    rows = CsvRows(args.csv or "bench_sweep.csv") if args.sweep else None
     try:
-        res = run_bench(cfg)
+        res = run_bench(cfg, on_row=rows)
     except EngineError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if rows is not None:
+            rows.close()
     print(format_report(res))
-    if args.sweep:
-        path = args.csv or "bench_sweep.csv"
-        write_csv(res["sweep"], path)
-        print(f"sweep rows written to {path}")
+    if rows is not None:
+        print(f"sweep rows written to {args.csv or 'bench_sweep.csv'}")
     if args.json:
         write_json(res, args.json)
         print(f"figures written to {args.json}")

@@ -162,8 +162,10 @@ def _pct(xs, q) -> Optional[float]:
 
 
 # ------------------------------------------------------------------ run
-def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print) -> dict:
-    """Stream `cfg.frames` (or max(sweep)) synthetic frames through a lingbot-map session."""
+def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print,
+              on_row: Optional[Callable[[dict], None]] = None) -> dict:
+    """Stream `cfg.frames` (or max(sweep)) synthetic frames through a lingbot-map session.
+    `on_row` gets each sweep row as soon as it is measured (so a killed run keeps its rows)."""
     from . import open_session
     from .kv.backends import flashinfer_available
 
@@ -250,6 +252,8 @@ def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print) 
             log("  {frames:>6d} frames  {seconds:8.1f} s  {fps:6.2f} fps (segment {segment_fps:6.2f})  "
                 "peak alloc {pa}  reserved {pr}  kv pages {kv_pages_used}".format(
                     **rows[-1], pa=_gib(rows[-1]["peak_allocated_gib"]), pr=_gib(rows[-1]["peak_reserved_gib"])))
+            if on_row is not None:
+                on_row(rows[-1])
             seg_start_t, seg_start_n, seg_lat = now, done, []
             next_sweep += 1
     done += len(session.flush())
@@ -319,12 +323,28 @@ def format_report(res: dict) -> str:
     return "\n".join(lines)
 
 
+class CsvRows:
+    """Sweep CSV written row by row (flushed), header first."""
+
+    def __init__(self, path: str):
+        self._f = open(path, "w", newline="")
+        self._w = csv.DictWriter(self._f, fieldnames=list(SWEEP_COLUMNS))
+        self._w.writeheader()
+        self._f.flush()
+
+    def __call__(self, row: dict) -> None:
+        self._w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in SWEEP_COLUMNS})
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
 def write_csv(rows: list, path: str) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(SWEEP_COLUMNS))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in SWEEP_COLUMNS})
+    out = CsvRows(path)
+    for r in rows:
+        out(r)
+    out.close()
 
 
 def write_json(res: dict, path: str) -> None:
