@@ -335,7 +335,8 @@ class PagedKVCache:
 
     def end_step(self) -> None:
         """Keyframe: commit (evictions already done, special cap applied). Non-keyframe: restore
-        every table, counter and the free list exactly as before `begin_step`."""
+        every table, counter, the free list and any borrowed page's bytes exactly as before
+        `begin_step`."""
         step = self._require_step()
         self._step = None
         if not step.keyframe:
