@@ -239,9 +239,14 @@ class LingBotMapSession:
                                           scale_phase=scale, kv=_KVAdapter(self.kv),
                                           camera_cache=self.camera_cache,
                                           iterations=self.config.camera_iterations)
-        except BaseException:
+        except BaseException as exc:
             self.kv.abort_step()
             self.camera_cache.abort_step()
+            if isinstance(exc, torch.OutOfMemoryError):
+                h, w = self._hw
+                raise EngineError(f"out of {self.device.type.upper()} memory running LingBot-Map at {w}x{h} "
+                                  f"(dtype {self.config.dtype}, window {self.config.window}); use bf16, a "
+                                  f"smaller window or a smaller image width") from exc
             raise
         self.kv.end_step()
         self.camera_cache.end_step()
@@ -250,9 +255,10 @@ class LingBotMapSession:
         return {k: v.float().cpu().numpy() for k, v in out.items()}
 
     def _run_scale(self) -> list[FrameResult]:
-        items, self._pending = self._pending, []
+        items = list(self._pending)             # kept until the step succeeds
         imgs = torch.stack([p.tensor for _, _, p in items])
         out = self._step(imgs, len(items), scale=True, keyframe=True, first=True)
+        self._pending = []
         self._num_scale = len(items)
         return [self._result(i, idx, ts, prep, out, True) for i, (idx, ts, prep) in enumerate(items)]
 

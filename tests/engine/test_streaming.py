@@ -210,3 +210,27 @@ def test_session_loads_its_checkpoint(tiny, frames, tmp_path):
     torch.save({"something.else": torch.zeros(3)}, bad)
     with pytest.raises(EngineError):
         open_session(_cfg(checkpoint=str(bad), extra={"model": "lingbot-map-tiny"}), model=None)
+
+
+def test_failed_step_leaves_caches_as_before(frames, monkeypatch):
+    m = fill_recipe(build_model("lingbot-map-tiny"))
+    s = open_session(_cfg(window=2, special_cap=4), model=m)
+    for f in frames[:6]:
+        s.push(f)
+    before = _snapshot(s)
+    real = m.depth_head.forward
+
+    def boom(*a, **k):
+        raise torch.OutOfMemoryError("simulated")
+    monkeypatch.setattr(m.depth_head, "forward", boom)
+    with pytest.raises(EngineError, match="out of CPU memory"):
+        s.push(frames[6])
+    monkeypatch.setattr(m.depth_head, "forward", real)
+    after = _snapshot(s)
+    # a keyframe evicts its oldest window page at begin_step (final by design); everything the
+    # next frame can see is unchanged
+    assert after[4] == before[4] and after[0]["special_len"] == before[0]["special_len"]
+    ca, cb = before[3], after[3]
+    assert torch.equal(ca["slots"], cb["slots"]) and ca["ring_count"] == cb["ring_count"]
+    (r,) = s.push(frames[7])
+    assert np.isfinite(r.depth).all()
