@@ -55,33 +55,42 @@ def bench_append(repeats: int = 30) -> dict:
     return out
 
 
-def bench_overhead(video: str, frames: int) -> dict:
-    from PySide6 import QtWidgets
-
+def _headless(video: str, frames: int, with_store: bool) -> float:
+    """Frames per wall second of source + engine (+ synchronous session store, like `run`)."""
     from engine import SessionConfig, open_session
     from engine.io.sources import open_source
-    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication([])
-
-    # headless: the same decode + engine the worker does, nothing else
+    from engine.io.store import SessionStore
     src = open_source(video, max_side=960)
     sess = open_session(SessionConfig(engine="geometric"))
-    t0 = time.perf_counter()
-    n_in = n_out = 0
-    while n_in < frames:
-        f = src.read()
-        if f is None:
-            break
-        n_out += len(sess.push(f.image, f.timestamp))
-        n_in += 1
-    n_out += len(sess.flush())
-    headless_s = time.perf_counter() - t0
-    headless_fps = sess.stats().get("fps")
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SessionStore(f"{tmp}/s", sess.config, video) if with_store else None
+        t0 = time.perf_counter()
+        n = 0
+        while n < frames:
+            f = src.read()
+            if f is None:
+                break
+            for r in sess.push(f.image, f.timestamp):
+                if store:
+                    store.write(r)
+            n += 1
+        for r in sess.flush():
+            if store:
+                store.write(r)
+        if store:
+            store.close()
+        dt = time.perf_counter() - t0
     sess.close()
     src.close()
+    return n / dt
 
-    # worker only: the GUI run's engine thread (decode, push, store, display packets) with a
-    # consumer that acknowledges at once — what the GUI costs the engine side, minus drawing
+
+def _worker_only(video: str, frames: int) -> float:
+    """The GUI run's engine thread (decode, push, store writer, display packets) with a consumer
+    that acknowledges at once: what the GUI costs the engine side, minus drawing."""
     from PySide6 import QtCore
+
+    from engine import SessionConfig
 
     from .worker import RunOptions, WorkerHandle
     with tempfile.TemporaryDirectory() as tmp:
@@ -94,8 +103,14 @@ def bench_overhead(video: str, frames: int) -> dict:
         h.start()
         while not fin:
             time.sleep(0.005)
-        worker_s = time.perf_counter() - t0
+        dt = time.perf_counter() - t0
         h.stop_and_wait()
+    return frames / dt
+
+
+def _gui(video: str, frames: int) -> tuple[float, np.ndarray]:
+    """Frames per wall second of the full GUI run, and the GUI event loop's timer gaps (ms)."""
+    from PySide6 import QtCore
 
     from app.settings import AppSettings
 
@@ -109,27 +124,46 @@ def bench_overhead(video: str, frames: int) -> dict:
         w.settings_panel.set_config(cfg)
         w.set_input(video)
         w.max_frames.setValue(frames)
-        done = []
-        w.runFinished.connect(done.append)
+        loop = QtCore.QEventLoop()
+        w.runFinished.connect(loop.quit)
+        ticks = []                               # event-loop responsiveness: a 10 ms timer's gaps
+        timer = QtCore.QTimer(interval=10, timeout=lambda: ticks.append(time.perf_counter()))
         t0 = time.perf_counter()
         w.start_run()
-        while not done:
-            app.processEvents()
-            time.sleep(0.002)
-        gui_s = time.perf_counter() - t0
-        gui_fps = w.last_stats.get("fps")
-        res = done[0]["results"]
+        timer.start()
+        loop.exec()
+        timer.stop()
+        dt = time.perf_counter() - t0
         w.close()
-    return {"frames": n_in, "headless_results": n_out, "gui_results": res,
-            "headless_wall_fps": n_in / headless_s, "gui_wall_fps": frames / gui_s,
-            "worker_wall_fps": frames / worker_s,
-            "headless_engine_fps": headless_fps, "gui_engine_fps": gui_fps}
+    return frames / dt, np.diff(ticks) * 1e3
+
+
+def bench_overhead(video: str, frames: int, repeats: int) -> dict:
+    """The four runs interleaved `repeats` times (the machine's load drifts); medians."""
+    from PySide6 import QtWidgets
+    QtWidgets.QApplication.instance() or QtWidgets.QApplication([])
+    runs = {"headless": [], "headless+store": [], "worker": [], "gui": []}
+    gaps = []
+    for _ in range(repeats):
+        runs["headless"].append(_headless(video, frames, False))
+        runs["headless+store"].append(_headless(video, frames, True))
+        runs["worker"].append(_worker_only(video, frames))
+        fps, g = _gui(video, frames)
+        runs["gui"].append(fps)
+        gaps.append(g)
+    g = np.concatenate(gaps)
+    out = {k: statistics.median(v) for k, v in runs.items()}
+    out["all"] = runs
+    out["gap_p50_ms"], out["gap_p99_ms"], out["gap_max_ms"] = (float(np.median(g)), float(np.percentile(g, 99)),
+                                                               float(g.max()))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--input", default="../shared/data/icl_livingroom_kt3/video.mp4")
     ap.add_argument("--frames", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-overhead", action="store_true")
     a = ap.parse_args()
     print(f"machine: {platform.machine()} {platform.processor() or ''}, python {platform.python_version()}")
@@ -137,12 +171,15 @@ def main() -> None:
     print(f"append 10k points: {app_ms[100_000]:.2f} ms at 100k drawn, {app_ms[3_000_000]:.2f} ms at 3M drawn "
           f"(ratio {app_ms[3_000_000] / app_ms[100_000]:.2f})")
     if not a.skip_overhead:
-        o = bench_overhead(a.input, a.frames)
-        print(f"overhead ({o['frames']} frames, geometric engine): headless {o['headless_wall_fps']:.1f} fps wall "
-              f"/ engine {o['headless_engine_fps']:.1f} fps; worker thread only {o['worker_wall_fps']:.1f} fps wall "
-              f"({o['worker_wall_fps'] / o['headless_wall_fps']:.0%}); GUI {o['gui_wall_fps']:.1f} fps wall / engine "
-              f"{o['gui_engine_fps']:.1f} fps; wall ratio {o['gui_wall_fps'] / o['headless_wall_fps']:.0%}; "
-              f"results {o['headless_results']} vs {o['gui_results']}")
+        o = bench_overhead(a.input, a.frames, a.repeats)
+        print(f"overhead, {a.frames} frames, geometric engine, median of {a.repeats} interleaved runs "
+              f"(frames per wall second):")
+        for k in ("headless", "headless+store", "worker", "gui"):
+            print(f"  {k:15s} {o[k]:6.1f}   runs: {', '.join(f'{v:.1f}' for v in o['all'][k])}")
+        print(f"  GUI / headless {o['gui'] / o['headless']:.0%}, GUI / headless+store "
+              f"{o['gui'] / o['headless+store']:.0%}, worker / headless {o['worker'] / o['headless']:.0%}")
+        print(f"GUI event loop during the runs (10 ms timer gaps): p50 {o['gap_p50_ms']:.0f} ms, "
+              f"p99 {o['gap_p99_ms']:.0f} ms, max {o['gap_max_ms']:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from .worker import RunOptions, WorkerHandle
 
 log = logging.getLogger(__name__)
 
-PREVIEW_HZ = 8.0
+PREVIEW_HZ = 5.0
 SPEEDS = (("As fast as possible", 0.0), ("Real time", 1.0), ("×0.5", 0.5), ("×2", 2.0), ("×4", 4.0))
 
 
@@ -108,6 +108,7 @@ class ImagePreview(QtWidgets.QWidget):
             self._cmap = pg.colormap.get("turbo")
         except Exception:  # older pyqtgraph without turbo
             self._cmap = pg.colormap.get("viridis")
+        self._lut = np.asarray(self._cmap.getLookupTable(0.0, 1.0, 256, alpha=False), np.uint8)
         self.shown_index = None
         self.depth_shown_index = None
 
@@ -121,10 +122,10 @@ class ImagePreview(QtWidgets.QWidget):
             if not ok.any():
                 return                             # keep the last useful depth map on screen
             hi = float(np.percentile(d[ok], 98)) if ok.any() else 1.0
-            rgba = self._cmap.map(np.clip(np.where(ok, d, 0.0) / max(hi, 1e-6), 0.0, 1.0), mode="byte")
-            rgba = np.asarray(rgba, np.uint8).reshape(d.shape + (-1,))
-            rgba[~ok, :3] = 0                      # no depth: black
-            self.depth.set_rgb(rgba)
+            idx = (np.clip(np.where(ok, d, 0.0) * (255.0 / max(hi, 1e-6)), 0, 255)).astype(np.uint8)
+            rgb = self._lut[idx]
+            rgb[~ok] = 0                           # no depth: black
+            self.depth.set_rgb(rgb)
             self.depth_shown_index = f.index
 
     def clear(self) -> None:

@@ -42,6 +42,7 @@ DEFAULT_TOOLTIPS = {
                   "the field of view below. Exact intrinsics give better geometry.",
     "fov_deg": "Horizontal field of view assumed when no intrinsics are given.",
     "max_side": "The geometric engine works at most at this resolution: larger = denser, slower.",
+    "fps": "Frame rate assumed for image folders (their timestamps = index / fps); videos use their own clock.",
 }
 
 _COMBO_FIELDS = {  # config field → capability list with its choices
@@ -59,6 +60,7 @@ _LABELS = {
     "window": "Sliding window", "scale_frames": "Scale frames", "keyframe_interval": "Keyframe every",
     "camera_iterations": "Camera iterations", "special_cap": "Special-token cap",
     "max_side": "Working size", "intrinsics": "Intrinsics", "fov_deg": "Assumed FOV",
+    "fps": "Folder frame rate",
 }
 
 
@@ -166,6 +168,11 @@ class SettingsPanel(QtWidgets.QWidget):
         self.fov.setSuffix("°")
         self.controls["fov_deg"] = self.fov
         self._add_row("fov_deg", _LABELS["fov_deg"], self.fov)
+        self.fps = QtWidgets.QDoubleSpinBox()
+        self.fps.setRange(1.0, 240.0)
+        self.fps.setSuffix(" fps")
+        self.controls["fps"] = self.fps
+        self._add_row("fps", _LABELS["fps"], self.fps)
 
         self.engine.currentIndexChanged.connect(self._on_engine_changed)
         self.set_config(SessionConfig())
@@ -254,6 +261,7 @@ class SettingsPanel(QtWidgets.QWidget):
             w.blockSignals(False)
         self.intrinsics.setText(" ".join(f"{v:g}" for v in cfg.intrinsics) if cfg.intrinsics else "")
         self.fov.setValue(float(cfg.fov_deg))
+        self.fps.setValue(float(cfg.fps))
         self._base = cfg
         self.changed.emit()
 
@@ -283,6 +291,7 @@ class SettingsPanel(QtWidgets.QWidget):
         else:
             d["intrinsics"] = None
         d["fov_deg"] = float(self.fov.value())
+        d["fps"] = float(self.fps.value())
         return SessionConfig.from_dict(d)
 
     # -- checkpoint ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ The viewer does no geometry: points come back-projected by `engine.geometry` (se
 from __future__ import annotations
 
 import logging
+import time
 from typing import Iterable, Optional
 
 import numpy as np
@@ -234,16 +235,46 @@ SegmentCloud = scene.visuals.create_visual_node(SegmentCloudVisual)
 
 
 class ViewerCanvas(scene.SceneCanvas):
-    """The SceneCanvas; counts real draws so the window can show the viewer's FPS."""
+    """The SceneCanvas, with an adaptive redraw cap: redraws are spaced so that drawing takes
+    at most DRAW_BUDGET of the GUI thread's time (a GPU draws in ~1 ms → up to MAX_FPS; a
+    software rasteriser taking 30 ms per frame → ~10 Hz). Requests in between are merged into
+    one deferred redraw, so a slow view drops frames instead of starving the event loop.
+    Counts draws so the window can show the viewer's FPS."""
+
+    DRAW_BUDGET = 0.3
+    MAX_FPS = 60.0
 
     def __init__(self, **kw):
         super().__init__(keys="interactive", bgcolor="#1b1d22", show=False, **kw)
         self.unfreeze()
         self.draws = 0
+        self.draw_ms = 0.0                    # moving average of one draw
+        self._last_draw = -1e9
+        self._deferred = QtCore.QTimer(singleShot=True)
+        self._deferred.timeout.connect(self._update_now)
         self.freeze()
 
+    def min_interval(self) -> float:
+        return max(1.0 / self.MAX_FPS, self.draw_ms / 1000.0 / self.DRAW_BUDGET)
+
+    def update(self, node=None):
+        if not hasattr(self, "_deferred"):     # called while the base class initialises
+            return super().update(node)
+        wait = self._last_draw + self.min_interval() - time.perf_counter()
+        if wait <= 0:
+            super().update(node)
+        elif not self._deferred.isActive():
+            self._deferred.start(int(wait * 1000) + 1)
+
+    def _update_now(self):
+        super().update()
+
     def on_draw(self, event):
+        t0 = time.perf_counter()
         super().on_draw(event)
+        dt = (time.perf_counter() - t0) * 1000.0
+        self.draw_ms = dt if self.draws == 0 else 0.8 * self.draw_ms + 0.2 * dt
+        self._last_draw = t0
         self.draws += 1
 
 

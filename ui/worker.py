@@ -12,6 +12,7 @@ and only set flags under a condition variable, so they return at once.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 import traceback
@@ -46,6 +47,48 @@ class RunOptions:
     decode_max_side: Optional[int] = 960         # frames are resized on the worker side
     webcam_resolution: Optional[tuple] = None    # (w, h) requested from a webcam
     model: Any = None                            # a loaded network for neural engines (optional)
+
+
+class _StoreWriter:
+    """Writes results and events to the SessionStore on its own thread, in order, so the
+    engine thread does not wait for compression and disk. Nothing is ever dropped: `close`
+    drains the queue; a write failure is kept and re-raised to the engine thread."""
+
+    def __init__(self, store):
+        self.store = store
+        self._q: "queue.Queue" = queue.Queue()
+        self.error: Optional[BaseException] = None
+        self._t = threading.Thread(target=self._run, name="reconstudio-store", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while True:
+            kind, item = self._q.get()
+            if kind == "end":
+                return
+            if self.error is not None:
+                continue
+            try:
+                self.store.write(item) if kind == "result" else self.store.write_event(item)
+            except BaseException as exc:   # reported by check()
+                self.error = exc
+
+    def put_result(self, r) -> None:
+        self._q.put(("result", r))
+
+    def put_event(self, e) -> None:
+        self._q.put(("event", e))
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Drain the queue, then close the store."""
+        self._q.put(("end", None))
+        self._t.join()
+        self.store.close()
+        self.check()
 
 
 class EngineWorker(QtCore.QObject):
@@ -137,6 +180,9 @@ class EngineWorker(QtCore.QObject):
                         obj.close()
                     except Exception as exc:  # closing must not hide the run's outcome
                         log.warning("closing the %s failed: %s", what, exc)
+                        if obj is store and summary["error"] is None:   # results were lost
+                            summary["error"] = f"Saving the session failed: {exc}"
+                            self.error.emit(summary["error"])
             self._flush_display(force=True)
             summary["results"] = self.results_total
             summary["frames"] = self.frames_in
@@ -169,6 +215,7 @@ class EngineWorker(QtCore.QObject):
             source.close()
             raise
         self.session_folder = str(store.folder)
+        store = _StoreWriter(store)
         self.opened.emit({"name": source.name, "kind": source.kind, "frames": len(source),
                           "fps": source.fps, "session": self.session_folder,
                           "seekable": bool(source.seekable)})
@@ -236,8 +283,9 @@ class EngineWorker(QtCore.QObject):
 
     def _handle(self, results, session, store) -> None:
         o = self.options
+        store.check()                      # a failed write ends the run with its message
         for r in results:
-            store.write(r)                 # every result, before any display work
+            store.put_result(r)            # every result is stored (on the writer thread)
             self.results_total += 1
             # frustums keep the size set by the first frame with depth (one scene scale)
             d = make_display_frame(r, o.display_stride, frustum_depth=self._frustum_depth)
@@ -252,7 +300,7 @@ class EngineWorker(QtCore.QObject):
                         p.depth_map = p.conf_map = None
             self._pending.append(d)
         for e in session.poll_events():
-            store.write_event(e)
+            store.put_event(e)
             if e.kind == "realign" and e.transform is not None:
                 self.realigned.emit(int(e.segment), e.transform)
             elif e.message:

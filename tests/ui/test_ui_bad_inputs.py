@@ -77,3 +77,14 @@ def test_export_without_session_warns(qtbot, make_window, tmp_path):
     assert "nothing to export" in w.banner.label.text().lower()
     assert w.open_session_folder(str(tmp_path / "nope")) is False
     assert w.banner.level == "error"
+
+
+def test_neural_engine_without_checkpoint(qtbot, make_window, shared_data):
+    w = make_window(engine="lingbot-map")
+    if w.settings_panel.engine_name() != "lingbot-map":
+        pytest.skip("lingbot-map engine not installed")
+    w.set_input(str(shared_data / "icl_livingroom_kt3" / "rgb"))
+    w.start_run()
+    s = wait_finished(qtbot, w, timeout=120_000)
+    assert s["error"] and "checkpoint" in w.banner.label.text().lower()
+    assert not w.running
