@@ -24,13 +24,23 @@ def _frames(seq, n):
     return [cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in seq.frames[:n]]
 
 
-def _run(seq, frames, order, cfg):
+def _rolled(img, deg):
+    import cv2
+    h, w = img.shape[:2]
+    M = cv2.getRotationMatrix2D(((w - 1) / 2, (h - 1) / 2), deg, 1.0)
+    return cv2.warpAffine(img, M, (w, h))
+
+
+def _run(seq, frames, order, cfg, roll=None):
+    """Push frames[order[k]] (black where order[k] < 0), rolled by roll[k] degrees if given."""
     from ..api import open_session
     s = open_session(cfg)
     res = []
     t0 = time.perf_counter()
     for k, i in enumerate(order):
         img = np.zeros_like(frames[0]) if i < 0 else frames[i]
+        if roll is not None and roll[k]:
+            img = _rolled(img, roll[k])
         res += s.push(img, k / 30.0)
     res += s.flush()
     wall = time.perf_counter() - t0
@@ -61,7 +71,8 @@ def speed_and_accuracy(seq, frames, cfg) -> dict:
 
 
 def robustness(seq, frames, cfg) -> list:
-    """Clips made from the real frames: a black stretch, and a jump cut (a whip pan)."""
+    """Clips made from the real frames: a black stretch, a jump cut (a whip pan), and a fast roll
+    (the image turns 20° per frame up to 60° and stays there)."""
     from ..metrics import ate
     n = len(frames)
     cut = min(100, n // 2)
@@ -69,9 +80,11 @@ def robustness(seq, frames, cfg) -> list:
         "blank stretch (15 black frames)": list(range(cut)) + [-1] * 15 + list(range(cut, n)),
         "jump cut (skips 70 frames)": list(range(cut)) + list(range(min(cut + 70, n - 30), n)),
     }
+    clips["fast roll (20°/frame to 60°)"] = list(range(n))
+    rolls = {"fast roll (20°/frame to 60°)": [0 if k < cut else min(20 * (k - cut + 1), 60) for k in range(n)]}
     out = []
     for name, order in clips.items():
-        res, st, ev, _ = _run(seq, frames, order, cfg)
+        res, st, ev, _ = _run(seq, frames, order, cfg, rolls.get(name))
         segs = []
         for sg in sorted({r.segment for r in res}):
             rr = [r for r in res if r.segment == sg]
