@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -135,8 +136,13 @@ class ImagePreview(QtWidgets.QWidget):
         self.depth_shown_index = None
 
 
+class _Relay(QtCore.QObject):
+    done = QtCore.Signal(object, object)
+
+
 class MainWindow(QtWidgets.QMainWindow):
     runFinished = QtCore.Signal(object)      # the worker's summary dict
+    exportFinished = QtCore.Signal(object)   # export summary dict, or None when it failed
     framesShown = QtCore.Signal(int)         # frames in the viewer so far
 
     def __init__(self, settings=None, session_root: Optional[str] = None):
@@ -213,6 +219,10 @@ class MainWindow(QtWidgets.QMainWindow):
         self.act_step = tb.addAction(st.standardIcon(SP.SP_MediaSkipForward), "Step", self.step)
         self.act_step.setToolTip("Process one frame (starts paused if nothing runs)")
         self.act_stop = tb.addAction(st.standardIcon(SP.SP_MediaStop), "Stop", self.stop_run)
+        self.act_start.setShortcut(QtGui.QKeySequence("Ctrl+Return"))
+        self.act_pause.setShortcut(QtGui.QKeySequence("Space"))
+        self.act_step.setShortcut(QtGui.QKeySequence("Ctrl+Right"))
+        self.act_stop.setShortcut(QtGui.QKeySequence("Ctrl+."))
         tb.addSeparator()
         tb.addWidget(QtWidgets.QLabel(" Speed "))
         self.speed = QtWidgets.QComboBox()
@@ -695,10 +705,10 @@ class MainWindow(QtWidgets.QMainWindow):
         self._update_status()
         return True
 
-    def _stored_stride(self, stored: list) -> int:
+    def _stored_stride(self, stored: list, stride: Optional[int] = None) -> int:
         """The subsampling step at the session store's (smaller) resolution that keeps about
         the density the user chose for live frames."""
-        stride = int(self.stride.value())
+        stride = int(self.stride.value()) if stride is None else int(stride)
         live_w = self.viewer.result_width
         if not stored or not live_w:
             return stride
@@ -711,33 +721,64 @@ class MainWindow(QtWidgets.QMainWindow):
         p, _ = QtWidgets.QFileDialog.getSaveFileName(self, f"Export {kind.upper()}", "reconstruction" + suffix,
                                                      filters[kind])
         if p:
-            self.export(kind, p)
+            self.export(kind, p, background=True)
 
-    def export(self, kind: str, path: str) -> Optional[dict]:
+    def export(self, kind: str, path: str, background: bool = False) -> Optional[dict]:
         """Export the current session (PLY / NPZ / TUM) filtered by the current confidence
-        threshold and subsampling. Returns engine.io.export.export_session's summary."""
-        from engine.io.export import export_session
-        from engine.io.store import load_session
+        threshold and subsampling, via engine.io.export.export_session. Returns its summary;
+        with background=True the export runs on a thread (the window stays live), returns None
+        and `exportFinished` carries the summary (None on failure)."""
+        if kind not in ("ply", "npz", "tum"):
+            raise ValueError(kind)
         if not self.session_folder:
             self.show_message("Nothing to export yet: run a reconstruction or open a saved session", "warning")
             return None
-        if kind not in ("ply", "npz", "tum"):
-            raise ValueError(kind)
-        QtWidgets.QApplication.setOverrideCursor(QtCore.Qt.CursorShape.WaitCursor)
-        try:
-            loaded = load_session(self.session_folder)
-            t = self.conf_threshold()
+        folder, t = self.session_folder, self.conf_threshold()
+        stride_of = self._stored_stride        # reads only the stride box and the viewer's width
+        stride_box = int(self.stride.value())
+
+        def job() -> dict:
+            from engine.io.export import export_session
+            from engine.io.store import load_session
+            loaded = load_session(folder)
             key = {"ply": "ply", "npz": "npz", "tum": "trajectory"}[kind]
-            out = export_session(loaded.results, loaded.events, conf_threshold=t if np.isfinite(t) else -np.inf,
-                                 stride=self._stored_stride(loaded.results), **{key: path})
-        except EngineError as exc:
-            self.show_message(str(exc))
-            return None
-        finally:
-            QtWidgets.QApplication.restoreOverrideCursor()
-        self.show_message(f"Exported {out['frames']} frames"
-                          + (f", {out['points']:,} points" if kind != "tum" else "") + f" to {path}", "info")
-        return out
+            return export_session(loaded.results, loaded.events, conf_threshold=t if np.isfinite(t) else -np.inf,
+                                  stride=stride_of(loaded.results, stride_box), **{key: path})
+
+        def report(out: Optional[dict], error: Optional[str]) -> None:
+            if error:
+                self.show_message(error)
+            else:
+                self.show_message(f"Exported {out['frames']} frames"
+                                  + (f", {out['points']:,} points" if kind != "tum" else "") + f" to {path}", "info")
+            self.exportFinished.emit(out)
+
+        if not background:
+            QtWidgets.QApplication.setOverrideCursor(QtCore.Qt.CursorShape.WaitCursor)
+            try:
+                out = job()
+            except EngineError as exc:
+                report(None, str(exc))
+                return None
+            finally:
+                QtWidgets.QApplication.restoreOverrideCursor()
+            report(out, None)
+            return out
+
+        relay = _Relay(self)                    # delivers the result on the GUI thread
+        relay.done.connect(lambda out, err: (report(out, err), relay.deleteLater()))
+        self.statusBar().showMessage(f"Exporting {kind.upper()} to {path}…")
+
+        def run() -> None:
+            try:
+                relay.done.emit(job(), None)
+            except EngineError as exc:
+                relay.done.emit(None, str(exc))
+            except Exception as exc:  # never lose an export failure silently
+                log.exception("export failed")
+                relay.done.emit(None, f"Export failed: {exc}")
+        threading.Thread(target=run, name="reconstudio-export", daemon=True).start()
+        return None
 
     def save_screenshot(self, path: Optional[str] = None) -> Optional[str]:
         if path is None:

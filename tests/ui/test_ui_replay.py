@@ -50,3 +50,29 @@ def test_replay_video_with_geometric_engine(qtbot, make_window, shared_data, tmp
     w.viewer.clear()
     assert w.open_session_folder(folder)
     assert w.viewer.frame_count == n and w.viewer.point_count > 0
+
+
+def test_background_export_and_drop(qtbot, make_window, shared_data, tmp_path):
+    from PySide6 import QtCore, QtGui
+    w = make_window()
+    rgb = shared_data / "icl_livingroom_kt3" / "rgb"
+    mime = QtCore.QMimeData()
+    mime.setUrls([QtCore.QUrl.fromLocalFile(str(rgb))])
+    drop = QtGui.QDropEvent(QtCore.QPointF(10, 10), QtCore.Qt.DropAction.CopyAction, mime,
+                            QtCore.Qt.MouseButton.LeftButton, QtCore.Qt.KeyboardModifier.NoModifier)
+    w.dropEvent(drop)                               # a dropped folder becomes the input
+    assert w.source_panel.spec() == str(rgb) and w.source_panel.current_kind() == "folder"
+    w.max_frames.setValue(4)
+    w.start_run()
+    wait_finished(qtbot, w)
+    folder = w.session_folder
+    with qtbot.waitSignal(w.exportFinished, timeout=60_000) as got:
+        assert w.export("tum", str(tmp_path / "t.txt"), background=True) is None
+    assert got.args[0]["frames"] == 4
+    assert len((tmp_path / "t.txt").read_text().splitlines()) == 4
+    # a dropped session folder is reopened
+    w.viewer.clear()
+    mime.setUrls([QtCore.QUrl.fromLocalFile(folder)])
+    w.dropEvent(QtGui.QDropEvent(QtCore.QPointF(10, 10), QtCore.Qt.DropAction.CopyAction, mime,
+                                 QtCore.Qt.MouseButton.LeftButton, QtCore.Qt.KeyboardModifier.NoModifier))
+    assert w.viewer.frame_count == 4
