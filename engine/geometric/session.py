@@ -151,7 +151,10 @@ class GeometricSession:
         self._by_fid[fid] = rec
 
         ids, uv = self.frontend.track(gray)
-        step = self.tracker.process(fid, ids, uv)
+        try:
+            step = self.tracker.process(fid, ids, uv)
+        except Exception as exc:   # numerical corner cases must not end a live session
+            step = self.tracker.recover(fid, f"internal error: {type(exc).__name__}: {exc}")
         if step.reset_tracks:
             self.frontend.reset()
         else:

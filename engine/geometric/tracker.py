@@ -82,7 +82,6 @@ class MonoTracker:
         self.origin = np.eye(4)            # c2w of the first frame of the segment
         self.target_depth = 1.0            # median scene depth the initial map is scaled to
         self.lost_count = 0
-        self.debug = False
         self._reset_map()
 
     # --- state -------------------------------------------------------------------------------
@@ -206,10 +205,6 @@ class MonoTracker:
         uv1, z1 = project(self.K, R, t, X)
         err = np.maximum(np.linalg.norm(uv0 - p0, axis=1), np.linalg.norm(uv1 - p1, axis=1))
         good = inl & (z0 > 0) & (z1 > 0) & (err < 2 * p.ransac_px * p.px) & (ang > 0.25 * p.min_init_angle_deg)
-        if self.debug:
-            print(f"init try {fid}: common {len(c_ids)} inl {inl.sum()} zpos {((z0 > 0) & (z1 > 0) & inl).sum()} "
-                  f"err {(inl & (err < 2 * p.ransac_px * p.px)).sum()} ang {(inl & (ang > 0.25 * p.min_init_angle_deg)).sum()} "
-                  f"good {good.sum()} med ang {np.median(ang[good]) if good.any() else 0:.2f}")
         if good.sum() < p.min_init_points or np.median(ang[good]) < p.min_init_angle_deg:
             return
         # scale: median depth of the initial map = target depth; place the reference at the origin
@@ -300,6 +295,13 @@ class MonoTracker:
         inlier = err < p.ransac_px * p.px * 1.5
         known_ids = ids[known]
         return R, t, known_ids[inlier], known_ids[~inlier]
+
+    def recover(self, fid: int, reason: str) -> StepResult:
+        """Start a new segment after an unexpected failure inside the tracker (a safety net: the
+        session reports it and carries on instead of crashing)."""
+        out = StepResult()
+        self._lose(fid, None, None, reason, out)
+        return out
 
     def _lose(self, fid, ids, uv, reason, out: StepResult):
         last = self.last_fids[-1] if self.last_fids else None

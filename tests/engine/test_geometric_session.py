@@ -161,3 +161,20 @@ def test_resized_input_scales_intrinsics(icl):
     assert len(res) == 60 and res[0].image.shape == (240, 320, 3)
     assert res[0].K[0, 0] == pytest.approx(seq.intrinsics.fx / 2)
     assert ate(np.array([r.c2w for r in res]), seq.gt_c2w[40:100])["rmse"] < 0.01
+
+
+def test_an_internal_failure_becomes_a_segment_break(icl, monkeypatch):
+    seq, frames = icl
+    s = _session(seq, depth=False)
+    first = _run(s, frames[30:70])
+    assert first and {r.segment for r in first} == {0}
+
+    def boom(*a, **k):
+        raise np.linalg.LinAlgError("singular matrix")
+    monkeypatch.setattr(s.tracker, "_track", boom)
+    assert s.push(frames[70]) == []
+    ev = [e for e in s.poll_events() if e.kind == "segment"]
+    assert ev and "internal error" in ev[0].message and "singular" in ev[0].message
+    monkeypatch.undo()
+    later = _run(s, frames[71:110])
+    assert later and {r.segment for r in later} == {1}
