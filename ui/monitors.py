@@ -79,6 +79,7 @@ class MonitorsPanel(QtWidgets.QWidget):
         kv_lay = QtWidgets.QVBoxLayout(kv)
         kv_lay.setContentsMargins(0, 0, 0, 0)
         self.kv_title = QtWidgets.QLabel("KV cache pages")
+        self.kv_title.setWordWrap(True)
         kv_lay.addWidget(self.kv_title)
         self.kv_view = pg.GraphicsLayoutWidget()
         self.kv_box = self.kv_view.addViewBox(lockAspect=True, invertY=True, enableMouse=False)

@@ -1,6 +1,7 @@
 """Engine worker thread lifecycle through the real window: start, pause, step, resume, stop,
 restart, close during a run; every result reaches the store and the viewer; no thread left."""
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def test_step_pause_resume_stop(qtbot, make_window, shared_data):
     summary = wait_finished(qtbot, w)
     assert summary["stopped"] and summary["error"] is None
     assert h.thread.isFinished() and not w.running
+    assert not [t for t in threading.enumerate() if t.name.startswith("reconstudio-")]
     assert summary["results"] == summary["frames"] == _stored(summary["session"]) == w.viewer.frame_count
     info = json.loads(Path(summary["session"], "config.json").read_text())
     assert info["finished"] and info["engine"] == "ui-test"
@@ -89,6 +91,7 @@ def test_close_during_run_ends_thread(qtbot, make_window, shared_data):
     h = w._handle
     w.close()
     assert h.thread.isFinished()
+    assert not [t for t in threading.enumerate() if t.name.startswith("reconstudio-")]
     folder = h.worker.session_folder
     info = json.loads(Path(folder, "config.json").read_text())
     assert info["finished"]                    # the store was closed cleanly
