@@ -20,6 +20,7 @@ Ordering contract
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Optional
@@ -80,13 +81,24 @@ class GeometricSession:
     def __init__(self, config: SessionConfig, model: Any = None):
         self.config = config
         extra = config.extra or {}
-        self.max_side = int(config.max_side or 640)
+        try:
+            self.max_side = int(config.max_side or 640)
+            self.depth_width = int(extra.get("depth_width", 320))
+            self.depth_max_lag = int(extra.get("depth_max_lag", 15))
+            self.depth_enabled = str(extra.get("depth", True)).lower() not in ("false", "0", "no", "off")
+            self.max_features = int(extra.get("max_features", 400))
+            self._params = TrackerParams()
+            for k, v in extra.items():
+                if k.startswith("tracker_"):
+                    if not hasattr(self._params, k[8:]):
+                        raise EngineError(f"unknown geometric engine setting {k!r}")
+                    setattr(self._params, k[8:], type(getattr(self._params, k[8:]))(v))
+        except (TypeError, ValueError) as exc:
+            raise EngineError(f"invalid geometric engine setting: {exc}") from None
         if self.max_side < 64:
             raise EngineError(f"max_side must be at least 64 pixels, got {config.max_side}")
-        self.depth_width = int(extra.get("depth_width", 320))
-        self.depth_max_lag = int(extra.get("depth_max_lag", 15))
-        self.depth_enabled = bool(extra.get("depth", True))
-        self.max_features = int(extra.get("max_features", 400))
+        if self.depth_width < 64 or self.max_features < 20 or self.depth_max_lag < 0:
+            raise EngineError("depth_width must be ≥ 64, max_features ≥ 20 and depth_max_lag ≥ 0")
         self._input_size: Optional[tuple[int, int]] = None
         self._frames_in = 0
         self._queue: collections.deque[_Pending] = collections.deque()
@@ -117,10 +129,7 @@ class GeometricSession:
         self.K_depth = self.intr.scaled_to(*self.depth_size).matrix()
         px = self.work_size[0] / 640.0
         self.frontend = KLTFrontend(*self.work_size, max_features=self.max_features)
-        params = TrackerParams(px=px)
-        for k, v in (self.config.extra or {}).items():
-            if k.startswith("tracker_") and hasattr(params, k[8:]):
-                setattr(params, k[8:], type(getattr(params, k[8:]))(v))
+        params = dataclasses.replace(self._params, px=px)
         self.tracker = MonoTracker(self.K, params)
         self._input_size = (w_in, h_in)
         self.intrinsics_note = note

@@ -178,3 +178,12 @@ def test_an_internal_failure_becomes_a_segment_break(icl, monkeypatch):
     monkeypatch.undo()
     later = _run(s, frames[71:110])
     assert later and {r.segment for r in later} == {1}
+
+
+@pytest.mark.parametrize("extra,match", [({"tracker_nope": 1}, "unknown"), ({"max_features": "many"}, "invalid"),
+                                         ({"depth_width": 8}, "depth_width")])
+def test_bad_settings_are_reported(extra, match):
+    with pytest.raises(EngineError, match=match):
+        open_session(SessionConfig(engine="geometric", extra=extra))
+    with pytest.raises(EngineError, match="max_side"):
+        open_session(SessionConfig(engine="geometric", max_side=10))
