@@ -6,7 +6,8 @@ Sequence layout (../shared/data/README.md): `rgb/*.jpg|png` frames in capture or
 `depth_intrinsics.txt` if present, else from a comment like "the depth camera is fx fy cx cy" in
 intrinsics.txt, else the colour intrinsics (depth registered to colour).
 
-Metrics: ATE RMSE after Sim(3) alignment over all posed frames (and per segment, each aligned on
+Re-alignment events ("realign") are applied to their segments first. Metrics: ATE RMSE after
+Sim(3) alignment over all posed frames (and per segment, each aligned on
 its own), RPE per second, coverage, and for keyframes with depth AbsRel / δ<1.25 after one median
 scale for the sequence.
 """
@@ -171,6 +172,10 @@ def evaluate_sequence(seq_dir, config: Optional[SessionConfig] = None, *, engine
     finally:
         session.close()
     results.sort(key=lambda r: r.index)
+    if any(e.kind == "realign" for e in events):
+        # windowed / loop-closing engines move whole segments after the fact
+        from .geometry import apply_realignments
+        results = sorted(apply_realignments(results, events), key=lambda r: r.index)
     report = {
         "sequence": seq.root.name, "engine": cfg.engine, "frames": n, "posed": len(results),
         "coverage": coverage(len(results), n), "keyframes": sum(1 for r in results if r.is_keyframe),
