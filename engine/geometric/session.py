@@ -193,7 +193,8 @@ class GeometricSession:
         track_fps = len(self._track_times) / sum(self._track_times) if self._track_times else None
         recent = list(self._latencies)[-100:]
         fps = len(recent) / sum(recent) if recent else None
-        depth_fps = len(self._depth_times) / sum(self._depth_times) if self._depth_times else None
+        dt, dc = list(self._depth_times), list(self._depth_cpu)   # snapshots: the worker appends
+        depth_fps = len(dt) / sum(dt) if dt and sum(dt) > 0 else None
         pending = sum(1 for r in self._queue if r.future is not None and not r.future.done())
         return {
             "frames": self._n_out, "keyframes": self._n_kf, "fps": fps,
@@ -206,7 +207,7 @@ class GeometricSession:
             "depth_pending": pending, "depth_fps": depth_fps, "tracking_fps": track_fps,
             # CPU seconds of the tracking / depth threads: speed without the other processes' load
             "tracking_cpu_ms": 1e3 * float(np.mean(self._track_cpu)) if self._track_cpu else None,
-            "depth_cpu_ms": 1e3 * float(np.mean(self._depth_cpu)) if self._depth_cpu else None,
+            "depth_cpu_ms": 1e3 * float(np.mean(dc)) if dc else None,
             "depth_wait_s": self._depth_wait, "map_points": self.tracker.n_points if self.tracker else 0,
             "resolution": list(self.work_size) if self._input_size else None,
             "intrinsics": self.intrinsics_note or None,
