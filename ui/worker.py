@@ -199,9 +199,10 @@ class EngineWorker(QtCore.QObject):
                              resolution=o.webcam_resolution)
         try:
             if o.start_frame:
-                if not source.seekable:
-                    raise EngineError(f"{source.name} cannot start at frame {o.start_frame} (not seekable)")
-                source.seek(int(o.start_frame))
+                if source.seekable:
+                    source.seek(int(o.start_frame))
+                else:                      # a webcam has no frame numbers: start live
+                    self.message.emit(f"{source.name} cannot start at frame {o.start_frame}; starting live")
             session = open_session(o.config, model=o.model)
         except BaseException:
             source.close()
