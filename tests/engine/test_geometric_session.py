@@ -187,3 +187,24 @@ def test_bad_settings_are_reported(extra, match):
         open_session(SessionConfig(engine="geometric", extra=extra))
     with pytest.raises(EngineError, match="max_side"):
         open_session(SessionConfig(engine="geometric", max_side=10))
+
+
+def test_results_do_not_depend_on_depth_thread_timing(icl):
+    """Two runs, one with a depth worker slowed down, give identical poses and depth maps."""
+    import time as _time
+    seq, frames = icl
+    runs = []
+    for delay in (0.0, 0.05):
+        s = _session(seq)
+        if delay:
+            job = s._depth_job
+            s._depth_job = lambda *a, **k: (_time.sleep(delay), job(*a, **k))[1]
+        runs.append(_run(s, frames[40:100]))
+    a, b = runs
+    assert [r.index for r in a] == [r.index for r in b] and len(a) == 60
+    for x, y in zip(a, b):
+        assert np.array_equal(x.c2w, y.c2w) and x.is_keyframe == y.is_keyframe
+        assert (x.depth is None) == (y.depth is None)
+        if x.depth is not None:
+            assert np.array_equal(x.depth, y.depth) and np.array_equal(x.conf, y.conf)
+    assert any(r.depth is not None for r in a)
