@@ -331,6 +331,8 @@ class MonoTracker:
         else:
             guess = (Ra, ta)
         res = self._pnp(ids, uv, guess)
+        if res is None:   # the motion model may be what failed: try once more without it
+            res = self._pnp(ids, uv, None)
         if res is None:
             self._lose(fid, ids, uv, "too few map points matched", out)
             return
@@ -377,8 +379,8 @@ class MonoTracker:
             t0 = np.array([self.poses[f][1] for f in f0])
             X, ang = triangulate(self.K, R0, t0, uv0, R, t, uv1)
             pr1, z1 = project(self.K, R, t, X)
-            z0 = np.einsum("nij,nj->ni", R0, X)[:, 2] + t0[:, 2]
             Xc0 = np.einsum("nij,nj->ni", R0, X) + t0
+            z0 = Xc0[:, 2]
             pr0 = np.stack([self.K[0, 0] * Xc0[:, 0] / np.maximum(z0, 1e-9) + self.K[0, 2],
                             self.K[1, 1] * Xc0[:, 1] / np.maximum(z0, 1e-9) + self.K[1, 2]], 1)
             err = np.maximum(np.linalg.norm(pr0 - uv0, axis=1), np.linalg.norm(pr1 - uv1, axis=1))
