@@ -35,6 +35,8 @@ def bundle_adjust(K, Rs, ts, fixed, X, cam_idx, pt_idx, uv, f_scale=1.5, max_nfe
     uv = np.asarray(uv, np.float64)
     if method == "schur":
         return _lm_schur(K, Rs, ts, fixed, X, cam_idx, pt_idx, uv, f_scale, max_nfev)
+    if method != "scipy":
+        raise ValueError(f"unknown bundle adjustment method {method!r} (schur or scipy)")
     free = np.flatnonzero(~fixed)
     nf, m = len(free), len(X)
     slot = np.full(len(Rs), -1)

@@ -40,7 +40,8 @@ class TrackerParams:
     ba_window: int = 7
     ba_fixed: int = 2
     ba_max_nfev: int = 20
-    ba_lsmr_iters: int = 0             # 0 = scipy default (exact inner solves)
+    ba_method: str = "schur"           # "schur" (own LM) | "scipy" (least_squares, sparse Jacobian)
+    ba_lsmr_iters: int = 0             # scipy path: 0 = default (exact inner solves)
     ba_lsmr_tol: float = 1e-8
     keep_keyframes: int = 30
     max_jump_ratio: float = 0.6        # centre jump beyond prediction, relative to median depth → lost
@@ -460,6 +461,7 @@ class MonoTracker:
         ts = np.array([k.t for k in cams])
         R, t, X, err = bundle_adjust(self.K, Rs, ts, fixed, X0, cam_idx, pt_idx, uvs,
                                      f_scale=1.0 * p.px, max_nfev=p.ba_max_nfev,
+                                     method=p.ba_method,
                                      tr_options={"atol": p.ba_lsmr_tol, "btol": p.ba_lsmr_tol,
                                                  **({"maxiter": p.ba_lsmr_iters} if p.ba_lsmr_iters else {})})
         for c, k in enumerate(cams):
