@@ -122,18 +122,8 @@ def _gt_depth_on_grid(gt_mm: np.ndarray, K_gt: np.ndarray, K_res: np.ndarray, si
 
 
 def write_tum(path, results) -> int:
-    """TUM trajectory of the results (input-time stamps, camera-to-world)."""
-    try:
-        from .io.export import export_tum
-    except ImportError:   # io part missing: fall back to a plain writer
-        from scipy.spatial.transform import Rotation
-        lines = []
-        for r in results:
-            q = Rotation.from_matrix(np.asarray(r.c2w)[:3, :3]).as_quat()
-            t = np.asarray(r.c2w)[:3, 3]
-            lines.append(f"{r.timestamp:.6f} " + " ".join(f"{v:.9f}" for v in (*t, *q)))
-        Path(path).write_text("".join(l + "\n" for l in lines))
-        return len(lines)
+    """TUM trajectory of the results (input-time stamps, camera-to-world), via the io exporter."""
+    from .io.export import export_tum
     return export_tum(path, results)
 
 
