@@ -111,7 +111,9 @@ def load_lingbot_map(cfg: SessionConfig, device: torch.device, dtype: torch.dtyp
 
 
 class LingBotMapSession:
-    """Streaming session of the "lingbot-map" engine (see the module docstring)."""
+    """Streaming session of the "lingbot-map" engine (see the module docstring).
+
+    A model passed in is moved to `device` and converted to `dtype` in place (trunk only)."""
 
     def __init__(self, config: SessionConfig, model: Any = None):
         _validate(config)
@@ -123,7 +125,14 @@ class LingBotMapSession:
         from .models import LingBotMap
         if not isinstance(model, LingBotMap):
             raise EngineError(f"the lingbot-map engine needs a LingBot-Map model, got {type(model).__name__}")
+        # The model is converted in place (no second copy of 4.6 GB). Going up in precision cannot
+        # restore what an earlier bf16/fp16 session rounded away, so say so.
+        was = model.compute_dtype
         self.model = model.to(self.device).set_dtype(self.dtype).eval()
+        upcast = torch.finfo(was).bits < torch.finfo(self.dtype).bits
+        self._events: list[EngineEvent] = [] if not upcast else [EngineEvent("warning", message=(
+            f"the model was converted to {str(was).replace('torch.', '')} by an earlier session; "
+            f"{config.dtype} results use those rounded weights. Reload the checkpoint for exact {config.dtype}"))]
         self.kv_dtype = self.dtype if config.kv_dtype == "auto" else _DTYPES[config.kv_dtype]
         self.kv = None                  # PagedKVCache, built at the first step (needs the token count)
         self.camera_cache = None
@@ -137,7 +146,6 @@ class LingBotMapSession:
         self._latency = deque(maxlen=256)
         self._rate = deque(maxlen=32)   # (results, seconds) of recent model runs
         self._last_latency: Optional[float] = None
-        self._events: list[EngineEvent] = []
         self._closed = False
 
     # ------------------------------------------------------------------ contract

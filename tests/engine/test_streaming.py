@@ -234,3 +234,10 @@ def test_failed_step_leaves_caches_as_before(frames, monkeypatch):
     assert torch.equal(ca["slots"], cb["slots"]) and ca["ring_count"] == cb["ring_count"]
     (r,) = s.push(frames[7])
     assert np.isfinite(r.depth).all()
+
+
+def test_upcasting_a_rounded_model_warns(frames):
+    m = fill_recipe(build_model("lingbot-map-tiny"))
+    assert open_session(_cfg(dtype="bf16"), model=m).poll_events() == []
+    events = open_session(_cfg(dtype="fp32"), model=m).poll_events()
+    assert [e.kind for e in events] == ["warning"] and "bfloat16" in events[0].message
