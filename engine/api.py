@@ -114,16 +114,19 @@ def register_engine(name: str, factory: Callable[[SessionConfig, Any], Session],
     _CAPABILITIES[name] = capabilities
 
 
-def _ensure_builtin_engines() -> None:
-    # Imported lazily so `import engine` stays cheap and Qt-free.
-    if "geometric" not in _FACTORIES:
+# Built-in engines and the module that registers each; imported on demand so opening the
+# geometric engine never pays for importing torch.
+_BUILTIN_MODULES = {"geometric": "engine.geometric", "lingbot-map": "engine.streaming"}
+
+
+def _ensure_builtin_engines(name: Optional[str] = None) -> None:
+    import importlib
+
+    for engine_name, module in _BUILTIN_MODULES.items():
+        if engine_name in _FACTORIES or (name is not None and engine_name != name):
+            continue
         try:
-            from . import geometric  # noqa: F401  (registers itself)
-        except ImportError:
-            pass
-    if "lingbot-map" not in _FACTORIES:
-        try:
-            from . import streaming  # noqa: F401  (registers itself)
+            importlib.import_module(module)  # registers itself
         except ImportError:
             pass
 
@@ -138,7 +141,7 @@ def engine_capabilities(name: str) -> dict:
     {"label": "Geometric (CPU)", "needs_checkpoint": False, "devices": ["cpu"],
      "dtypes": [...], "backends": [...], "modes": [...], "kv_compression": [...], "kv_dtypes": [...],
      "fields": ["scale_frames", "window", ...]}"""
-    _ensure_builtin_engines()
+    _ensure_builtin_engines(name)
     if name not in _CAPABILITIES:
         raise EngineError(f"unknown engine {name!r}; available: {', '.join(_FACTORIES) or 'none'}")
     return dict(_CAPABILITIES[name])
@@ -147,7 +150,7 @@ def engine_capabilities(name: str) -> dict:
 def open_session(config: SessionConfig, model: Any = None) -> Session:
     """Open a streaming session. `model` is a loaded network for neural engines (None for the
     geometric engine; a neural engine given None builds and loads `config.checkpoint`)."""
-    _ensure_builtin_engines()
+    _ensure_builtin_engines(config.engine)
     factory = _FACTORIES.get(config.engine)
     if factory is None:
         raise EngineError(f"unknown engine {config.engine!r}; available: {', '.join(_FACTORIES) or 'none'}")
