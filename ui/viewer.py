@@ -250,7 +250,8 @@ class ViewerCanvas(scene.SceneCanvas):
         self.draws = 0
         self.draw_ms = 0.0                    # moving average of one draw
         self._last_draw = -1e9
-        self._deferred = QtCore.QTimer(singleShot=True)
+        # parented to the native widget: the timer dies with it (no redraw of a deleted canvas)
+        self._deferred = QtCore.QTimer(self.native, singleShot=True)
         self._deferred.timeout.connect(self._update_now)
         self.freeze()
 
@@ -267,7 +268,10 @@ class ViewerCanvas(scene.SceneCanvas):
             self._deferred.start(int(wait * 1000) + 1)
 
     def _update_now(self):
-        super().update()
+        try:
+            super().update()
+        except RuntimeError:     # the Qt widget went away between the request and the timer
+            pass
 
     def on_draw(self, event):
         t0 = time.perf_counter()
