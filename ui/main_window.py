@@ -28,6 +28,7 @@ from .worker import RunOptions, WorkerHandle
 log = logging.getLogger(__name__)
 
 PREVIEW_HZ = 5.0
+STATUS_HZ = 4.0
 SPEEDS = (("As fast as possible", 0.0), ("Real time", 1.0), ("×0.5", 0.5), ("×2", 2.0), ("×4", 4.0))
 
 
@@ -172,6 +173,11 @@ class MainWindow(QtWidgets.QMainWindow):
         self._clock.start()
         self._last_preview = -1e9
         self._preview_backlog: list = []
+        # Status texts refresh on a timer, not per batch: with a GL view in the window every
+        # widget repaint recomposes the whole window, so repaints are batched (STATUS_HZ).
+        self._status_dirty = False
+        self._status_timer = QtCore.QTimer(self, interval=int(1000 / STATUS_HZ), timeout=self._refresh_status)
+        self._status_timer.start()
 
     # -- construction -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -560,7 +566,7 @@ class MainWindow(QtWidgets.QMainWindow):
             self._preview_backlog = [f for f in batch if f.image is not None or f.depth_map is not None]
         self._apply_threshold()
         worker.ack()
-        self._update_status()
+        self._status_dirty = True
         self.framesShown.emit(self.viewer.frame_count)
 
     def _on_stats(self, stats: dict) -> None:
@@ -568,7 +574,7 @@ class MainWindow(QtWidgets.QMainWindow):
             return
         self.last_stats = dict(stats)
         self.monitors.update_stats(stats)
-        self._update_status()
+        self._status_dirty = True
 
     def _on_realigned(self, segment: int, transform) -> None:
         if not self._is_current():
@@ -622,6 +628,11 @@ class MainWindow(QtWidgets.QMainWindow):
             done = s.get("frames_in", 0)
             state = "paused" if self._handle.worker.paused else "running"
             self.progress_label.setText(f"{state}: frame {done}" + (f" / {n}" if n else "") + " ")
+
+    def _refresh_status(self) -> None:
+        if self._status_dirty:
+            self._status_dirty = False
+            self._update_status()
 
     def _sample_viewer_fps(self) -> None:
         draws = self.viewer.viewer_draws()
