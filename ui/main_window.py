@@ -17,7 +17,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from engine.api import EngineError, SessionConfig, engine_capabilities
+from engine.api import EngineError, engine_capabilities
 
 from .monitors import MonitorsPanel
 from .settings_panel import SettingsPanel

@@ -1,6 +1,5 @@
 """Bad inputs give a clear message in the window (non-modal banner), never a crash, and the
 app stays usable: a good run afterwards works."""
-import shutil
 
 import pytest
 
