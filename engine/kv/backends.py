@@ -5,8 +5,8 @@ builds once per step; neither keeps its own bookkeeping.
   tokens. When the visible pages are one contiguous run (the steady state of a keyframe stream,
   see paged_cache "Placement") it attends to a zero-copy view of the pool; otherwise it gathers
   the visible pages into a buffer allocated once. Works on CPU and any GPU, in every dtype.
-  PyTorch picks the kernel: on the H200 (bf16, q 1005 x kv 72,360) its default pick ran 0.87 ms,
-  faster than asking for cuDNN first (0.95 ms); see docs/benchmarks_kv.md.
+  On CUDA it asks for the flash kernel first: PyTorch's default pick there (cuDNN) rebuilds a
+  graph for every new KV length, which costs more CPU time than the kernel saves (see `create`).
 * ``flashinfer``: FlashInfer's `BatchPrefillWithPagedKVCacheWrapper` (NHD layout, the
   ``(k_pool, v_pool)`` pair of one layer, causal=False), planned once per step and run per
   layer; workspace allocated once. CUDA and bf16/fp16 only (FlashInfer has no fp32 kernels, and
@@ -95,7 +95,14 @@ class SDPABackend:
 
     @classmethod
     def create(cls, cache):
-        return cls(cache)
+        kernels = None
+        if torch.device(cache.device).type == "cuda":
+            # PyTorch's default pick on Hopper is cuDNN, which builds a new graph (~0.7 ms of CPU)
+            # for every new KV length -- and the special stream grows by 6 tokens a frame. The
+            # flash kernel has no per-shape set-up (full model on the H200: 63.6 vs 129.9 ms/frame).
+            from torch.nn.attention import SDPBackend
+            kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        return cls(cache, kernels=kernels)
 
     def plan(self, step: StepTable) -> None:
         return None

@@ -111,14 +111,16 @@ class Aggregator(nn.Module):
         S, _, H, W = images.shape
         gh, gw = H // cfg.patch_size, W // cfg.patch_size
         dtype = self.camera_token.dtype
+        n_sp = cfg.num_special
+        # RoPE tables (built on the CPU, rounded once to the compute dtype) are uploaded BEFORE any
+        # GPU work of this step is queued: a host-to-device copy waits for the stream, and mid-step
+        # it would stall the CPU until the patch embed finished (measured on the H200).
+        rot2d = self.rope2d.rotation(gh, gw, n_sp, images.device, dtype)
+        rot3d = self.rope3d.rotation(list(time_index), gh, gw, n_sp, images.device, dtype)
         x = ((images.float() - self._mean.float()) / self._std.float()).to(dtype)
         with self._section("patch_embed"):
             patches = self.patch_embed(x)
         x = torch.cat((self.special_tokens(S, first_frame, scale_phase), patches), dim=1)   # [S, T, C]
-        n_sp = cfg.num_special
-        # tables rounded once to the compute dtype (float32 angles, float64 for the 3D RoPE)
-        rot2d = self.rope2d.rotation(gh, gw, n_sp, x.device, dtype)
-        rot3d = self.rope3d.rotation(list(time_index), gh, gw, n_sp, x.device, dtype)
         wanted = set(cfg.intermediate_layers)
         feats = []
         for i in range(cfg.depth):

@@ -1,0 +1,83 @@
+"""Where does a steady-state LingBot-Map frame spend its time on the GPU? (device-side diagnosis)
+
+Streams synthetic frames through a bf16 session to the steady state, then (1) times the SDPA
+kernel choices on the same session, (2) prints a torch.profiler table of a few frames, (3) times
+SDPA alone on the pool views the session attends to. Run on the GPU machine:
+    python3 scripts/gpu_profile.py [--backend sdpa|flashinfer] [--frames 80]
+"""
+import argparse
+import time
+
+import torch
+from torch.nn.attention import SDPBackend
+
+from engine import SessionConfig, open_session
+from engine.bench import BenchConfig, build_bench_model
+
+
+def ms_per_frame(session, frames, n):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for i in range(n):
+        session.push(frames[i % len(frames)])
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - t) / n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", default="sdpa")
+    ap.add_argument("--frames", type=int, default=80)
+    ap.add_argument("--variants", action="store_true")
+    a = ap.parse_args()
+    cfg = BenchConfig(backend=a.backend)
+    model = build_bench_model(cfg)
+    s = open_session(SessionConfig(engine="lingbot-map", device="cuda", dtype="bf16", backend=a.backend,
+                                   image_width=518, scale_frames=8, window=64), model=model)
+    frames = [torch.rand(3, 378, 518) for _ in range(8)]
+    for i in range(a.frames):
+        s.push(frames[i % 8])
+    print(f"[{a.backend}] steady ms/frame: {ms_per_frame(s, frames, 20):.1f}")
+    if a.variants and a.backend == "sdpa":
+        attn = s.kv._attn
+        for name, ks in [("flash", [SDPBackend.FLASH_ATTENTION]), ("cudnn", [SDPBackend.CUDNN_ATTENTION]),
+                         ("efficient", [SDPBackend.EFFICIENT_ATTENTION])]:
+            attn._kernels = ks
+            try:
+                print(f"[sdpa:{name}] steady ms/frame: {ms_per_frame(s, frames, 20):.1f}")
+            except Exception as exc:
+                print(f"[sdpa:{name}] failed: {str(exc)[:200]}")
+        attn._kernels = None
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(3):
+            s.push(frames[i % 8])
+        torch.cuda.synchronize()
+    ka = prof.key_averages()
+    print(ka.table(sort_by="self_cuda_time_total", row_limit=22, max_name_column_width=60))
+    cpu_total = sum(e.self_cpu_time_total for e in ka) / 3e3
+    cuda_total = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in ka) / 3e3
+    print(f"[{a.backend}] per frame: self CPU {cpu_total:.1f} ms, self CUDA {cuda_total:.1f} ms")
+    # SDPA alone on the session's own pool views (steady-state visible set)
+    kv = s.kv
+    L = kv.stats().get("visible_tokens") or 72360
+    H, D, P = kv.num_heads, kv.head_dim, kv.page_size
+    m = -(-L // P)
+    k = kv.k_pool[0][:m].reshape(m * P, H, D)[:L]
+    v = kv.v_pool[0][:m].reshape(m * P, H, D)[:L]
+    q = torch.randn(1005, H, D, device="cuda", dtype=k.dtype)
+    for label, (qq, kk, vv) in {
+        "views [1,H,L,D] of NHD": tuple(x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)),
+        "contiguous [1,H,L,D]": tuple(x.transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v)),
+    }.items():
+        for _ in range(3):
+            torch.nn.functional.scaled_dot_product_attention(qq, kk, vv)
+        torch.cuda.synchronize(); t = time.perf_counter()
+        for _ in range(20):
+            torch.nn.functional.scaled_dot_product_attention(qq, kk, vv)
+        torch.cuda.synchronize()
+        print(f"SDPA alone, {label}, L={L}: {1e3 * (time.perf_counter() - t) / 20:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
