@@ -80,7 +80,9 @@ class FrameResult:
 class EngineEvent:
     """Something the client must know besides per-frame results.
 
-    kind: "realign" — segment `segment` must be moved by the 4x4 similarity `transform`
+    kind: "realign" — segment `segment` is placed by the 4x4 similarity `transform` (absolute:
+                      applied to the segment's results as produced; the latest event for a
+                      segment replaces earlier ones)
           "segment" — a new segment starts (tracking lost / window restart); `message` says why
           "info" / "warning" — text for the status bar
     """

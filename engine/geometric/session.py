@@ -133,7 +133,7 @@ class GeometricSession:
         self.tracker = MonoTracker(self.K, params)
         self._input_size = (w_in, h_in)
         self.intrinsics_note = note
-        self._events.append(EngineEvent("info", 0, f"geometric engine: {self.work_size[0]}×{self.work_size[1]}, "
+        self._events.append(EngineEvent("info", 0, message=f"geometric engine: {self.work_size[0]}×{self.work_size[1]}, "
                                                    f"intrinsics {note}; scale is arbitrary (monocular)"))
 
     # --- contract ----------------------------------------------------------------------------
