@@ -507,12 +507,15 @@ class PointCloudViewer(QtWidgets.QWidget):
             step = max(1, len(pos) // 20000)
             sample = pos[::step]
             lo, hi = np.percentile(sample, 5, axis=0), np.percentile(sample, 95, axis=0)
+            if self._centers:          # keep the camera path in view too, not only the cloud
+                path = np.asarray(self._centers, np.float32)
+                lo, hi = np.minimum(lo, path.min(axis=0)), np.maximum(hi, path.max(axis=0))
             centre = (lo + hi) / 2
             extent = float(np.linalg.norm(hi - lo))
         else:
             centre, extent = np.asarray(self._last_frame.look_at), 1.0
         cam.center = tuple(float(v) for v in centre)
-        cam.distance = max(extent, 1e-3) * 1.1
+        cam.distance = max(extent, 1e-3) * 0.85
         if not keep_angles:
             cam.azimuth, cam.elevation = 90.0, 20.0
         self.canvas.update()
