@@ -3,23 +3,9 @@
 # steady-state global-attention micro-benchmark; the FlashInfer JIT cache comes back as a tarball.
 # Usage (repo root, on the GPU machine; OUT = folder for results): bash scripts/gpu_kv.sh
 set -uo pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-  # freshly installed headers would look newer than a carried JIT build and make ninja rebuild
-  # everything (~2 min): date them back so a carried .cache/flashinfer_jit.tar.xz.part* is reused
-  find /tmp/site -exec touch -h -d '2000-01-01 00:00:00' {} + 2>/dev/null
-fi
-export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
-# reuse a carried JIT cache (.cache/flashinfer_jit.tar.xz.part*) when there is one
-if ls .cache/flashinfer_jit.tar.xz.part* >/dev/null 2>&1; then
-  mkdir -p "$FLASHINFER_WORKSPACE_BASE" && cat .cache/flashinfer_jit.tar.xz.part* | tar -xJf - -C "$FLASHINFER_WORKSPACE_BASE"
-fi
-export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
+. scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__)" 2>&1 | tail -3
-t0=$(date +%s)
 # 1. micro-benchmark first: it triggers (and times) the JIT compile of the paged prefill kernels
 python3 -m engine.kv.microbench --device cuda --dtype bf16 --frames 71 --json "$OUT/kv_microbench_72frames.json" --time-budget 250 2>&1 | tee "$OUT/kv_microbench.txt"
 echo "elapsed $(( $(date +%s) - t0 )) s"

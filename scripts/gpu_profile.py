@@ -3,7 +3,8 @@
 Streams synthetic frames through a bf16 session to the steady state, then (1) times the SDPA
 kernel choices on the same session, (2) prints a torch.profiler table of a few frames, (3) times
 SDPA alone on the pool views the session attends to. Run on the GPU machine:
-    python3 scripts/gpu_profile.py [--backend sdpa|flashinfer] [--frames 80]
+    python3 scripts/gpu_profile.py [--backend sdpa|flashinfer] [--frames 80] [--variants]
+(`bash scripts/gpu_bench.sh` runs it after sourcing scripts/gpu_env.sh)
 """
 import argparse
 import time

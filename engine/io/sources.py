@@ -59,6 +59,17 @@ def _cv2():
     return _cv2_mod
 
 
+def _read_bgr(cap):
+    """Next BGR frame of a cv2.VideoCapture, or None at the end. A damaged packet raises
+    cv2.error inside OpenCV: that must end the stream, not the program."""
+    cv2 = _cv2()
+    try:
+        ok, bgr = cap.read()
+    except cv2.error:
+        return None
+    return bgr if ok else None
+
+
 def _fit_max_side(image: np.ndarray, max_side: Optional[int]) -> np.ndarray:
     """Downscale so the longer side is at most `max_side` (never upscales)."""
     if not max_side:
@@ -203,12 +214,8 @@ class VideoSource(FrameSource):
     def read(self) -> Optional[Frame]:
         if self._closed:
             return None
-        cv2 = _cv2()
-        try:
-            ok, bgr = self._cap.read()
-        except cv2.error:              # a damaged packet must end the stream, not raise
-            ok, bgr = False, None
-        if not ok or bgr is None:
+        bgr = _read_bgr(self._cap)
+        if bgr is None:
             if self.loop and self._pos > 0:
                 self._loops += 1
                 self._duration += self._pass_length()
@@ -219,7 +226,7 @@ class VideoSource(FrameSource):
                            "(the file is truncated or damaged)")
             return None
         index = self._pos
-        t = self._cap.get(cv2.CAP_PROP_POS_MSEC) / 1000.0
+        t = self._cap.get(_cv2().CAP_PROP_POS_MSEC) / 1000.0
         if not np.isfinite(t) or t < 0 or t <= self._last_t or (index > 0 and t == 0.0):
             t = index / self.fps       # container gave no usable time: use the nominal rate
         self._last_t = t
@@ -350,12 +357,8 @@ class WebcamSource(FrameSource):
     def read(self) -> Optional[Frame]:
         if self._closed:
             return None
-        cv2 = _cv2()
-        try:
-            ok, bgr = self._cap.read()
-        except cv2.error:
-            ok, bgr = False, None
-        if not ok or bgr is None:
+        bgr = _read_bgr(self._cap)
+        if bgr is None:
             self._warn(f"{self.name} stopped delivering frames (unplugged or busy?)")
             return None
         frame = Frame(index=self._n, timestamp=time.monotonic() - self._t0,
