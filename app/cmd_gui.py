@@ -114,4 +114,11 @@ def main(args: argparse.Namespace) -> int:
     elif args.exit_when_done or args.screenshot or args.window_screenshot:
         QtCore.QTimer.singleShot(300 if args.open_session else 0, finish)
     code = app.exec()
+    # Tear the widgets down while Python is still fully alive: left to the interpreter's final
+    # garbage collection, PySide6 6.12 can abort in bool_dealloc (a refcount bug on its side).
+    win.deleteLater()
+    del win
+    app.processEvents()
+    import gc
+    gc.collect()
     return status["code"] or int(code)

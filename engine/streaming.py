@@ -36,7 +36,6 @@ allocated once.
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from typing import Any, Optional
@@ -44,7 +43,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .api import EngineError, EngineEvent, FrameResult, SessionConfig, register_engine
+from .api import EngineError, EngineEvent, FrameResult, SessionConfig
 from .pose import decode_pose
 from .preprocess import preprocess
 
@@ -311,37 +310,3 @@ class _KVAdapter:
 
     def attend(self, layer, q):
         return self.kv.attend(layer, q.to(self.kv.dtype)).to(q.dtype)
-
-
-CAPABILITIES = {
-    "label": "LingBot-Map (neural, streaming)",
-    "needs_checkpoint": True,
-    "devices": ["cpu", "cuda"],
-    "dtypes": ["fp32", "bf16", "fp16"],
-    "backends": ["auto", "sdpa", "flashinfer"],
-    "modes": ["streaming"],
-    "kv_compression": ["none"],
-    "kv_dtypes": ["auto", "fp32", "bf16", "fp16"],
-    "fields": ["checkpoint", "device", "dtype", "backend", "image_width", "scale_frames", "window",
-               "keyframe_interval", "camera_iterations", "special_cap", "kv_dtype", "fps"],
-    "tooltips": {
-        "scale_frames": "frames of the first, bidirectional pass; they anchor scale and stay cached. "
-                        "More = steadier scale, longer wait before the first result",
-        "window": "recent frames kept in full in the KV cache. Larger = more context, more memory and time per frame",
-        "keyframe_interval": "every N-th frame is cached; the others are reconstructed but forgotten. "
-                             "Larger = slower cache turnover, longer memory in time",
-        "camera_iterations": "camera-head refinement passes. Fewer = faster, poses slightly rougher",
-        "special_cap": "frames whose 6 summary tokens stay cached (long-range memory). Bounds memory",
-        "dtype": "bf16/fp16 halve memory and run much faster on GPU; fp32 is the reference",
-        "kv_dtype": "storage of the KV cache; auto = the compute dtype",
-        "backend": "attention kernel: flashinfer (CUDA, bf16/fp16) or sdpa (everywhere)",
-        "image_width": "model input width (multiple of 14); 518 is what the model was trained at",
-    },
-}
-
-
-def _factory(config: SessionConfig, model: Any) -> LingBotMapSession:
-    return LingBotMapSession(config, model)
-
-
-register_engine("lingbot-map", _factory, CAPABILITIES)

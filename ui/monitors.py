@@ -103,7 +103,10 @@ class MonitorsPanel(QtWidgets.QWidget):
         # Samples are recorded as they come; the plots repaint at REFRESH_HZ only — redrawing
         # pyqtgraph axes is the GUI's largest CPU cost after the 3D view itself.
         self._pending_map = None
-        self._timer = QtCore.QTimer(self, interval=int(1000 / REFRESH_HZ), timeout=self.refresh)
+        # One plot per tick, in turn: each repaint then covers a third of the widget, so the GUI
+        # thread never blocks for the whole panel at once (axis text is what costs).
+        self._turn = 0
+        self._timer = QtCore.QTimer(self, interval=int(1000 / (3 * REFRESH_HZ)), timeout=self._refresh_one)
         self._timer.start()
         self.reset()
 
@@ -111,13 +114,27 @@ class MonitorsPanel(QtWidgets.QWidget):
         return (self.engine_fps, self.viewer_fps, self.latency, self.latency_p95, self.ram,
                 self.gpu_alloc, self.gpu_reserved)
 
-    def refresh(self) -> None:
-        """Push the recorded samples and the newest page map to the plots."""
-        for s in self._series():
+    def _groups(self):
+        return ((self.engine_fps, self.viewer_fps), (self.latency, self.latency_p95),
+                (self.ram, self.gpu_alloc, self.gpu_reserved))
+
+    def _refresh_one(self) -> None:
+        for s in self._groups()[self._turn]:
             s.refresh()
+        self._turn = (self._turn + 1) % 3
+        if self._turn == 0:
+            self._refresh_page_map()
+
+    def _refresh_page_map(self) -> None:
         if self._pending_map is not None:
             self._show_page_map(self._pending_map)
             self._pending_map = None
+
+    def refresh(self) -> None:
+        """Push the recorded samples and the newest page map to the plots (all at once)."""
+        for s in self._series():
+            s.refresh()
+        self._refresh_page_map()
 
     def reset(self) -> None:
         self._t0 = QtCore.QElapsedTimer()

@@ -1,0 +1,43 @@
+"""Registers the "lingbot-map" engine without importing torch: its capabilities (what the
+settings panel offers) live here, and the session module (torch, the model) loads when a session
+is opened. The implementation is engine/streaming.py."""
+from __future__ import annotations
+
+from typing import Any
+
+from .api import SessionConfig, register_engine
+
+CAPABILITIES = {
+    "label": "LingBot-Map (neural, streaming)",
+    "needs_checkpoint": True,
+    "devices": ["cpu", "cuda"],
+    "dtypes": ["fp32", "bf16", "fp16"],
+    "backends": ["auto", "sdpa", "flashinfer"],
+    "modes": ["streaming"],
+    "kv_compression": ["none"],
+    "kv_dtypes": ["auto", "fp32", "bf16", "fp16"],
+    "fields": ["checkpoint", "device", "dtype", "backend", "image_width", "scale_frames", "window",
+               "keyframe_interval", "camera_iterations", "special_cap", "kv_dtype", "fps"],
+    "tooltips": {
+        "scale_frames": "frames of the first, bidirectional pass; they anchor scale and stay cached. "
+                        "More = steadier scale, longer wait before the first result",
+        "window": "recent frames kept in full in the KV cache. Larger = more context, more memory and time per frame",
+        "keyframe_interval": "every N-th frame is cached; the others are reconstructed but forgotten. "
+                             "Larger = slower cache turnover, longer memory in time",
+        "camera_iterations": "camera-head refinement passes. Fewer = faster, poses slightly rougher",
+        "special_cap": "frames whose 6 summary tokens stay cached (long-range memory). Bounds memory",
+        "dtype": "bf16/fp16 halve memory and run much faster on GPU; fp32 is the reference",
+        "kv_dtype": "storage of the KV cache; auto = the compute dtype",
+        "backend": "attention kernel: flashinfer (CUDA, bf16/fp16) or sdpa (everywhere)",
+        "image_width": "model input width (multiple of 14); 518 is what the model was trained at",
+    },
+}
+
+
+
+def _factory(config: SessionConfig, model: Any):
+    from .streaming import LingBotMapSession
+    return LingBotMapSession(config, model)
+
+
+register_engine("lingbot-map", _factory, CAPABILITIES)
