@@ -165,7 +165,12 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval for the run (seconds; the GUI sets its own)")
     a = ap.parse_args()
+    if a.switch_interval:
+        import sys
+        sys.setswitchinterval(a.switch_interval)
     print(f"machine: {platform.machine()} {platform.processor() or ''}, python {platform.python_version()}")
     app_ms = bench_append()
     print(f"append 10k points: {app_ms[100_000]:.2f} ms at 100k drawn, {app_ms[3_000_000]:.2f} ms at 3M drawn "
