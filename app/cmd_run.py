@@ -142,16 +142,8 @@ def _build_config(args, source):
     cfg.fps = float(source.fps)
     if args.intrinsics:
         cfg.intrinsics = _parse_intrinsics(args.intrinsics)
-        note = "given"
-    else:
-        from engine.intrinsics import find_intrinsics
-        found = find_intrinsics(getattr(source, "path", None))
-        if found is not None:
-            cfg.extra["intrinsics_file"] = str(found)
-            note = str(found)
-        else:
-            note = f"assumed {cfg.fov_deg:g}° horizontal field of view"
-    return cfg, note
+    from engine.intrinsics import attach_found_intrinsics
+    return cfg, attach_found_intrinsics(cfg, getattr(source, "path", None))
 
 
 def _is_session_folder(spec: str) -> bool:

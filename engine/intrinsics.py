@@ -128,6 +128,20 @@ def find_intrinsics(input_path: Union[str, Path, None]) -> Optional[Path]:
     return None
 
 
+def attach_found_intrinsics(config, input_path) -> str:
+    """Point `config` at the `intrinsics.txt` beside `input_path` when it has no intrinsics of its
+    own (the CLI and the GUI both do this); returns a note for the user saying which were used."""
+    if config.intrinsics is not None:
+        return "given"
+    is_path = isinstance(input_path, (str, Path)) and str(input_path) and Path(input_path).exists()
+    found = find_intrinsics(input_path) if is_path else None      # never for "webcam:N"
+    if found is not None:
+        config.extra["intrinsics_file"] = str(found)
+        return str(found)
+    config.extra.pop("intrinsics_file", None)
+    return f"assumed {config.fov_deg:g}° horizontal field of view"
+
+
 def default_intrinsics(width: int, height: int, fov_deg: float = DEFAULT_FOV_DEG) -> Intrinsics:
     """A pinhole camera with horizontal field of view `fov_deg` and square pixels."""
     if not (1.0 < float(fov_deg) < 179.0):

@@ -18,6 +18,7 @@ import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from engine.api import EngineError, engine_capabilities
+from engine.intrinsics import attach_found_intrinsics
 
 from .monitors import MonitorsPanel
 from .settings_panel import SettingsPanel
@@ -455,8 +456,11 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def run_options(self, start_paused: bool = False) -> RunOptions:
         cfg = self.settings_panel.config()
+        spec = self.source_panel.spec()
+        if "intrinsics" in engine_capabilities(cfg.engine).get("fields", []):
+            attach_found_intrinsics(cfg, spec)      # intrinsics.txt beside the input, as the CLI does
         return RunOptions(
-            source=self.source_panel.spec(), config=cfg, session_root=self.session_root,
+            source=spec, config=cfg, session_root=self.session_root,
             speed=float(self.speed.currentData()), loop=self.loop.isChecked(),
             start_frame=int(self.seek_spin.value()), max_frames=int(self.max_frames.value()) or None,
             start_paused=start_paused, display_stride=int(self.stride.value()),

@@ -48,6 +48,18 @@ class _Series:
         self.curve.setData([], [])
 
 
+def _fit_range(plot: pg.PlotItem, series) -> None:
+    """Show all recorded samples of a plot, from 0 (or below) up to 5 % over the largest value."""
+    ts = [s.t for s in series if s.t]
+    if not ts:
+        return
+    vs = [s.v for s in series if s.v]
+    x0, x1 = min(t[0] for t in ts), max(t[-1] for t in ts)
+    y0, y1 = min(min(v) for v in vs), max(max(v) for v in vs)
+    plot.setRange(xRange=(x0, max(x1, x0 + 1.0)), yRange=(min(0.0, y0), max(y1, y0 + 1.0) * 1.05),
+                  padding=0.0, update=True)
+
+
 class MonitorsPanel(QtWidgets.QWidget):
     def __init__(self, parent: Optional[QtWidgets.QWidget] = None):
         super().__init__(parent)
@@ -73,6 +85,7 @@ class MonitorsPanel(QtWidgets.QWidget):
         for p in (self.fps_plot, self.lat_plot, self.mem_plot):
             p.showGrid(x=True, y=True, alpha=0.2)
             p.setLabel("bottom", "s")
+            p.disableAutoRange()                 # ranges are set in refresh()
 
         # KV page map
         kv = QtWidgets.QWidget()
@@ -103,10 +116,7 @@ class MonitorsPanel(QtWidgets.QWidget):
         # Samples are recorded as they come; the plots repaint at REFRESH_HZ only — redrawing
         # pyqtgraph axes is the GUI's largest CPU cost after the 3D view itself.
         self._pending_map = None
-        # One plot per tick, in turn: each repaint then covers a third of the widget, so the GUI
-        # thread never blocks for the whole panel at once (axis text is what costs).
-        self._turn = 0
-        self._timer = QtCore.QTimer(self, interval=int(1000 / (3 * REFRESH_HZ)), timeout=self._refresh_one)
+        self._timer = QtCore.QTimer(self, interval=int(1000 / REFRESH_HZ), timeout=self.refresh)
         self._timer.start()
         self.reset()
 
@@ -114,27 +124,22 @@ class MonitorsPanel(QtWidgets.QWidget):
         return (self.engine_fps, self.viewer_fps, self.latency, self.latency_p95, self.ram,
                 self.gpu_alloc, self.gpu_reserved)
 
-    def _groups(self):
-        return ((self.engine_fps, self.viewer_fps), (self.latency, self.latency_p95),
-                (self.ram, self.gpu_alloc, self.gpu_reserved))
-
-    def _refresh_one(self) -> None:
-        for s in self._groups()[self._turn]:
+    def refresh(self) -> None:
+        """Push the recorded samples and the newest page map to the plots, and set each plot's
+        range by hand: pyqtgraph's auto-range is resolved during the paint and schedules further
+        repaints (range, then axes) -- measured 31 repaints in a 3.3 s run instead of 12."""
+        for s in self._series():
             s.refresh()
-        self._turn = (self._turn + 1) % 3
-        if self._turn == 0:
-            self._refresh_page_map()
-
-    def _refresh_page_map(self) -> None:
+        for plot, series in self._plot_series():
+            _fit_range(plot, series)
         if self._pending_map is not None:
             self._show_page_map(self._pending_map)
             self._pending_map = None
 
-    def refresh(self) -> None:
-        """Push the recorded samples and the newest page map to the plots (all at once)."""
-        for s in self._series():
-            s.refresh()
-        self._refresh_page_map()
+    def _plot_series(self):
+        return ((self.fps_plot, (self.engine_fps, self.viewer_fps)),
+                (self.lat_plot, (self.latency, self.latency_p95)),
+                (self.mem_plot, (self.ram, self.gpu_alloc, self.gpu_reserved)))
 
     def reset(self) -> None:
         self._t0 = QtCore.QElapsedTimer()

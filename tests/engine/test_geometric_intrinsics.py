@@ -69,3 +69,30 @@ def test_bad_files_give_clear_messages(tmp_path, text, match):
 def test_missing_file(tmp_path):
     with pytest.raises(IntrinsicsError, match="not found"):
         read_intrinsics(tmp_path / "nope.txt")
+
+
+def test_attach_found_intrinsics_beside_input_only(tmp_path):
+    from engine.api import SessionConfig
+    from engine.intrinsics import attach_found_intrinsics
+
+    video = tmp_path / "clip.mp4"
+    video.write_bytes(b"x")
+    cfg = SessionConfig()
+    assert "assumed" in attach_found_intrinsics(cfg, str(video))
+    assert "intrinsics_file" not in cfg.extra
+    (tmp_path / "intrinsics.txt").write_text("500 500 320 240 640 480\n")
+    assert attach_found_intrinsics(cfg, str(video)) == str(tmp_path / "intrinsics.txt")
+    assert cfg.extra["intrinsics_file"] == str(tmp_path / "intrinsics.txt")
+    # a webcam spec is not a path: the current folder's intrinsics.txt must not be picked up
+    cfg2 = SessionConfig()
+    import os
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        assert "assumed" in attach_found_intrinsics(cfg2, "webcam:0")
+    finally:
+        os.chdir(cwd)
+    # numbers given by the user win over a file
+    cfg3 = SessionConfig(intrinsics=(1, 1, 1, 1, 2, 2))
+    assert attach_found_intrinsics(cfg3, str(video)) == "given"
+    assert "intrinsics_file" not in cfg3.extra

@@ -6,7 +6,7 @@ from plyfile import PlyData
 
 from tests.ui.conftest import wait_finished
 
-FRAMES = 60      # the geometric engine needs some sideways motion before its first pose
+FRAMES = 120     # the geometric engine needs sideways motion before its first pose and depth
 
 
 def test_replay_video_with_geometric_engine(qtbot, make_window, shared_data, tmp_path):
