@@ -60,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", default=None, help="write the sweep rows here (default bench_sweep.csv with --sweep)")
     p.add_argument("--json", default=None, help="write every figure here as JSON")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_true", default=None,
+                   help="replay the fixed-shape parts (patch embed, frame blocks, depth head) as CUDA graphs")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="run every part eagerly")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -83,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
                       keyframe_interval=args.keyframe_interval, camera_iterations=args.camera_iterations,
                       special_cap=args.special_cap, dtype=args.dtype, kv_dtype=args.kv_dtype,
                       backend=args.backend, device=device, breakdown=args.breakdown,
-                      sweep=args.sweep or [], seed=args.seed)
+                      sweep=args.sweep or [], seed=args.seed, cuda_graphs=args.cuda_graphs)
     rows = CsvRows(args.csv or "bench_sweep.csv") if args.sweep else None
     try:
         res = run_bench(cfg, on_row=rows)

@@ -63,6 +63,7 @@ class BenchConfig:
     sweep: list = field(default_factory=list)   # frame counts at which to record a row
     seed: int = 0
     distinct_frames: int = 16           # synthetic frames cycled through
+    cuda_graphs: Optional[bool] = None  # None = the session's default
 
 
 def height_for_width(width: int) -> int:
@@ -187,7 +188,8 @@ def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print,
         engine="lingbot-map", device=cfg.device, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype,
         backend=cfg.backend, image_width=cfg.width, scale_frames=cfg.scale_frames, window=cfg.window,
         keyframe_interval=cfg.keyframe_interval, camera_iterations=cfg.camera_iterations,
-        special_cap=cfg.special_cap), model=model)
+        special_cap=cfg.special_cap,
+        extra={} if cfg.cuda_graphs is None else {"cuda_graphs": cfg.cuda_graphs}), model=model)
 
     gen = torch.Generator().manual_seed(cfg.seed)
     frames = [torch.rand(3, cfg.height, cfg.width, generator=gen) for _ in range(max(1, cfg.distinct_frames))]

@@ -132,6 +132,11 @@ class LingBotMapSession:
         self._events: list[EngineEvent] = [] if not upcast else [EngineEvent("warning", message=(
             f"the model was converted to {str(was).replace('torch.', '')} by an earlier session; "
             f"{config.dtype} results use those rounded weights. Reload the checkpoint for exact {config.dtype}"))]
+        # CUDA graphs for the fixed-shape parts (engine/models/graphs.py); a fresh cache per
+        # session, since captured graphs point at the weights as converted above.
+        use_graphs = self.device.type == "cuda" and bool(config.extra.get("cuda_graphs", CUDA_GRAPHS_DEFAULT))
+        from .models.graphs import GraphCache
+        self.model.aggregator.graphs = GraphCache() if use_graphs else None
         self.kv_dtype = self.dtype if config.kv_dtype == "auto" else _DTYPES[config.kv_dtype]
         self.kv = None                  # PagedKVCache, built at the first step (needs the token count)
         self.camera_cache = None
@@ -295,6 +300,10 @@ class LingBotMapSession:
         return FrameResult(index=index, timestamp=ts, is_keyframe=keyframe, c2w=c2w, K=K, image=prep.image,
                            depth=out["depth"][i].astype(np.float32), conf=out["conf"][i].astype(np.float32),
                            pose_enc=out["pose_enc"][i].astype(np.float32), segment=0)
+
+
+# CUDA graphs on by default on CUDA devices (SessionConfig.extra["cuda_graphs"] overrides).
+CUDA_GRAPHS_DEFAULT = False
 
 
 class _KVAdapter:

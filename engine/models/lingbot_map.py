@@ -87,6 +87,13 @@ class Aggregator(nn.Module):
         self.rope2d = Rope2D(head_dim, cfg.rope_freq)
         self.rope3d = VideoRope3D(head_dim, cfg.rope3d_theta, cfg.rope3d_split)
         self.timer = None
+        self.graphs = None      # engine.models.graphs.GraphCache: replay fixed-shape parts (CUDA)
+
+    def _graphed(self, name, fn, *inputs):
+        """fn(*inputs), through a CUDA graph when graphs are on and this is a one-frame step."""
+        if self.graphs is None or inputs[0].shape[0] != 1:
+            return fn(*inputs)
+        return self.graphs.run(name, fn, *inputs)
 
     def _section(self, name):
         return self.timer(name) if self.timer is not None else contextlib.nullcontext()
@@ -119,13 +126,14 @@ class Aggregator(nn.Module):
         rot3d = self.rope3d.rotation(list(time_index), gh, gw, n_sp, images.device, dtype)
         x = ((images.float() - self._mean.float()) / self._std.float()).to(dtype)
         with self._section("patch_embed"):
-            patches = self.patch_embed(x)
+            patches = self._graphed("patch_embed", self.patch_embed, x)
         x = torch.cat((self.special_tokens(S, first_frame, scale_phase), patches), dim=1)   # [S, T, C]
         wanted = set(cfg.intermediate_layers)
         feats = []
         for i in range(cfg.depth):
             with self._section("frame_blocks"):
-                x = self.frame_blocks[i](x, rope=rot2d)
+                blk = self.frame_blocks[i]
+                x = self._graphed(("frame", i), lambda t, blk=blk: blk(t, rope=rot2d), x)
                 x_frame = x
             with self._section("global_blocks"):
                 x = self.global_blocks[i](x, rope=rot3d, attend=self._global_attend(i, kv))
@@ -206,7 +214,8 @@ class LingBotMap(nn.Module):
         with self.aggregator._section("camera_head"):
             poses = self.camera_head(feats32[-1][:, 0], iterations, camera_cache)
         with self.aggregator._section("depth_head"):
-            depth, conf = self.depth_head(feats32, (H, W), cfg.num_special)
+            depth, conf = self.aggregator._graphed(
+                "depth_head", lambda *f: self.depth_head(list(f), (H, W), cfg.num_special), *feats32)
         return {"pose_enc": poses[-1], "pose_enc_list": torch.stack(poses, dim=1), "depth": depth,
                 "conf": conf, "camera_features": torch.stack([f[:, 0] for f in feats32], dim=1)}
 

@@ -1,0 +1,69 @@
+"""CUDA graphs for the fixed-shape parts of a streamed LingBot-Map frame.
+
+A streamed frame launches ~2,000 small kernels; in eager mode the Python launch time (~40 ms on
+the H200 host) exceeds the GPU time (~32 ms), so the GPU waits (docs/benchmarks.md). The patch
+embed, each frame block and the depth head see the same shapes every streamed frame, so each is
+captured once into a CUDA graph and replayed: one launch instead of dozens. The global blocks
+(their KV length changes as the special stream grows) and the camera head (its cache grows) stay
+eager.
+
+`GraphCache.run(key, fn, *inputs)` captures `fn` the first time a key is seen (inputs copied into
+static buffers, a side-stream warm-up first, as CUDA graphs require) and replays it afterwards.
+Outputs live in the graph's static buffers: they are valid until the same key runs again, which
+is the next frame -- callers must copy what they keep beyond that (the session converts results
+to numpy at the end of every step). All graphs share one memory pool.
+"""
+from __future__ import annotations
+
+from typing import Callable, Hashable
+
+import torch
+
+
+class _Captured:
+    def __init__(self, fn: Callable, inputs: tuple, pool):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        self.static_in = tuple(x.clone() for x in inputs)
+        # the flash / mem-efficient SDPA kernels capture cleanly; cuDNN's per-shape graph build
+        # is kept out of the capture
+        kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        with sdpa_kernel(kernels, set_priority=True):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):      # warm-up: lazy inits (cuBLAS handles, workspaces)
+                for _ in range(2):
+                    fn(*self.static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.static_out = fn(*self.static_in)
+
+    def __call__(self, inputs: tuple):
+        for s, x in zip(self.static_in, inputs):
+            s.copy_(x)
+        self.graph.replay()
+        return self.static_out
+
+
+class GraphCache:
+    """Captured graphs by key (part name + input shapes/dtypes)."""
+
+    def __init__(self):
+        self._graphs: dict[Hashable, _Captured] = {}
+        self._pool = None
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def run(self, name: Hashable, fn: Callable, *inputs: torch.Tensor):
+        key = (name,) + tuple((tuple(x.shape), x.dtype) for x in inputs)
+        g = self._graphs.get(key)
+        if g is None:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            g = self._graphs[key] = _Captured(fn, inputs, self._pool)
+        return g(inputs)
+
+    def clear(self) -> None:
+        self._graphs.clear()
+        self._pool = None
