@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 APT_PKGS="xvfb xauth libgl1-mesa-dri libegl1 libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4
 libxcb-keysyms1 libxcb-shape0 libxcb-randr0 libxcb-render-util0 libxcb-image0 libfontconfig1
-libdbus-1-3"
+libdbus-1-3 libgl1 libglib2.0-0 libx11-xcb1"
 missing=""
 for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
