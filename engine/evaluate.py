@@ -23,9 +23,10 @@ import numpy as np
 
 from .api import EngineError, SessionConfig, open_session
 from .intrinsics import Intrinsics, read_intrinsics
+from .io.export import TrajectoryError, export_tum, read_tum
 from .metrics import ate, coverage, depth_metrics, rpe
 
-__all__ = ["SequenceError", "Sequence", "load_sequence", "evaluate_sequence", "format_report", "write_tum"]
+__all__ = ["SequenceError", "Sequence", "load_sequence", "evaluate_sequence", "format_report"]
 
 IMAGE_EXT = (".jpg", ".jpeg", ".png")
 
@@ -46,28 +47,6 @@ class Sequence:
 
     def __len__(self):
         return len(self.frames)
-
-
-def _read_tum_file(path: Path) -> np.ndarray:
-    from scipy.spatial.transform import Rotation
-    rows = []
-    for ln, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
-        if len(parts) != 8:
-            raise SequenceError(f"{path}:{ln}: expected 8 numbers 't tx ty tz qx qy qz qw', got {len(parts)}")
-        try:
-            rows.append([float(x) for x in parts])
-        except ValueError:
-            raise SequenceError(f"{path}:{ln}: not a number in {line!r}") from None
-    data = np.array(rows, np.float64).reshape(-1, 8)
-    T = np.tile(np.eye(4), (len(data), 1, 1))
-    if len(data):
-        T[:, :3, :3] = Rotation.from_quat(data[:, 4:8]).as_matrix()
-        T[:, :3, 3] = data[:, 1:4]
-    return data[:, 0], T
 
 
 def _depth_intrinsics(root: Path) -> Optional[Intrinsics]:
@@ -94,7 +73,10 @@ def load_sequence(path: Union[str, Path]) -> Sequence:
     gt_file = root / "groundtruth.txt"
     if not gt_file.is_file():
         raise SequenceError(f"{root} has no groundtruth.txt (TUM format, one line per frame)")
-    ts, gt = _read_tum_file(gt_file)
+    try:
+        ts, gt = read_tum(gt_file)
+    except TrajectoryError as exc:
+        raise SequenceError(str(exc)) from None
     if len(gt) < len(frames):
         raise SequenceError(f"groundtruth.txt has {len(gt)} poses for {len(frames)} frames; "
                             "line i must belong to frame i")
@@ -119,12 +101,6 @@ def _gt_depth_on_grid(gt_mm: np.ndarray, K_gt: np.ndarray, K_res: np.ndarray, si
     my = (pix[..., 1] / pix[..., 2]).astype(np.float32)
     d = gt_mm.astype(np.float32) / 1000.0
     return cv2.remap(d, mx, my, cv2.INTER_NEAREST, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-
-
-def write_tum(path, results) -> int:
-    """TUM trajectory of the results (input-time stamps, camera-to-world), via the io exporter."""
-    from .io.export import export_tum
-    return export_tum(path, results)
 
 
 def evaluate_sequence(seq_dir, config: Optional[SessionConfig] = None, *, engine: Optional[str] = None,
@@ -174,7 +150,7 @@ def evaluate_sequence(seq_dir, config: Optional[SessionConfig] = None, *, engine
         "stats": {k: v for k, v in stats.items() if isinstance(v, (int, float, str, type(None)))},
     }
     if trajectory:
-        write_tum(trajectory, results)
+        export_tum(trajectory, results)
         report["trajectory"] = str(trajectory)
     if len(results) >= 3:
         idx = np.array([r.index for r in results])

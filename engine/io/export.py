@@ -17,6 +17,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
 
+from ..api import EngineError
 from ..geometry import apply_realignments, collect_points
 from .atomic import OutputError, atomic_open
 
@@ -29,6 +30,10 @@ PLY_VERTEX_DTYPE = np.dtype([("x", "<f4"), ("y", "<f4"), ("z", "<f4"),
 
 class ExportError(OutputError):
     """An export could not be written or its inputs are inconsistent."""
+
+
+class TrajectoryError(EngineError):
+    """A TUM trajectory file could not be parsed."""
 
 
 def export_ply(path: PathLike, points: np.ndarray, colors: np.ndarray, conf: Optional[np.ndarray] = None) -> int:
@@ -134,12 +139,24 @@ def export_tum(path: PathLike, results: Iterable) -> int:
 
 
 def read_tum(path: PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """(timestamps [N], c2w [N,4,4]) from a TUM file ('#' comments ignored)."""
+    """(timestamps [N], c2w [N,4,4]) from a TUM file ('#' comments ignored); a malformed line
+    raises TrajectoryError naming the file and line."""
     from scipy.spatial.transform import Rotation
 
-    rows = [line.split() for line in Path(path).read_text().splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
-    data = np.array(rows, dtype=np.float64).reshape(-1, 8)
+    path = Path(path)
+    rows = []
+    for ln, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 8:
+            raise TrajectoryError(f"{path}:{ln}: expected 8 numbers 't tx ty tz qx qy qz qw', got {len(parts)}")
+        try:
+            rows.append([float(x) for x in parts])
+        except ValueError:
+            raise TrajectoryError(f"{path}:{ln}: not a number in {line!r}") from None
+    data = np.array(rows, np.float64).reshape(-1, 8)
     c2w = np.tile(np.eye(4), (len(data), 1, 1))
     if len(data):
         c2w[:, :3, :3] = Rotation.from_quat(data[:, 4:8]).as_matrix()
