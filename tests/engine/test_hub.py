@@ -136,12 +136,18 @@ def test_offline_without_cache_says_what_to_do(tmp_path):
     assert "download the file by hand and choose it with 'Checkpoint…'" in msg
 
 
-def test_offline_uses_the_cache(tmp_path):
+def _cached_snapshot(tmp_path, filename: str, data: bytes):
+    """A Hugging Face cache under tmp_path/hf holding `filename` of robbyant/lingbot-map at COMMIT."""
     snap = tmp_path / "hf" / "hub" / "models--robbyant--lingbot-map" / "snapshots" / COMMIT
     snap.mkdir(parents=True)
-    (snap / "lingbot-map.pt").write_bytes(b"cached weights")
+    (snap / filename).write_bytes(data)
     (snap.parent.parent / "refs").mkdir()
     (snap.parent.parent / "refs" / "main").write_text(COMMIT)
+    return snap
+
+
+def test_offline_uses_the_cache(tmp_path):
+    snap = _cached_snapshot(tmp_path, "lingbot-map.pt", b"cached weights")
     res = _run(DOWNLOAD + '''
     from engine.hub import cached_checkpoint
     r = attempt("robbyant/lingbot-map", "lingbot-map.pt")
@@ -154,11 +160,7 @@ def test_offline_uses_the_cache(tmp_path):
 
 def test_unreachable_hub(tmp_path):
     # Nothing listens on this port: the connection is refused at once. A cached file is still served.
-    snap = tmp_path / "hf" / "hub" / "models--robbyant--lingbot-map" / "snapshots" / COMMIT
-    snap.mkdir(parents=True)
-    (snap / "lingbot-map-long.pt").write_bytes(b"cached")
-    (snap.parent.parent / "refs").mkdir()
-    (snap.parent.parent / "refs" / "main").write_text(COMMIT)
+    snap = _cached_snapshot(tmp_path, "lingbot-map-long.pt", b"cached")
     res = _run('''
     import json, os, socket
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
