@@ -54,13 +54,25 @@ def backproject(depth: np.ndarray, K: np.ndarray, c2w: np.ndarray, stride: int =
     return pts.astype(np.float32), mask
 
 
-def _image_at(image: np.ndarray, h: int, w: int) -> np.ndarray:
+def image_at(image: np.ndarray, h: int, w: int) -> np.ndarray:
     """The colour image at depth resolution (nearest neighbour if the sizes differ)."""
     if image.shape[:2] == (h, w):
         return image
     ys = np.minimum((np.arange(h) + 0.5) * image.shape[0] / h, image.shape[0] - 1).astype(int)
     xs = np.minimum((np.arange(w) + 0.5) * image.shape[1] / w, image.shape[1] - 1).astype(int)
     return image[ys[:, None], xs[None, :]]
+
+
+def camera_frustum(K: np.ndarray, c2w: np.ndarray, w: int, h: int, near: float,
+                   look_depth: float) -> tuple[np.ndarray, np.ndarray]:
+    """World points of a camera's frustum for drawing: [5,3] float32 (apex, then the image corners
+    TL, TR, BR, BL on the plane z = `near`), and the point on the optical axis at `look_depth`."""
+    uv1 = np.array([[0, 0, 1], [w - 1, 0, 1], [w - 1, h - 1, 1], [0, h - 1, 1], [(w - 1) / 2, (h - 1) / 2, 1]],
+                   np.float64)
+    cam = np.linalg.solve(np.asarray(K, np.float64), uv1.T).T * np.array([[near]] * 4 + [[look_depth]])
+    c2w = np.asarray(c2w, np.float64)
+    world = cam @ c2w[:3, :3].T + c2w[:3, 3]
+    return np.concatenate([c2w[None, :3, 3], world[:4]]).astype(np.float32), world[4]
 
 
 def frame_points(r, conf_threshold: float = 0.0, stride: int = 1):
@@ -70,7 +82,7 @@ def frame_points(r, conf_threshold: float = 0.0, stride: int = 1):
         return (np.zeros((0, 3), np.float32), np.zeros((0, 3), np.uint8), np.zeros(0, np.float32))
     h, w = r.depth.shape
     pts, mask = backproject(r.depth, r.K, r.c2w, stride, r.conf, conf_threshold if r.conf is not None else -np.inf)
-    colors = _image_at(np.asarray(r.image), h, w)[mask].astype(np.uint8)
+    colors = image_at(np.asarray(r.image), h, w)[mask].astype(np.uint8)
     conf = (np.asarray(r.conf, dtype=np.float32)[mask] if r.conf is not None
             else np.ones(len(pts), np.float32))
     return pts, colors, conf

@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from engine.geometry import backproject
+from engine.geometry import backproject, camera_frustum, image_at
 
 
 FRUSTUM_FRACTION = 0.08     # drawn frustum depth, as a fraction of the scene's median depth
@@ -39,13 +39,6 @@ class DisplayFrame:
     conf_map: Optional[np.ndarray] = None
 
 
-def _colors_at(image: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-    if image.shape[:2] == hw:
-        return image
-    import cv2
-    return cv2.resize(image, (hw[1], hw[0]), interpolation=cv2.INTER_NEAREST)
-
-
 def make_display_frame(r, stride: int = 2, frustum_depth: Optional[float] = None,
                        keep_images: bool = True) -> DisplayFrame:
     """Convert one FrameResult. `frustum_depth` fixes the drawn frustum size (scene units); None
@@ -56,7 +49,7 @@ def make_display_frame(r, stride: int = 2, frustum_depth: Optional[float] = None
     if r.depth is not None:
         depth = np.asarray(r.depth, np.float32)
         pts, mask = backproject(depth, K, c2w, stride=stride, conf=None)
-        colors = _colors_at(image, depth.shape)[mask].astype(np.uint8)
+        colors = image_at(image, *depth.shape)[mask].astype(np.uint8)
         conf = (np.asarray(r.conf, np.float32)[mask] if r.conf is not None
                 else np.ones(len(pts), np.float32))
         zs = depth[mask]
@@ -68,13 +61,7 @@ def make_display_frame(r, stride: int = 2, frustum_depth: Optional[float] = None
         h, w = image.shape[:2]
     med = float(np.median(zs)) if len(zs) else 1.0
     fd = float(frustum_depth) if frustum_depth else FRUSTUM_FRACTION * med
-    # frustum: the image corners (pixel centres) on the plane z = fd of this camera
-    uv1 = np.array([[0, 0, 1], [w - 1, 0, 1], [w - 1, h - 1, 1], [0, h - 1, 1], [(w - 1) / 2, (h - 1) / 2, 1]],
-                   np.float64)
-    cam = np.linalg.solve(K, uv1.T).T * np.array([[fd], [fd], [fd], [fd], [med]])
-    world = cam @ c2w[:3, :3].T + c2w[:3, 3]
-    corners, look_at = world[:4], world[4]
-    frustum = np.concatenate([c2w[None, :3, 3], corners]).astype(np.float32)
+    frustum, look_at = camera_frustum(K, c2w, w, h, near=fd, look_depth=med)
     return DisplayFrame(
         index=int(r.index), timestamp=float(r.timestamp), is_keyframe=bool(r.is_keyframe),
         segment=int(r.segment), c2w=c2w, K=K, points=pts, colors=colors, conf=conf,

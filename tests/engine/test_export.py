@@ -200,3 +200,24 @@ def test_export_to_unwritable_place_is_a_clear_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(EngineError, match="Cannot write"):
         export_tum(blocker / "sub" / "t.txt", _results(1))
+
+
+def test_camera_frustum_corners_project_to_the_image_corners():
+    from scipy.spatial.transform import Rotation
+
+    from engine.geometry import camera_frustum
+
+    K = np.array([[500.0, 0, 319.5], [0, 480.0, 239.5], [0, 0, 1]])
+    c2w = np.eye(4)
+    c2w[:3, :3] = Rotation.from_euler("xyz", [10, -20, 5], degrees=True).as_matrix()
+    c2w[:3, 3] = [0.3, -1.0, 2.0]
+    fr, look = camera_frustum(K, c2w, 640, 480, near=0.5, look_depth=3.0)
+    assert fr.shape == (5, 3) and fr.dtype == np.float32
+    np.testing.assert_allclose(fr[0], c2w[:3, 3], atol=1e-6)
+    w2c = np.linalg.inv(c2w)
+    cam = fr[1:].astype(np.float64) @ w2c[:3, :3].T + w2c[:3, 3]
+    np.testing.assert_allclose(cam[:, 2], 0.5, atol=1e-5)                 # on the near plane
+    uv = (cam @ K.T)[:, :2] / cam[:, 2:]
+    np.testing.assert_allclose(uv, [[0, 0], [639, 0], [639, 479], [0, 479]], atol=1e-3)
+    look_cam = w2c[:3, :3] @ look + w2c[:3, 3]
+    np.testing.assert_allclose(look_cam, [0, 0, 3.0], atol=1e-6)          # on the optical axis
