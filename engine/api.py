@@ -21,6 +21,28 @@ class CheckpointError(EngineError):
     """A checkpoint could not be loaded into a model; the message lists what is wrong."""
 
 
+def setting(default: Any = None, *, label: str = "", tooltip: str = "", engines: tuple = (),
+            choices: Optional[tuple] = None, range: Optional[tuple] = None, group: str = "",
+            default_factory: Optional[Callable[[], Any]] = None, cli: bool = True, panel: bool = True):
+    """A typed `SessionConfig` field with the metadata that the CLI flags, the settings-panel rows,
+    the defaults file and the capabilities are generated from (one source of truth).
+
+    engines: names of the engines that honour the field (empty = all); choices: allowed values of a
+    choice field; range: (min, max) of a numeric field; group: settings-panel section;
+    cli / panel: whether the field gets a CLI flag / a settings-panel row."""
+    meta = {"label": label, "tooltip": tooltip, "engines": tuple(engines), "choices": choices,
+            "range": range, "group": group, "cli": cli, "panel": panel}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata={"setting": meta})
+    return field(default=default, metadata={"setting": meta})
+
+
+def setting_fields(cls: type = None) -> list:
+    """The (dataclasses.Field, metadata dict) pairs of the typed settings of `cls` (SessionConfig)."""
+    cls = cls or SessionConfig
+    return [(f, f.metadata["setting"]) for f in dataclasses.fields(cls) if "setting" in f.metadata]
+
+
 @dataclass
 class SessionConfig:
     """Settings of one reconstruction session. Engines ignore what they do not use;
