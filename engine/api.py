@@ -68,6 +68,13 @@ class SessionConfig:
     max_side: int = 640                 # geometric engine works at most at this resolution
     # input timing
     fps: float = 30.0                   # for sources without timestamps (image folders)
+    # synthetic engine (soak tests)
+    synthetic_fps: float = setting(0.0, label="Synthetic rate", engines=("synthetic",), range=(0.0, 1000.0),
+                                   group="Synthetic", tooltip="Frames per second the synthetic engine emits "
+                                   "(0 = as fast as possible).")
+    synthetic_segment_frames: int = setting(0, label="Segment every", engines=("synthetic",), range=(0, 1000000),
+                                            group="Synthetic", tooltip="The synthetic engine starts a new "
+                                            "segment every N frames (0 = never).")
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -140,7 +147,8 @@ def register_engine(name: str, factory: Callable[[SessionConfig, Any], Session],
 
 # Built-in engines and the module that registers each; imported on demand so opening the
 # geometric engine never pays for importing torch.
-_BUILTIN_MODULES = {"geometric": "engine.geometric", "lingbot-map": "engine.lingbot_engine"}
+_BUILTIN_MODULES = {"geometric": "engine.geometric", "lingbot-map": "engine.lingbot_engine",
+                    "synthetic": "engine.synthetic"}
 
 
 def _ensure_builtin_engines(name: Optional[str] = None) -> None:
