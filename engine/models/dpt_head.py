@@ -100,7 +100,12 @@ class DPTHead(nn.Module):
                 for i in range(0, S, chunk)]
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
-    def _forward(self, features, image_hw, patch_start):
+    # Subclasses (VGGT's point head and track feature extractor, engine/vggt/heads.py) reuse
+    # `fuse` and change the activation or the tail.
+    pos_embed = True        # add the UV sin/cos embedding (off in VGGT's track feature extractor)
+
+    def fuse(self, features, image_hw, patch_start) -> torch.Tensor:
+        """The multi-scale fusion up to `output_conv1`: [S, C, h, w] at 1/2 patch resolution x 4."""
         H, W = image_hw
         ph, pw = H // self.patch_size, W // self.patch_size
         aspect = W / H
@@ -108,7 +113,9 @@ class DPTHead(nn.Module):
         for i, f in enumerate(features):
             x = self.norm(f[:, patch_start:])
             x = x.permute(0, 2, 1).reshape(x.shape[0], x.shape[-1], ph, pw)
-            x = self._pos(self.projects[i](x), aspect)
+            x = self.projects[i](x)
+            if self.pos_embed:
+                x = self._pos(x, aspect)
             maps.append(self.resize_layers[i](x))
         s = self.scratch
         l1, l2, l3, l4 = (getattr(s, f"layer{i + 1}_rn")(m) for i, m in enumerate(maps))
@@ -116,8 +123,17 @@ class DPTHead(nn.Module):
         out = s.refinenet3(out, l3, size=l2.shape[2:])
         out = s.refinenet2(out, l2, size=l1.shape[2:])
         out = s.refinenet1(out, l1)
-        out = s.output_conv1(out)
+        return s.output_conv1(out)
+
+    def activate(self, out: torch.Tensor):
+        """Raw output [S, output_dim, H, W] -> (depth exp, confidence 1 + exp)."""
+        return out[:, 0].exp(), 1.0 + out[:, 1].exp()
+
+    def _forward(self, features, image_hw, patch_start):
+        H, W = image_hw
+        ph, pw = H // self.patch_size, W // self.patch_size
+        out = self.fuse(features, image_hw, patch_start)
         out = F.interpolate(out, size=(ph * self.patch_size, pw * self.patch_size), mode="bilinear",
                             align_corners=True)
-        out = s.output_conv2(self._pos(out, aspect))
-        return out[:, 0].exp(), 1.0 + out[:, 1].exp()
+        out = self.scratch.output_conv2(self._pos(out, W / H))
+        return self.activate(out)
