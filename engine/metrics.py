@@ -16,31 +16,15 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from .align.sim3 import umeyama as _align_umeyama
+
 __all__ = ["umeyama", "apply_sim3", "ate", "rpe", "depth_metrics", "coverage", "rotation_angle_deg"]
 
 
 def umeyama(src: np.ndarray, dst: np.ndarray, with_scale: bool = True) -> tuple[float, np.ndarray, np.ndarray]:
-    """Similarity (s, R, t) minimising Σ‖dst_i − (s R src_i + t)‖². src, dst: N×3, N ≥ 3 and
-    not all collinear for a unique rotation (collinear input still returns a valid fit)."""
-    src = np.asarray(src, np.float64)
-    dst = np.asarray(dst, np.float64)
-    if src.shape != dst.shape or src.ndim != 2 or src.shape[1] != 3:
-        raise ValueError(f"umeyama needs two N×3 arrays of the same shape, got {src.shape} and {dst.shape}")
-    n = len(src)
-    if n < 2:
-        raise ValueError("umeyama needs at least 2 points")
-    mu_s, mu_d = src.mean(0), dst.mean(0)
-    xs, xd = src - mu_s, dst - mu_d
-    cov = xd.T @ xs / n
-    U, D, Vt = np.linalg.svd(cov)
-    S = np.eye(3)
-    if np.linalg.det(U) * np.linalg.det(Vt) < 0:
-        S[2, 2] = -1.0
-    R = U @ S @ Vt
-    var_s = (xs ** 2).sum() / n
-    s = float(np.trace(np.diag(D) @ S) / var_s) if (with_scale and var_s > 0) else 1.0
-    t = mu_d - s * R @ mu_s
-    return s, R, t
+    """Similarity (s, R, t) minimising Σ‖dst_i − (s R src_i + t)‖² (the one implementation lives in
+    `engine.align.umeyama`, which also takes per-point weights)."""
+    return _align_umeyama(src, dst, None, with_scale)
 
 
 def apply_sim3(s: float, R: np.ndarray, t: np.ndarray, poses: np.ndarray) -> np.ndarray:
