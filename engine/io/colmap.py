@@ -1,0 +1,130 @@
+"""COLMAP text model export (the layout COLMAP, pycolmap, nerfstudio and gsplat read).
+
+    DIR/images/NNNNNN.jpg           the colour image of every registered frame (result resolution)
+    DIR/sparse/0/cameras.txt        one PINHOLE camera per distinct (size, intrinsics)
+    DIR/sparse/0/images.txt         per frame: world-to-camera pose + its 2D observations
+    DIR/sparse/0/points3D.txt       the exported points, each with its one-observation track
+
+COLMAP conventions (https://colmap.github.io/format.html), all handled here:
+- images.txt holds WORLD-TO-CAMERA poses: `QW QX QY QZ TX TY TZ` (scalar-first quaternion) with
+  x_cam = R x_world + t; our results are camera-to-world, so R = R_c2w^T, t = -R^T c.
+- Camera axes are OpenCV's (x right, y down, z forward), the same as ours.
+- Image coordinates put the CENTRE of the top-left pixel at (0.5, 0.5); OpenCV's K puts it at
+  (0, 0), so the principal point and every 2D observation are shifted by +0.5.
+- Ids are 1-based; a point's track is (IMAGE_ID, POINT2D_IDX) with a 0-based index into that
+  image's observation list; an observation without a 3D point would carry POINT3D_ID -1.
+
+Every file is written atomically; images are JPEG (quality 95) by default, PNG on request.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence, Union
+
+import numpy as np
+
+from .atomic import OutputError, atomic_open
+
+PathLike = Union[str, Path]
+
+
+def w2c_qvec_tvec(c2w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """COLMAP's (qvec [qw qx qy qz], tvec) of a camera-to-world 4x4 pose."""
+    from scipy.spatial.transform import Rotation
+
+    c2w = np.asarray(c2w, np.float64)
+    R = c2w[:3, :3].T
+    t = -R @ c2w[:3, 3]
+    x, y, z, w = Rotation.from_matrix(R).as_quat()
+    q = np.array([w, x, y, z])
+    return (q if q[0] >= 0 else -q), t
+
+
+def _encode(image: np.ndarray, ext: str) -> bytes:
+    import cv2
+
+    bgr = cv2.cvtColor(np.ascontiguousarray(image, np.uint8), cv2.COLOR_RGB2BGR)
+    params = [cv2.IMWRITE_JPEG_QUALITY, 95] if ext == ".jpg" else []
+    ok, buf = cv2.imencode(ext, bgr, params)
+    if not ok:
+        raise OutputError(f"could not encode an image as {ext}")
+    return buf.tobytes()
+
+
+def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg") -> dict:
+    """Write a COLMAP text model into `folder` (created if needed).
+
+    `frames`: per registered image, a dict with `index` (frame number, names the image file),
+    `c2w` 4x4, `K` 3x3 for `image`, `image` h x w x 3 uint8 RGB, and optionally `points` [M,3],
+    `colors` [M,3] uint8, `uv` [M,2] (OpenCV pixel coordinates of each point in this image) and
+    `error` [M] (written as the reprojection-error column). Returns
+    {"images": N, "cameras": C, "points": P, "folder": str}.
+    """
+    ext = "." + image_format.lower().lstrip(".").replace("jpeg", "jpg")
+    if ext not in (".jpg", ".png"):
+        raise OutputError(f"COLMAP export: image format must be jpg or png, got {image_format!r}")
+    folder = Path(folder).expanduser()
+    sparse, images_dir = folder / "sparse" / "0", folder / "images"
+    try:
+        sparse.mkdir(parents=True, exist_ok=True)
+        images_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"COLMAP export: cannot create {folder}: {exc.strerror or exc}") from None
+
+    cameras: dict[tuple, int] = {}
+    cam_lines, img_lines, pt_lines = [], [], []
+    next_point = 1
+    n_points = 0
+    for image_id, f in enumerate(frames, 1):
+        img = np.asarray(f["image"], np.uint8)
+        h, w = img.shape[:2]
+        K = np.asarray(f["K"], np.float64)
+        params = (K[0, 0], K[1, 1], K[0, 2] + 0.5, K[1, 2] + 0.5)
+        key = (w, h) + tuple(round(p, 6) for p in params)
+        if key not in cameras:
+            cameras[key] = len(cameras) + 1
+            cam_lines.append(f"{cameras[key]} PINHOLE {w} {h} " + " ".join(f"{p:.9g}" for p in params))
+        cam_id = cameras[key]
+        name = f"{int(f['index']):06d}{ext}"
+        with atomic_open(images_dir / name, "wb") as fh:
+            fh.write(_encode(img, ext))
+        q, t = w2c_qvec_tvec(f["c2w"])
+        img_lines.append(f"{image_id} " + " ".join(f"{v:.12g}" for v in (*q, *t)) + f" {cam_id} {name}")
+
+        pts = f.get("points")
+        m = 0 if pts is None else len(pts)
+        if m:
+            pts = np.asarray(pts, np.float64).reshape(-1, 3)
+            cols = np.asarray(f["colors"], np.uint8).reshape(-1, 3)
+            uv = np.asarray(f["uv"], np.float64).reshape(-1, 2) + 0.5
+            err = np.asarray(f.get("error", np.zeros(m)), np.float64).reshape(-1)
+            ids = np.arange(next_point, next_point + m)
+            # line 2 of the image: "X Y POINT3D_ID" per observation
+            obs = np.column_stack([uv, ids])
+            img_lines.append(" ".join(f"{x:.2f} {y:.2f} {int(i)}" for x, y, i in obs))
+            for j in range(m):
+                p, c = pts[j], cols[j]
+                pt_lines.append(f"{ids[j]} {p[0]:.7g} {p[1]:.7g} {p[2]:.7g} {c[0]} {c[1]} {c[2]} "
+                                f"{err[j]:.4g} {image_id} {j}")
+            next_point += m
+            n_points += m
+        else:
+            img_lines.append("")
+
+    header = "# ReconStudio export (camera poses world-to-camera, OpenCV axes)\n"
+    with atomic_open(sparse / "cameras.txt", "w") as fh:
+        fh.write(header + "# CAMERA_ID, MODEL, WIDTH, HEIGHT, PARAMS[]\n"
+                 f"# Number of cameras: {len(cam_lines)}\n" + "".join(l + "\n" for l in cam_lines))
+    with atomic_open(sparse / "images.txt", "w") as fh:
+        n_img = len(img_lines) // 2
+        fh.write(header + "# IMAGE_ID, QW, QX, QY, QZ, TX, TY, TZ, CAMERA_ID, NAME\n"
+                 "# POINTS2D[] as (X, Y, POINT3D_ID)\n"
+                 f"# Number of images: {n_img}, mean observations per image: "
+                 f"{n_points / max(n_img, 1):.1f}\n" + "".join(l + "\n" for l in img_lines))
+    with atomic_open(sparse / "points3D.txt", "w") as fh:
+        fh.write(header + "# POINT3D_ID, X, Y, Z, R, G, B, ERROR, TRACK[] as (IMAGE_ID, POINT2D_IDX)\n"
+                 f"# Number of points: {n_points}, mean track length: 1\n")
+        for i in range(0, len(pt_lines), 65536):
+            fh.write("".join(l + "\n" for l in pt_lines[i:i + 65536]))
+    return {"images": len(img_lines) // 2, "cameras": len(cam_lines), "points": n_points,
+            "folder": str(folder)}

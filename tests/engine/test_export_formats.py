@@ -1,0 +1,170 @@
+"""COLMAP and GLB exports and the one export function (engine.io.export.export_results):
+the files load in pycolmap / trimesh and say what the results say (poses, pixels, points)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.spatial.transform import Rotation
+
+from engine.api import EngineEvent, FrameResult
+from engine.geometry import apply_realignments, collect_points
+from engine.io.colmap import w2c_qvec_tvec
+from engine.io.export import (EXPORT_FORMATS, ExportError, export_results, plan_export, read_tum,
+                              stored_stride)
+from engine.io.store import SessionStore, load_session
+
+pycolmap = pytest.importorskip("pycolmap")
+trimesh = pytest.importorskip("trimesh")
+
+REPO = Path(__file__).resolve().parents[2]
+K = np.array([[60.0, 0, 31.5], [0, 62.0, 23.5], [0, 0, 1]])
+
+
+def _results(n=5, h=48, w=64, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        c2w = np.eye(4)
+        c2w[:3, :3] = Rotation.from_rotvec(0.3 * rng.normal(size=3)).as_matrix()
+        c2w[:3, 3] = [0.2 * i, 0.05 * rng.normal(), 0.0]
+        has_depth = i != 3                      # one frame without depth (non-keyframe)
+        out.append(FrameResult(
+            index=i, timestamp=0.1 * i, is_keyframe=i % 2 == 0, c2w=c2w, K=K.copy(),
+            image=rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
+            depth=rng.uniform(1.0, 3.0, (h, w)).astype(np.float32) if has_depth else None,
+            conf=rng.uniform(1.0, 10.0, (h, w)).astype(np.float32) if has_depth else None,
+            segment=int(i >= 4)))
+    return out
+
+
+def test_w2c_quaternion_is_colmap_convention():
+    c2w = np.eye(4)
+    c2w[:3, :3] = Rotation.from_euler("xyz", [10, -20, 30], degrees=True).as_matrix()
+    c2w[:3, 3] = [1, 2, 3]
+    q, t = w2c_qvec_tvec(c2w)
+    R = Rotation.from_quat([q[1], q[2], q[3], q[0]]).as_matrix()      # qw first in COLMAP
+    np.testing.assert_allclose(R, c2w[:3, :3].T, atol=1e-12)
+    np.testing.assert_allclose(t, -c2w[:3, :3].T @ c2w[:3, 3], atol=1e-12)
+    assert q[0] >= 0
+
+
+def test_colmap_model_loads_in_pycolmap_and_reprojects(tmp_path):
+    rs = _results()
+    T = np.diag([2.0, 2.0, 2.0, 1.0])
+    T[:3, 3] = [0.5, 0, 0]
+    events = [EngineEvent("realign", 1, T)]
+    out = export_results(rs, {"colmap": tmp_path / "model"}, events, conf_threshold=5.0, stride=2)
+    rec = pycolmap.Reconstruction(str(tmp_path / "model" / "sparse" / "0"))
+    assert len(rec.images) == len(rs) and rec.num_reg_images() == len(rs)
+    assert len(rec.cameras) == 1
+    cam = next(iter(rec.cameras.values()))
+    assert cam.model_name == "PINHOLE" and (cam.width, cam.height) == (64, 48)
+    np.testing.assert_allclose(cam.params, [60.0, 62.0, 32.0, 24.0])   # +0.5: COLMAP pixel centres
+    aligned = apply_realignments(rs, events)
+    pts, _, _ = collect_points(aligned, 5.0, 2)
+    assert len(rec.points3D) == out["points"] == len(pts) > 0
+    by_name = {im.name: im for im in rec.images.values()}
+    for r in aligned:
+        im = by_name[f"{r.index:06d}.jpg"]
+        assert (tmp_path / "model" / "images" / im.name).is_file()
+        np.testing.assert_allclose(im.projection_center(), r.c2w[:3, 3], atol=1e-6)
+        obs = [p for p in im.points2D if p.has_point3D()]
+        assert len(obs) == (0 if r.depth is None else
+                            int(((r.conf[::2, ::2] >= 5.0)).sum()))
+        for p2 in obs[:20]:                    # each 3D point projects onto its observation
+            xyz = rec.points3D[p2.point3D_id].xyz
+            np.testing.assert_allclose(im.project_point(xyz), p2.xy, atol=0.01)
+            # and the observation is a pixel centre of the stride grid (OpenCV + 0.5)
+            assert (p2.xy - 0.5) % 2 == pytest.approx([0, 0], abs=1e-6)
+
+
+def test_glb_has_cloud_trajectory_and_frustums(tmp_path):
+    rs = _results()
+    out = export_results(rs, {"glb": tmp_path / "scene.glb"}, stride=4)
+    scene = trimesh.load(tmp_path / "scene.glb")
+    geoms = scene.geometry
+    assert isinstance(geoms["points"], trimesh.PointCloud)
+    assert len(geoms["points"].vertices) == out["points"]
+    traj = geoms["trajectory"]
+    assert len(traj.vertices) == 2 * (len(rs) - 1)      # one line segment per step
+    # glTF is y-up: y and z flipped against our OpenCV axes
+    centres = np.array([r.c2w[:3, 3] for r in rs]) * [1, -1, -1]
+    np.testing.assert_allclose(np.unique(traj.vertices, axis=0), np.unique(centres, axis=0), atol=1e-5)
+    assert "frustums_keyframes" in geoms and "frustums" in geoms
+    # colours survive
+    pts, cols, _ = collect_points(rs, 0.0, 4)
+    np.testing.assert_array_equal(np.asarray(geoms["points"].colors)[:, :3], cols)
+    out = export_results(rs, {"glb": tmp_path / "bare.glb"}, stride=4, frustums=False)
+    assert not any(k.startswith("frustums") for k in trimesh.load(tmp_path / "bare.glb").geometry)
+
+
+def test_one_function_all_formats_and_options(tmp_path):
+    rs = _results()
+    outs = {"ply": tmp_path / "a.ply", "npz": tmp_path / "a.npz", "tum": tmp_path / "a.txt",
+            "colmap": tmp_path / "c", "glb": tmp_path / "a.glb"}
+    assert set(outs) == set(EXPORT_FORMATS)
+    out = export_results(rs, outs, conf_threshold=3.0, stride=2, until=2)
+    assert out["frames"] == 3 and len(out["files"]) == 5
+    assert len(read_tum(tmp_path / "a.txt")[0]) == 3
+    z = np.load(tmp_path / "a.npz")
+    assert list(z["image_size"]) == [48, 64] and len(z["K"]) == 3 and len(z["points"]) == out["points"]
+    kf = export_results(rs, {"tum": tmp_path / "k.txt"}, keyframes_only=True)
+    assert kf["frames"] == 3 and len(read_tum(tmp_path / "k.txt")[0]) == 3
+    with pytest.raises(ExportError, match="unknown export format"):
+        export_results(rs, {"obj": tmp_path / "x.obj"})
+    with pytest.raises(ExportError, match="no frames"):
+        export_results(rs, {"ply": tmp_path / "x.ply"}, until=-1)
+
+
+def test_almost_nothing_is_flagged_before_writing(tmp_path):
+    rs = _results()
+    plan = plan_export(rs, conf_threshold=9.9, stride=1)
+    assert plan["points"] < 0.05 * plan["points_total"] and "keeps only" in plan["warning"]
+    assert plan_export(rs, conf_threshold=0.0)["warning"] is None
+    assert not (tmp_path / "x.ply").exists()          # planning writes nothing
+
+
+def test_stride_means_result_pixels_for_smaller_stores():
+    rs = _results(h=48, w=64)
+    assert stored_stride(rs, 4) == 4                    # stored at result resolution
+    assert stored_stride(rs, 4, result_width=128) == 2  # stored at half the result width
+    assert stored_stride(rs, 1, result_width=640) == 1
+
+
+def test_icl_colmap_export_loads_with_every_image_and_point(tmp_path):
+    """The sample clip through the geometric engine and the session store, then COLMAP + GLB."""
+    from engine.api import SessionConfig, open_session
+    from engine.intrinsics import attach_found_intrinsics
+    from engine.io.sources import open_source
+
+    clip = REPO / "resources" / "sample" / "icl_livingroom_kt3.mp4"
+    src = open_source(str(clip))
+    cfg = SessionConfig(engine="geometric")
+    attach_found_intrinsics(cfg, str(clip))
+    session = open_session(cfg)
+    store = SessionStore(tmp_path / "s", cfg, src.name)
+    try:
+        for _ in range(200):
+            f = src.read()
+            if f is None:
+                break
+            for r in session.push(f.image, f.timestamp):
+                store.write(r)
+        for r in session.flush():
+            store.write(r)
+    finally:
+        session.close()
+        store.close()
+        src.close()
+    loaded = load_session(tmp_path / "s")
+    out = export_results(loaded, {"colmap": tmp_path / "m", "glb": tmp_path / "m.glb"}, stride=2)
+    rec = pycolmap.Reconstruction(str(tmp_path / "m" / "sparse" / "0"))
+    assert rec.num_reg_images() == len(loaded.results) == out["frames"]
+    assert len(rec.points3D) == out["points"] > 10_000
+    with_depth = [r for r in loaded.results if r.depth is not None]
+    by_name = {im.name: im for im in rec.images.values()}
+    for r in with_depth:
+        assert by_name[f"{r.index:06d}.jpg"].num_points3D > 0
+    scene = trimesh.load(tmp_path / "m.glb")
+    assert len(scene.geometry["points"].vertices) == out["points"]
+    assert len(scene.geometry["trajectory"].vertices) == 2 * (len(loaded.results) - 1)
