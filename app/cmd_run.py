@@ -70,13 +70,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--ply", metavar="OUT", help="write the point cloud (binary PLY)")
     o.add_argument("--npz", metavar="OUT", help="write poses, intrinsics, depth, confidence and points (NPZ)")
     o.add_argument("--trajectory", metavar="OUT", help="write the camera trajectory (TUM format)")
+    o.add_argument("--colmap", metavar="DIR",
+                   help="write a COLMAP text model (DIR/images + DIR/sparse/0) for COLMAP, nerfstudio, gsplat")
+    o.add_argument("--glb", metavar="OUT", help="write a GLB scene: point cloud, trajectory and camera frustums")
+    o.add_argument("--keyframes-only", action="store_true",
+                   help="export keyframes only (default: every frame)")
+    o.add_argument("--no-frustums", action="store_true", help="GLB without camera frustums")
     o.add_argument("--session-dir", metavar="DIR",
                    help="write the session store into DIR (must be new or empty; default: a new "
                         "folder under ~/.local/share/reconstudio/sessions or $RECONSTUDIO_SESSIONS)")
     o.add_argument("--conf-threshold", type=float, default=float(export.get("conf_threshold", 0.0)),
                    metavar="X", help="export only points with confidence >= X (default %(default)s)")
     o.add_argument("--stride", type=int, default=int(export.get("stride", 2)), metavar="N",
-                   help="export every N-th pixel of each stored depth map (default %(default)s)")
+                   help="export every N-th pixel of each frame's depth map at the engine's result "
+                        "resolution, as the GUI's Subsample (default %(default)s)")
     o.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
 
@@ -151,21 +158,47 @@ def _is_session_folder(spec: str) -> bool:
     return p.is_dir() and (p / "config.json").is_file() and (p / "frames").is_dir()
 
 
+def _check_output_dir(path: str, flag: str) -> Path:
+    """A folder output (COLMAP): new, or an existing folder we can write into."""
+    import os
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise _BadInput(f"{flag} {path}: is a file; give a folder")
+    parent = p
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise _BadInput(f"{flag} {path}: cannot write into {parent}")
+    return p
+
+
+def _export(loaded, args, outputs: dict) -> dict:
+    """All requested exports through engine.io.export.export_results (the GUI's function too);
+    an export that keeps almost nothing is still written, with a warning."""
+    from engine.io.export import export_results
+
+    out = export_results(loaded, {("tum" if k == "trajectory" else k): v for k, v in outputs.items()},
+                         conf_threshold=args.conf_threshold, stride=args.stride,
+                         keyframes_only=args.keyframes_only, frustums=not args.no_frustums)
+    if out.get("warning"):
+        print(f"warning: {out['warning']}", file=sys.stderr)
+    return out
+
+
 def _export_only(args, outputs: dict) -> int:
     """INPUT is a saved session folder: export it again (other threshold / stride), no engine."""
     from engine.io.export import export_session
     from engine.io.store import load_session
 
     if not outputs:
-        raise _BadInput(f"{args.input} is a saved session: give --ply, --npz and/or --trajectory to export it")
+        raise _BadInput(f"{args.input} is a saved session: give --ply, --npz, --trajectory, --colmap "
+                        "and/or --glb to export it")
     loaded = load_session(args.input)
     for problem in loaded.problems:
         print(f"warning: {problem}", file=sys.stderr)
     if not loaded.results:
         raise _BadInput(f"session {args.input} holds no frames")
-    out = export_session(loaded.results, loaded.events, ply=outputs.get("ply"), npz=outputs.get("npz"),
-                         trajectory=outputs.get("trajectory"), conf_threshold=args.conf_threshold,
-                         stride=args.stride)
+    out = _export(loaded, args, outputs)
     if not args.quiet:
         for f in out["files"]:
             print(f"wrote {f}", file=sys.stderr)
@@ -193,7 +226,9 @@ def _run(args) -> int:
     from engine.io.store import SessionStore, load_session, new_session_folder
 
     outputs = {flag: _check_output(getattr(args, flag), f"--{flag}")
-               for flag in ("ply", "npz", "trajectory") if getattr(args, flag)}
+               for flag in ("ply", "npz", "trajectory", "glb") if getattr(args, flag)}
+    if args.colmap:
+        outputs["colmap"] = _check_output_dir(args.colmap, "--colmap")
     if args.stride < 1:
         raise _BadInput(f"--stride must be at least 1, got {args.stride}")
     if args.max_frames is not None and args.max_frames < 1:
@@ -276,9 +311,7 @@ def _run(args) -> int:
     summary = {"frames": frames_in, "results": results_n}
     if outputs:
         loaded = load_session(store.folder)
-        summary.update(export_session(loaded.results, loaded.events, ply=outputs.get("ply"),
-                                      npz=outputs.get("npz"), trajectory=outputs.get("trajectory"),
-                                      conf_threshold=args.conf_threshold, stride=args.stride))
+        summary.update(_export(loaded, args, outputs))
     if not args.quiet:
         fps = stats.get("fps")
         print(f"{frames_in} frames → {results_n} results in {elapsed:.1f} s "
