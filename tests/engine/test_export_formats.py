@@ -168,3 +168,22 @@ def test_icl_colmap_export_loads_with_every_image_and_point(tmp_path):
     scene = trimesh.load(tmp_path / "m.glb")
     assert len(scene.geometry["points"].vertices) == out["points"]
     assert len(scene.geometry["trajectory"].vertices) == 2 * (len(loaded.results) - 1)
+
+
+def test_cli_writes_colmap_and_glb_from_a_saved_session(tmp_path, capsys):
+    from app.cli import main
+    from engine.api import SessionConfig
+
+    rs = _results()
+    with SessionStore(tmp_path / "s", SessionConfig(), "synthetic") as store:
+        for r in rs:
+            store.write(r)
+    rc = main(["run", str(tmp_path / "s"), "--colmap", str(tmp_path / "m"), "--glb", str(tmp_path / "a.glb"),
+               "--stride", "2", "--conf-threshold", "9.95"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "warning: the confidence threshold keeps only" in err        # almost nothing, said
+    rec = pycolmap.Reconstruction(str(tmp_path / "m" / "sparse" / "0"))
+    assert rec.num_reg_images() == len(rs)
+    assert "trajectory" in trimesh.load(tmp_path / "a.glb").geometry
+    assert main(["run", str(tmp_path / "s"), "--colmap", str(tmp_path / "a.glb")]) == 2   # a file, not a folder
