@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from engine.api import setting_fields
+
+_SAVED = [f.name for f, _ in setting_fields()]
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", metavar="PATH", help="video file, image folder, or webcam as N / webcam:N")
-    p.add_argument("--engine", help="engine to use (default: the last one used, else geometric)")
-    p.add_argument("--checkpoint", metavar="FILE", help="weights for a neural engine")
-    p.add_argument("--device", help="cpu | cuda | cuda:N (neural engines)")
     p.add_argument("--autostart", action="store_true", help="start reconstructing at once")
     p.add_argument("--speed", type=float, metavar="X",
                    help="replay speed for files: 0 = as fast as possible (default), 1 = real time, N = N×")
@@ -29,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="quit when the run ends (exit status 1 if it failed)")
     p.add_argument("--settings", metavar="INI", help="settings file to use instead of the user's")
     p.add_argument("--size", metavar="WxH", default=None, help="window size, e.g. 1600x1000")
+    # every engine setting from the SessionConfig metadata; given ones override the saved settings
+    from app.config_flags import add_session_flags
+    add_session_flags(p, defaults={f: "the saved settings" for f in _SAVED})
 
 
 def main(args: argparse.Namespace) -> int:
@@ -49,17 +53,14 @@ def main(args: argparse.Namespace) -> int:
     apply_style(app)
     settings = AppSettings(args.settings)
     win = MainWindow(settings=settings, session_root=args.session_dir)
-    if args.engine:
-        cfg = win.settings_panel.config()
-        cfg.engine = args.engine
-        win.settings_panel.set_config(cfg)
-        if win.settings_panel.engine_name() != args.engine:
+    from app.config_flags import config_from_args, given_settings
+    if given_settings(args):
+        try:
+            win.settings_panel.set_config(config_from_args(args, win.settings_panel.config()))
+        except Exception as exc:       # malformed saved intrinsics etc.: say so, keep the GUI up
+            win.show_message(f"Settings from the command line not applied: {exc}")
+        if args.engine and win.settings_panel.engine_name() != args.engine:
             win.show_message(f"Engine {args.engine!r} is not available; using {win.settings_panel.engine_name()}")
-    if args.checkpoint or args.device:
-        cfg = win.settings_panel.config()
-        cfg.checkpoint = args.checkpoint or cfg.checkpoint
-        cfg.device = args.device or cfg.device
-        win.settings_panel.set_config(cfg)
     if args.input is not None:
         win.set_input(args.input)
     if args.speed is not None:
@@ -114,11 +115,6 @@ def main(args: argparse.Namespace) -> int:
     elif args.exit_when_done or args.screenshot or args.window_screenshot:
         QtCore.QTimer.singleShot(300 if args.open_session else 0, finish)
     code = app.exec()
-    # Tear the widgets down while Python is still fully alive: left to the interpreter's final
-    # garbage collection, PySide6 6.12 can abort in bool_dealloc (a refcount bug on its side).
-    win.deleteLater()
-    del win
-    app.processEvents()
-    import gc
-    gc.collect()
+    # No explicit teardown: the bool_dealloc abort at exit came from PySide6 6.12.0's refcount
+    # bug (excluded in pyproject.toml; tests/ui/test_ui_refcount.py catches a relapse).
     return status["code"] or int(code)
