@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from .api import EngineError, EngineEvent, FrameResult
 
-__all__ = ["RunDriver", "RunSummary", "Sink", "StoreSink", "CallbackSink", "ThreadedSink", "CollectSink",
+__all__ = ["RunDriver", "RunControl", "RunSummary", "Sink", "StoreSink", "CallbackSink", "ThreadedSink", "CollectSink",
            "SequenceSource", "LatestFrame", "is_live"]
 
 
@@ -301,12 +301,61 @@ class RunSummary:
     _live: bool = False
 
 
+class RunControl:
+    """Pause / step / seek / stop requests, settable from any thread before or during a run
+    (a GUI creates it with its worker, before the source and session exist)."""
+
+    def __init__(self, start_paused: bool = False):
+        self.cond = threading.Condition()          # re-entrant lock: sinks may call back in
+        self.paused = bool(start_paused)
+        self.steps = 0
+        self.stop_requested = False
+        self.seek_to: Optional[int] = None
+        self.reason = ""                           # set by stop(reason): the run was interrupted
+
+    def pause(self) -> None:
+        with self.cond:
+            self.paused = True
+            self.cond.notify_all()
+
+    def resume(self) -> None:
+        with self.cond:
+            self.paused = False
+            self.cond.notify_all()
+
+    def step(self, n: int = 1) -> None:
+        """Process n more input frames, then stay paused."""
+        with self.cond:
+            self.paused = True
+            self.steps += int(n)
+            self.cond.notify_all()
+
+    def seek(self, index: int) -> None:
+        with self.cond:
+            self.seek_to = int(index)
+            self.cond.notify_all()
+
+    def stop(self, reason: str = "") -> None:
+        """End the run after the current push (the session is still flushed into the sinks).
+        `reason` (e.g. "SIGTERM") marks the run as interrupted: the session is cut short."""
+        with self.cond:
+            self.stop_requested = True
+            if reason and not self.reason:
+                self.reason = reason
+            self.cond.notify_all()
+
+    def wake(self) -> None:
+        """Re-check the state (e.g. a consumer a sink waits on has caught up)."""
+        with self.cond:
+            self.cond.notify_all()
+
+
 class RunDriver:
     """See the module docstring. Control methods may be called from any thread."""
 
     def __init__(self, source, session, sinks: Iterable[Sink] = (), *, speed: float = 0.0,
                  max_frames: Optional[int] = None, start_paused: bool = False, stats_hz: float = 4.0,
-                 live: Optional[bool] = None, flush: bool = True):
+                 live: Optional[bool] = None, flush: bool = True, control: Optional[RunControl] = None):
         if speed < 0:
             raise EngineError(f"speed must be 0 (as fast as possible) or positive, got {speed}")
         self.source = source
@@ -318,61 +367,40 @@ class RunDriver:
         self.live = is_live(source) if live is None else bool(live)
         self.flush_at_end = flush
         self.summary = RunSummary(_live=self.live)
-        self._cond = threading.Condition()
-        self._paused = bool(start_paused)
-        self._steps = 0
-        self._stop = False
-        self._seek: Optional[int] = None
+        self.control = control or RunControl(start_paused)
+        self._cond = self.control.cond
         self._grabber: Optional[LatestFrame] = None
         self._warned = 0
         self._last_stats = 0.0
-        self._t0 = 0.0
+        self._t0 = time.perf_counter()
         self._times: collections.deque = collections.deque(maxlen=64)   # wall time per result
 
     # -- control (any thread) ----------------------------------------------------------------
     def pause(self) -> None:
-        with self._cond:
-            self._paused = True
-            self._cond.notify_all()
+        self.control.pause()
 
     def resume(self) -> None:
-        with self._cond:
-            self._paused = False
-            self._cond.notify_all()
+        self.control.resume()
 
     def step(self, n: int = 1) -> None:
-        """Process n more input frames, then stay paused."""
-        with self._cond:
-            self._paused = True
-            self._steps += int(n)
-            self._cond.notify_all()
+        self.control.step(n)
 
     def seek(self, index: int) -> None:
-        with self._cond:
-            self._seek = int(index)
-            self._cond.notify_all()
+        self.control.seek(index)
 
     def stop(self, reason: str = "") -> None:
-        """End the run after the current push (the session is still flushed into the sinks).
-        `reason` (e.g. "SIGTERM") marks the run as interrupted: the session is cut short."""
-        with self._cond:
-            self._stop = True
-            if reason and not self.summary.interrupted:
-                self.summary.interrupted = reason
-            self._cond.notify_all()
+        self.control.stop(reason)
 
     def wake(self) -> None:
-        """Re-check the state (e.g. a sink waiting on its consumer was released)."""
-        with self._cond:
-            self._cond.notify_all()
+        self.control.wake()
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self.control.paused
 
     @property
     def stopping(self) -> bool:
-        return self._stop
+        return self.control.stop_requested
 
     @property
     def frames_in(self) -> int:
@@ -385,10 +413,11 @@ class RunDriver:
     def wait_while(self, predicate: Callable[[], bool], timeout: float = 0.05) -> bool:
         """For sinks that wait on a consumer: block while `predicate()` holds and the run is not
         stopping; False if a stop came meanwhile."""
-        with self._cond:
-            while predicate() and not self._stop:
-                self._cond.wait(timeout)
-            return not self._stop
+        c = self.control
+        with c.cond:
+            while predicate() and not c.stop_requested:
+                c.cond.wait(timeout)
+            return not c.stop_requested
 
     # -- the run (calling thread) ------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -414,6 +443,8 @@ class RunDriver:
             s.error = str(exc) or type(exc).__name__
             raise
         finally:
+            if self.control.reason and not s.interrupted:
+                s.interrupted = self.control.reason
             if self._grabber is not None:
                 self._grabber.close()
                 s.dropped = self._grabber.dropped
@@ -443,25 +474,26 @@ class RunDriver:
         s = self.summary
         clock = None                  # (wall, media time) anchor of paced replay
         while True:
-            with self._cond:
-                while self._paused and self._steps == 0 and not self._stop and self._seek is None:
+            c = self.control
+            with c.cond:
+                while c.paused and c.steps == 0 and not c.stop_requested and c.seek_to is None:
                     if self._grabber is not None:
                         self._grabber.counting = False
                         self._grabber.discard()
-                    self._cond.wait(0.1)
+                    c.cond.wait(0.1)
                     self._idle()
                     clock = None
-                if self._stop:
+                if c.stop_requested:
                     s.stopped = True
                     return
-                if self._seek is not None:
-                    target, self._seek = self._seek, None
+                if c.seek_to is not None:
+                    target, c.seek_to = c.seek_to, None
                     self._do_seek(target)
                     clock = None
                     continue
-                stepping = self._steps > 0
+                stepping = c.steps > 0
                 if stepping:
-                    self._steps -= 1
+                    c.steps -= 1
                 if self._grabber is not None:
                     self._grabber.counting = True
             frame = self._read()
@@ -494,7 +526,7 @@ class RunDriver:
                 return None
             if f is not None:
                 return f
-            if self._stop:
+            if self.control.stop_requested:
                 return None
             self._idle()
 
@@ -510,14 +542,15 @@ class RunDriver:
 
     def _sleep_until(self, due: float) -> bool:
         """Wait for a paced frame; True if a stop came meanwhile (a seek or pause ends the wait)."""
-        with self._cond:
-            while not self._stop:
+        c = self.control
+        with c.cond:
+            while not c.stop_requested:
                 left = due - time.perf_counter()
-                if left <= 0 or self._seek is not None or (self._paused and self._steps == 0):
+                if left <= 0 or c.seek_to is not None or (c.paused and c.steps == 0):
                     break
-                self._cond.wait(min(left, 0.1))
+                c.cond.wait(min(left, 0.1))
                 self._idle()
-            return self._stop
+            return c.stop_requested
 
     def _deliver(self, results: list) -> None:
         if results:
@@ -555,7 +588,7 @@ class RunDriver:
         if t and now - t[-1] > 2.0:
             fps = 0.0                              # nothing for 2 s (paused, stalled)
         return {"frames_in": self.summary.frames_in, "results_total": self.summary.results,
-                "dropped": self.dropped, "engine_fps": fps, "wall_s": now - self._t0, "paused": self._paused}
+                "dropped": self.dropped, "engine_fps": fps, "wall_s": now - self._t0, "paused": self.control.paused}
 
     def _emit_stats(self, force: bool = False) -> None:
         if not self.stats_hz or not self.sinks:

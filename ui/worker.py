@@ -1,19 +1,18 @@
 """The engine worker: runs a reconstruction off the GUI thread and reports over Qt signals.
 
-`EngineWorker` is a QObject moved to a QThread (see `start_worker`). Its `run` slot opens the
-source, the engine session and the session store, then loops: decode a frame (and resize it, in
-`engine.io.sources`), push it, write EVERY result to the store, convert results to display packets
-and emit them. Display packets are coalesced to the display rate (~30 Hz) and only sent when the
-GUI has taken the previous batch (`ack`), so a slow viewer receives bigger, rarer batches — its
-display updates (previews, monitors) are dropped, never engine results, and the engine never waits
-for the GUI. Control methods (pause / resume / step / seek / stop) are called from the GUI thread
-and only set flags under a condition variable, so they return at once.
+`EngineWorker` is a QObject moved to a QThread (see `WorkerHandle`). Its `run` slot opens the
+source, the engine session and the session store (its bounded background writer), then hands them
+to the one run loop, `engine.run_driver.RunDriver`, with two sinks: the store (EVERY result) and
+the display sink here, which converts results to display packets and emits them. Display packets
+are coalesced to the display rate (~30 Hz) and only sent when the GUI has taken the previous batch
+(`ack`), so a slow viewer receives bigger, rarer batches; when `max_pending` packets wait for it
+the engine waits too (a live source then drops frames, counted, instead of building latency).
+Control methods (pause / resume / step / seek / stop) are called from the GUI thread and only set
+flags of the driver's `RunControl`, so they return at once.
 """
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any, Optional
 from PySide6 import QtCore
 
 from engine.api import EngineError, SessionConfig
+from engine.run_driver import RunControl, RunDriver, Sink, StoreSink
 
 from .display import FRUSTUM_FRACTION, make_display_frame
 
@@ -47,48 +47,71 @@ class RunOptions:
     decode_max_side: Optional[int] = 960         # frames are resized on the worker side
     webcam_resolution: Optional[tuple] = None    # (w, h) requested from a webcam
     model: Any = None                            # a loaded network for neural engines (optional)
+    max_pending: int = 32                        # display packets waiting for the GUI before the engine waits
+    store_queue: int = 4                         # frames waiting for the session store's writer thread
 
 
-class _StoreWriter:
-    """Writes results and events to the SessionStore on its own thread, in order, so the
-    engine thread does not wait for compression and disk. Nothing is ever dropped: `close`
-    drains the queue; a write failure is kept and re-raised to the engine thread."""
+class _DisplaySink(Sink):
+    """Turns results into display packets, coalesced to the display rate and sent only when the
+    GUI has taken the previous batch (`ack`): a slow viewer gets bigger, rarer batches. When
+    `max_pending` packets wait for a GUI that has not caught up, the engine waits (backpressure:
+    the packets never pile up without bound), and a live source drops frames instead."""
 
-    def __init__(self, store):
-        self.store = store
-        self._q: "queue.Queue" = queue.Queue()
-        self.error: Optional[BaseException] = None
-        self._t = threading.Thread(target=self._run, name="reconstudio-store", daemon=True)
-        self._t.start()
+    def __init__(self, worker: "EngineWorker"):
+        self.w = worker
+        self.pending: list = []
+        self.last_emit = 0.0
+        self.frustum_depth: Optional[float] = None
 
-    def _run(self) -> None:
-        while True:
-            kind, item = self._q.get()
-            if kind == "end":
-                return
-            if self.error is not None:
-                continue
-            try:
-                self.store.write(item) if kind == "result" else self.store.write_event(item)
-            except BaseException as exc:   # reported by check()
-                self.error = exc
+    def on_results(self, results) -> None:
+        o = self.w.options
+        for r in results:
+            self.w.results_total += 1
+            # frustums keep the size set by the first frame with depth (one scene scale)
+            d = make_display_frame(r, o.display_stride, frustum_depth=self.frustum_depth)
+            if self.frustum_depth is None and len(d.depth):
+                self.frustum_depth = FRUSTUM_FRACTION * d.median_depth
+            # previews: only the newest image and the newest depth map of a batch travel
+            if self.pending:
+                prev = self.pending[-1]
+                prev.image = None
+                if d.depth_map is not None:
+                    for p in self.pending:
+                        p.depth_map = p.conf_map = None
+            self.pending.append(d)
+        self.flush()
+        if len(self.pending) >= o.max_pending and self.w.driver is not None:
+            # the GUI is behind by max_pending frames: wait for it (never for longer than a stop)
+            self.w.driver.wait_while(lambda: not self.gui_ready())
+            self.flush()
 
-    def put_result(self, r) -> None:
-        self._q.put(("result", r))
+    def on_event(self, e) -> None:
+        if e.kind == "realign" and e.transform is not None:
+            self.w.realigned.emit(int(e.segment), e.transform)
+        elif e.message:
+            self.w.message.emit(e.message)
 
-    def put_event(self, e) -> None:
-        self._q.put(("event", e))
+    def on_message(self, text) -> None:
+        self.w.message.emit(text)
 
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
+    def on_stats(self, stats) -> None:
+        self.w.stats.emit(stats)
 
-    def close(self) -> None:
-        """Drain the queue, then close the store."""
-        self._q.put(("end", None))
-        self._t.join()
-        self.store.close()
-        self.check()
+    def on_idle(self) -> None:
+        self.flush(force=self.w.paused)
+
+    def gui_ready(self) -> bool:
+        return self.w._emitted - self.w._acked <= 0
+
+    def flush(self, force: bool = False) -> None:
+        if not self.pending:
+            return
+        now = time.perf_counter()
+        if force or (self.gui_ready() and now - self.last_emit >= 1.0 / self.w.options.display_hz):
+            pending, self.pending = self.pending, []
+            self.last_emit = now
+            self.w._emitted += 1
+            self.w.frameResult.emit(pending)
 
 
 class EngineWorker(QtCore.QObject):
@@ -103,53 +126,49 @@ class EngineWorker(QtCore.QObject):
     def __init__(self, options: RunOptions):
         super().__init__()
         self.options = options
-        self._cond = threading.Condition()
-        self._paused = bool(options.start_paused)
-        self._steps = 0
-        self._stop = False
-        self._seek: Optional[int] = None
+        self.control = RunControl(start_paused=bool(options.start_paused))
+        self.driver: Optional[RunDriver] = None
         self._emitted = 0          # display batches sent
         self._acked = 0            # display batches the GUI has consumed
         self.results_total = 0     # engine results produced (all stored)
-        self.frames_in = 0         # frames pushed to the engine
         self.session_folder: Optional[str] = None
         self._running = False
 
-    # -- control (GUI thread) -----------------------------------------------------------------
+    # -- control (GUI thread): flags only, they return at once ------------------------------------
     def pause(self) -> None:
-        with self._cond:
-            self._paused = True
-            self._cond.notify_all()
+        self.control.pause()
 
     def resume(self) -> None:
-        with self._cond:
-            self._paused = False
-            self._cond.notify_all()
+        self.control.resume()
 
     def step(self, n: int = 1) -> None:
         """Process n more input frames, then stay paused."""
-        with self._cond:
-            self._paused = True
-            self._steps += int(n)
-            self._cond.notify_all()
+        self.control.step(n)
 
     def seek(self, index: int) -> None:
-        with self._cond:
-            self._seek = int(index)
-            self._cond.notify_all()
+        self.control.seek(index)
 
     def stop(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
+        self.control.stop()
 
     def ack(self) -> None:
         """The GUI has drawn a batch; the next one may be sent."""
         self._acked += 1
+        self.control.wake()
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self.control.paused
+
+    @property
+    def frames_in(self) -> int:
+        """Frames pushed to the engine so far."""
+        return self.driver.frames_in if self.driver is not None else 0
+
+    @property
+    def dropped(self) -> int:
+        """Live frames the engine could not take (never a file's)."""
+        return self.driver.dropped if self.driver is not None else 0
 
     @property
     def running(self) -> bool:
@@ -159,13 +178,20 @@ class EngineWorker(QtCore.QObject):
     @QtCore.Slot()
     def run(self) -> None:
         self._running = True
-        summary = {"results": 0, "frames": 0, "error": None, "stopped": False, "session": None}
+        summary = {"results": 0, "frames": 0, "dropped": 0, "error": None, "stopped": False,
+                   "cut_short": "", "session": None}
         source = session = store = None
+        display = _DisplaySink(self)
         try:
             source, session, store = self._open()
             summary["session"] = self.session_folder
-            self._loop(source, session, store)
-            summary["stopped"] = self._stop
+            self.driver = RunDriver(source, session, [StoreSink(store), display], speed=self.options.speed,
+                                    max_frames=self.options.max_frames, stats_hz=self.options.stats_hz,
+                                    control=self.control)
+            store = None                   # the store sink closes it (and marks a cut-short run)
+            result = self.driver.run()
+            summary["stopped"] = result.stopped
+            summary["cut_short"] = result.cut_short
         except EngineError as exc:
             summary["error"] = str(exc)
             self.error.emit(str(exc))
@@ -180,12 +206,13 @@ class EngineWorker(QtCore.QObject):
                         obj.close()
                     except Exception as exc:  # closing must not hide the run's outcome
                         log.warning("closing the %s failed: %s", what, exc)
-                        if obj is store and summary["error"] is None:   # results were lost
-                            summary["error"] = f"Saving the session failed: {exc}"
-                            self.error.emit(summary["error"])
-            self._flush_display(force=True)
+            display.flush(force=True)
             summary["results"] = self.results_total
             summary["frames"] = self.frames_in
+            summary["dropped"] = self.dropped
+            if self.driver is not None and self.driver.summary.error and summary["error"] is None:
+                summary["error"] = f"Saving the session failed: {self.driver.summary.error}"
+                self.error.emit(summary["error"])
             self._running = False
             self.finished.emit(summary)
 
@@ -209,132 +236,18 @@ class EngineWorker(QtCore.QObject):
             raise
         try:
             folder = o.session_dir or str(new_session_folder(source.name, o.session_root))
-            store = SessionStore(folder, o.config, source.name,
+            # bounded background writer: compression overlaps the engine, a slow disk makes it wait
+            store = SessionStore(folder, o.config, source.name, background=True, queue_size=o.store_queue,
                                  meta={"kind": source.kind, "fps": source.fps, "frames": len(source)})
         except BaseException:
             session.close()
             source.close()
             raise
         self.session_folder = str(store.folder)
-        store = _StoreWriter(store)
         self.opened.emit({"name": source.name, "kind": source.kind, "frames": len(source),
                           "fps": source.fps, "session": self.session_folder,
                           "seekable": bool(source.seekable)})
         return source, session, store
-
-    def _loop(self, source, session, store) -> None:
-        o = self.options
-        self._pending: list = []
-        self._last_emit = 0.0
-        self._last_stats = 0.0
-        self._frustum_depth: Optional[float] = None
-        self._t_start = time.perf_counter()
-        clock = None                       # (wall time, media time) anchor for paced replay
-        warned = 0
-        while True:
-            with self._cond:
-                while self._paused and self._steps == 0 and not self._stop and self._seek is None:
-                    self._flush_display(force=True)
-                    self._cond.wait(0.1)
-                    clock = None
-                if self._stop:
-                    return self._finish(session, store)
-                if self._seek is not None:
-                    target, self._seek = self._seek, None
-                    try:
-                        source.seek(target)
-                        self.message.emit(f"Jumped to frame {target}")
-                    except EngineError as exc:
-                        self.message.emit(str(exc))
-                    clock = None
-                    continue
-                stepping = self._steps > 0
-                if stepping:
-                    self._steps -= 1
-            frame = source.read()
-            for w in source.warnings[warned:]:
-                self.message.emit(w)
-            warned = len(source.warnings)
-            if frame is None:
-                return self._finish(session, store)
-            if o.speed > 0 and not stepping:
-                if clock is None:
-                    clock = (time.perf_counter(), frame.timestamp)
-                due = clock[0] + (frame.timestamp - clock[1]) / o.speed
-                if self._sleep_until(due):
-                    return self._finish(session, store)
-            self._handle(session.push(frame.image, frame.timestamp), session, store)
-            self.frames_in += 1
-            if o.max_frames and self.frames_in >= o.max_frames:
-                return self._finish(session, store)
-
-    def _sleep_until(self, due: float) -> bool:
-        """Wait for a paced frame; True if a stop came meanwhile."""
-        with self._cond:
-            while not self._stop:
-                left = due - time.perf_counter()
-                if left <= 0 or self._seek is not None:
-                    break
-                self._cond.wait(min(left, 0.05))
-            return self._stop
-
-    def _finish(self, session, store) -> None:
-        self._handle(session.flush(), session, store)
-        self._emit_stats(session, force=True)
-
-    def _handle(self, results, session, store) -> None:
-        o = self.options
-        store.check()                      # a failed write ends the run with its message
-        for r in results:
-            store.put_result(r)            # every result is stored (on the writer thread)
-            self.results_total += 1
-            # frustums keep the size set by the first frame with depth (one scene scale)
-            d = make_display_frame(r, o.display_stride, frustum_depth=self._frustum_depth)
-            if self._frustum_depth is None and len(d.depth):
-                self._frustum_depth = FRUSTUM_FRACTION * d.median_depth
-            # previews: only the newest image and the newest depth map of a batch travel
-            if self._pending:
-                prev = self._pending[-1]
-                prev.image = None
-                if d.depth_map is not None:
-                    for p in self._pending:
-                        p.depth_map = p.conf_map = None
-            self._pending.append(d)
-        for e in session.poll_events():
-            store.put_event(e)
-            if e.kind == "realign" and e.transform is not None:
-                self.realigned.emit(int(e.segment), e.transform)
-            elif e.message:
-                self.message.emit(e.message)
-        self._flush_display()
-        self._emit_stats(session)
-
-    def _flush_display(self, force: bool = False) -> None:
-        pending = getattr(self, "_pending", None)
-        if not pending:
-            return
-        now = time.perf_counter()
-        gui_ready = self._emitted - self._acked <= 0
-        if force or (gui_ready and now - self._last_emit >= 1.0 / self.options.display_hz):
-            self._pending = []
-            self._last_emit = now
-            self._emitted += 1
-            self.frameResult.emit(pending)
-
-    def _emit_stats(self, session, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not force and now - self._last_stats < 1.0 / self.options.stats_hz:
-            return
-        self._last_stats = now
-        try:
-            s = dict(session.stats())
-        except Exception as exc:  # stats are advisory; never end a run over them
-            log.warning("engine stats failed: %s", exc)
-            s = {}
-        s["frames_in"] = self.frames_in
-        s["results_total"] = self.results_total
-        s["wall_s"] = now - self._t_start
-        self.stats.emit(s)
 
 
 class WorkerHandle:
