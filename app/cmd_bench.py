@@ -11,6 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from app.config_flags import add_session_flags, given_settings
+from engine.api import setting_fields
+
+# SessionConfig fields bench takes as flags: the streaming engine's, less those bench sets itself
+BENCH_FIELDS = [f.name for f, m in setting_fields()
+                if ("lingbot-map" in m["engines"] or f.name == "device")
+                and f.name not in ("checkpoint", "mode")]
+
 
 def _resolution(text: str) -> tuple:
     try:
@@ -35,24 +43,13 @@ def _counts(text: str) -> list:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = __doc__.split("\n\n", 1)[1]
-    p.add_argument("--model", default="lingbot-map", help="model name (lingbot-map, lingbot-map-tiny)")
     p.add_argument("--weights", default="random",
                    help="random (fast init), recipe (the fixtures' deterministic weights) or a checkpoint path")
     p.add_argument("--resolution", type=_resolution, default=None, metavar="WxH",
-                   help="model input size, multiples of 14 (default 518x378 = 37x27 patches)")
-    p.add_argument("--image-width", type=int, default=None,
-                   help="model input width; the height keeps the 518:378 aspect (ignored with --resolution)")
+                   help="model input size, multiples of 14 (default 518x378 = 37x27 patches); "
+                        "--image-width alone keeps the 518:378 aspect")
     p.add_argument("--frames", type=int, default=300, help="frames to stream (default 300)")
     p.add_argument("--warmup", type=int, default=30, help="streamed frames left out of steady-state figures")
-    p.add_argument("--window", type=int, default=64)
-    p.add_argument("--scale-frames", type=int, default=8)
-    p.add_argument("--keyframe-interval", type=int, default=1)
-    p.add_argument("--camera-iterations", type=int, default=4)
-    p.add_argument("--special-cap", type=int, default=1024)
-    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--kv-dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
-    p.add_argument("--backend", default="auto", choices=["auto", "sdpa", "flashinfer"])
-    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--breakdown", action="store_true",
                    help="time patch embed / frame blocks / global blocks / global attention / heads (CUDA events)")
     p.add_argument("--sweep", type=_counts, default=None, metavar="N1,N2,...",
@@ -60,10 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", default=None, help="write the sweep rows here (default bench_sweep.csv with --sweep)")
     p.add_argument("--json", default=None, help="write every figure here as JSON")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_true", default=None,
-                   help="replay the fixed-shape parts (patch embed, frame blocks, depth head) as CUDA graphs")
-    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
-                   help="run every part eagerly")
+    # the engine's settings (window, dtype, kv_dtype, kv_compression, ...) from the SessionConfig metadata
+    add_session_flags(p, only=BENCH_FIELDS, defaults={"dtype": "bf16", "device": "cuda when available"})
 
 
 def main(args: argparse.Namespace) -> int:
@@ -72,22 +67,25 @@ def main(args: argparse.Namespace) -> int:
     from engine.api import EngineError
     from engine.bench import BenchConfig, CsvRows, format_report, height_for_width, run_bench, write_json
 
+    given = given_settings(args)
     if args.resolution:
         w, h = args.resolution
     elif args.image_width:
-        if args.image_width < 14 or args.image_width % 14:
+        if args.image_width % 14:
             print(f"bench: --image-width must be a positive multiple of 14 (got {args.image_width})", file=sys.stderr)
             return 2
         w, h = args.image_width, height_for_width(args.image_width)
     else:
         w, h = 518, 378
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = BenchConfig(model=args.model, weights=args.weights, width=w, height=h, frames=args.frames,
-                      warmup=args.warmup, window=args.window, scale_frames=args.scale_frames,
-                      keyframe_interval=args.keyframe_interval, camera_iterations=args.camera_iterations,
-                      special_cap=args.special_cap, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                      backend=args.backend, device=device, breakdown=args.breakdown,
-                      sweep=args.sweep or [], seed=args.seed, cuda_graphs=args.cuda_graphs)
+    own = {k: given.pop(k) for k in ("model", "window", "scale_frames", "keyframe_interval",
+                                     "camera_iterations", "special_cap", "dtype", "kv_dtype", "backend",
+                                     "cuda_graphs") if k in given}
+    given.pop("device", None)
+    given.pop("image_width", None)
+    cfg = BenchConfig(weights=args.weights, width=w, height=h, frames=args.frames, warmup=args.warmup,
+                      device=device, breakdown=args.breakdown, sweep=args.sweep or [], seed=args.seed,
+                      settings=given, **own)
     rows = CsvRows(args.csv or "bench_sweep.csv") if args.sweep else None
     try:
         res = run_bench(cfg, on_row=rows)

@@ -8,23 +8,21 @@ import argparse
 import json
 import sys
 
+from app.config_flags import add_session_flags, config_from_args
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("sequence", metavar="SEQUENCE_DIR",
                    help="folder with rgb/, groundtruth.txt, intrinsics.txt and optionally depth/")
-    p.add_argument("--engine", default="geometric", help="engine to evaluate (default: geometric)")
-    p.add_argument("--checkpoint", metavar="PATH", help="weights for a neural engine")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (neural engines)")
     p.add_argument("--trajectory", metavar="OUT.txt", help="write the estimated trajectory (TUM format)")
     p.add_argument("--max-frames", type=int, default=None, metavar="N", help="use only the first N frames")
-    p.add_argument("--max-side", type=int, default=None, metavar="PX",
-                   help="geometric engine: process frames at most this large (default 640)")
-    p.add_argument("--intrinsics", metavar="fx,fy,cx,cy,w,h",
-                   help="override the sequence's intrinsics.txt")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra engine setting (SessionConfig.extra), e.g. --set depth=false")
+                   help="any engine setting by its SessionConfig name, e.g. --set depth=false "
+                        "(unknown keys go to SessionConfig.extra)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    # every engine setting from the SessionConfig metadata (--intrinsics overrides intrinsics.txt)
+    add_session_flags(p)
 
 
 def _value(text: str):
@@ -42,21 +40,17 @@ def _value(text: str):
 def main(args) -> int:
     from engine.api import EngineError, SessionConfig
     from engine.evaluate import evaluate_sequence, format_report
-    from engine.intrinsics import Intrinsics
 
-    cfg = SessionConfig(engine=args.engine, checkpoint=args.checkpoint)
-    if args.device:
-        cfg.device = args.device
-    if args.max_side:
-        cfg.max_side = args.max_side
     try:
-        if args.intrinsics:
-            cfg.intrinsics = Intrinsics.from_sequence(args.intrinsics.replace(",", " ").split()).as_tuple()
+        cfg = config_from_args(args)
+        sets = {}
         for item in args.set:
             if "=" not in item:
                 raise EngineError(f"--set needs KEY=VALUE, got {item!r}")
             k, v = item.split("=", 1)
-            cfg.extra[k.strip()] = _value(v.strip())
+            sets[k.strip()] = _value(v.strip())
+        if sets:      # typed fields are converted (ValueError names a bad one); the rest -> extra
+            cfg = SessionConfig.from_dict({**cfg.to_dict(), **sets})
 
         def progress(i, n):
             if not args.quiet and (i % 20 == 0 or i == n):
@@ -64,7 +58,7 @@ def main(args) -> int:
 
         rep = evaluate_sequence(args.sequence, cfg, max_frames=args.max_frames, trajectory=args.trajectory,
                                 progress=progress)
-    except EngineError as exc:
+    except (EngineError, ValueError) as exc:
         print(f"reconstudio eval: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

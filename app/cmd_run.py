@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from app.config_flags import add_session_flags, given_settings
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
@@ -35,33 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", metavar="INPUT",
                    help="video file, image folder (jpg/jpeg/png, sorted by name), webcam:N, or a saved "
                         "session folder (then only the exports are written, no engine runs)")
-    g = p.add_argument_group("engine")
-    g.add_argument("--engine", default=d.get("engine", "geometric"),
-                   help="geometric (CPU, no weights; default) or lingbot-map (needs --checkpoint)")
-    g.add_argument("--checkpoint", metavar="PATH", help="weights for a neural engine (.pt or .safetensors)")
-    g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda if available)")
-    g.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
-                   help="compute dtype of a neural engine (default: bf16 on cuda, fp32 on cpu)")
-    g.add_argument("--backend", default=None, help="attention backend: auto, sdpa or flashinfer")
-    g.add_argument("--mode", default=None, choices=["streaming", "windowed"], help="neural engine mode")
-    g.add_argument("--window", type=int, default=None, metavar="N",
-                   help="sliding window of cached frames (neural engines; default 64)")
-    g.add_argument("--scale-frames", type=int, default=None, metavar="N",
-                   help="frames of the scale phase, never evicted (default 8)")
-    g.add_argument("--keyframe-interval", type=int, default=None, metavar="N",
-                   help="every N-th frame stays in the KV cache (default 1)")
-    g.add_argument("--camera-iterations", type=int, default=None, metavar="N",
-                   help="camera-head refinement iterations (default 4)")
-    g.add_argument("--image-width", type=int, default=None, metavar="PX",
-                   help="model input width (default 518)")
-    g.add_argument("--intrinsics", metavar="FILE|fx,fy,cx,cy,w,h",
-                   help="camera intrinsics of the input (default: intrinsics.txt beside the input, "
-                        "else an assumed 60° field of view)")
-    g.add_argument("--fov", type=float, default=None, metavar="DEG",
-                   help="assumed horizontal field of view when no intrinsics are known")
+    # every engine setting (--engine, --checkpoint, --window, --kv-dtype, --intrinsics, ...) from
+    # the SessionConfig metadata; --fps also times image folders
+    add_session_flags(p, defaults={"engine": d.get("engine", "geometric"), "device": "auto",
+                                   "dtype": "bf16 on cuda, fp32 on cpu",
+                                   "intrinsics": "intrinsics.txt beside the input, else the assumed FOV"})
     i = p.add_argument_group("input")
-    i.add_argument("--fps", type=float, default=None, metavar="N",
-                   help="frame rate of an image folder for timestamps (default 30); videos keep their own")
     i.add_argument("--max-frames", type=int, default=None, metavar="N", help="stop after N input frames")
     i.add_argument("--start", type=int, default=0, metavar="N", help="start at input frame N (files)")
     i.add_argument("--resize", type=int, default=None, metavar="PX",
@@ -91,21 +72,6 @@ class _BadInput(Exception):
     pass
 
 
-def _parse_intrinsics(text: str) -> tuple:
-    from engine.intrinsics import Intrinsics, read_intrinsics
-    parts = [s for s in text.replace(",", " ").split() if s]
-    if len(parts) == 6 and not Path(text).exists():
-        try:
-            [float(x) for x in parts]
-        except ValueError:
-            pass
-        else:
-            return Intrinsics.from_sequence(parts).as_tuple()
-    if "," in text and not Path(text).exists():
-        raise _BadInput(f"--intrinsics needs 6 numbers fx,fy,cx,cy,width,height or a file, got {text!r}")
-    return read_intrinsics(text).as_tuple()
-
-
 def _check_output(path: str, flag: str) -> Path:
     """Fail before the run, not after it, if an output cannot be written."""
     import os
@@ -121,35 +87,38 @@ def _check_output(path: str, flag: str) -> Path:
 
 
 def _build_config(args, source):
-    from engine.api import SessionConfig, engine_capabilities
+    from engine.api import SessionConfig, engine_capabilities, setting_problems
 
-    caps = engine_capabilities(args.engine)      # EngineError for an unknown engine
-    cfg = SessionConfig(engine=args.engine, checkpoint=args.checkpoint)
-    if caps.get("needs_checkpoint") and not args.checkpoint:
-        raise _BadInput(f"engine {args.engine} needs weights: pass --checkpoint PATH")
-    if args.checkpoint and not Path(args.checkpoint).expanduser().is_file():
-        raise _BadInput(f"checkpoint not found: {args.checkpoint}")
-    device = args.device
+    try:
+        given = given_settings(args)
+    except ValueError as exc:
+        raise _BadInput(str(exc)) from None
+    engine = given.get("engine") or _defaults().get("engine", "geometric")
+    caps = engine_capabilities(engine)      # EngineError for an unknown engine
+    checkpoint = given.get("checkpoint")
+    if caps.get("needs_checkpoint") and not checkpoint:
+        raise _BadInput(f"engine {engine} needs weights: pass --checkpoint PATH")
+    if checkpoint and not Path(checkpoint).expanduser().is_file():
+        raise _BadInput(f"checkpoint not found: {checkpoint}")
+    device = given.get("device") or "auto"
     if device == "auto":
         device = "cpu"
         if "cuda" in (caps.get("devices") or []):
             import torch
             device = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg.device = device
-    cfg.dtype = args.dtype or ("bf16" if device.startswith("cuda") else "fp32")
-    for name in ("backend", "mode", "window", "scale_frames", "keyframe_interval",
-                 "camera_iterations", "image_width"):
-        value = getattr(args, name)
-        if value is not None:
-            if isinstance(value, int) and value <= 0:
-                raise _BadInput(f"--{name.replace('_', '-')} must be positive, got {value}")
-            setattr(cfg, name, value)
-    if args.fov is not None:
-        cfg.fov_deg = args.fov
+    given.update(engine=engine, device=device,
+                 dtype=given.get("dtype") or ("bf16" if device.startswith("cuda") else "fp32"))
+    for name in ("window", "scale_frames", "keyframe_interval", "camera_iterations", "image_width"):
+        if name in given and given[name] <= 0:
+            raise _BadInput(f"--{name.replace('_', '-')} must be positive, got {given[name]}")
+    cfg = SessionConfig(**given)
+    problems = setting_problems(cfg)
+    if problems:
+        raise _BadInput("; ".join(problems))
     cfg.fps = float(source.fps)
-    if args.intrinsics:
-        cfg.intrinsics = _parse_intrinsics(args.intrinsics)
-    from engine.intrinsics import attach_found_intrinsics
+    from engine.intrinsics import attach_found_intrinsics, read_intrinsics
+    if cfg.intrinsics_file:
+        read_intrinsics(cfg.intrinsics_file)      # a bad file fails now, not at the first frame
     return cfg, attach_found_intrinsics(cfg, getattr(source, "path", None))
 
 

@@ -18,9 +18,35 @@ ORGANIZATION = "ReconStudio"
 APPLICATION = "ReconStudio"
 
 
+DEFAULTS_FILE = Path(__file__).resolve().parents[1] / "resources" / "default_settings.json"
+
+
+def session_defaults() -> dict:
+    """The "session" block of the defaults file, generated from the SessionConfig metadata
+    (every setting with its default; `extra` left out)."""
+    d = SessionConfig().to_dict()
+    d.pop("extra", None)
+    return d
+
+
+def write_defaults(path: Optional[Path] = None) -> Path:
+    """Regenerate the defaults file's "session" block (and "engine") from the metadata, keeping its
+    other sections: `python -m app.settings`."""
+    path = Path(path or DEFAULTS_FILE)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        d = {}
+    session = session_defaults()
+    out = {"engine": session["engine"], "session": session}
+    out.update({k: v for k, v in d.items() if k not in out})
+    path.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
 def defaults() -> dict:
     """The shipped defaults (resources/default_settings.json), {} if missing or unreadable."""
-    path = Path(__file__).resolve().parents[1] / "resources" / "default_settings.json"
+    path = DEFAULTS_FILE
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -83,3 +109,7 @@ class AppSettings:
 
     def sync(self) -> None:
         self._q.sync()
+
+
+if __name__ == "__main__":
+    print(f"wrote {write_defaults()}")

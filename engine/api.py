@@ -17,21 +17,26 @@ class EngineError(RuntimeError):
     """A user-facing engine failure (bad input, bad settings). The message is shown as-is."""
 
 
+class SettingError(EngineError, ValueError):
+    """A setting value of the wrong type or outside its declared choices / range."""
+
+
 class CheckpointError(EngineError):
     """A checkpoint could not be loaded into a model; the message lists what is wrong."""
 
 
 def setting(default: Any = None, *, label: str = "", tooltip: str = "", engines: tuple = (),
             choices: Optional[tuple] = None, range: Optional[tuple] = None, group: str = "",
-            default_factory: Optional[Callable[[], Any]] = None, cli: bool = True, panel: bool = True):
+            default_factory: Optional[Callable[[], Any]] = None, cli: bool = True, panel: bool = True,
+            step: Optional[float] = None):
     """A typed `SessionConfig` field with the metadata that the CLI flags, the settings-panel rows,
     the defaults file and the capabilities are generated from (one source of truth).
 
     engines: names of the engines that honour the field (empty = all); choices: allowed values of a
     choice field; range: (min, max) of a numeric field; group: settings-panel section;
-    cli / panel: whether the field gets a CLI flag / a settings-panel row."""
+    cli / panel: whether the field gets a CLI flag / a settings-panel row; step: spin-box step."""
     meta = {"label": label, "tooltip": tooltip, "engines": tuple(engines), "choices": choices,
-            "range": range, "group": group, "cli": cli, "panel": panel}
+            "range": range, "group": group, "cli": cli, "panel": panel, "step": step}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata={"setting": meta})
     return field(default=default, metadata={"setting": meta})
@@ -43,50 +48,215 @@ def setting_fields(cls: type = None) -> list:
     return [(f, f.metadata["setting"]) for f in dataclasses.fields(cls) if "setting" in f.metadata]
 
 
+_NEURAL = ("lingbot-map",)
+_GEOMETRIC = ("geometric",)
+KV_COMPRESSIONS = ("none", "token_partition", "random_subset", "token_merge", "block_sparse")
+KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "int8")
+
+
 @dataclass
 class SessionConfig:
     """Settings of one reconstruction session. Engines ignore what they do not use;
-    `engine_capabilities()` says which fields each engine honours."""
+    `engine_capabilities()` says which fields each engine honours.
 
-    engine: str = "geometric"           # "geometric" | "lingbot-map" | ...
-    checkpoint: Optional[str] = None    # weights file for neural engines
-    device: str = "cpu"                 # "cpu" | "cuda" | "cuda:N"
-    dtype: str = "fp32"                 # "fp32" | "bf16" | "fp16" (neural engines)
-    backend: str = "auto"               # attention backend: "auto" | "sdpa" | "flashinfer"
-    image_width: int = 518              # model input width (height follows the aspect, multiple of 14)
-    mode: str = "streaming"             # "streaming" | "windowed"
-    scale_frames: int = 8               # frames of the bidirectional scale phase (never evicted)
-    window: int = 64                    # sliding window of cached frames (full tokens)
-    keyframe_interval: int = 1          # every N-th frame stays in the KV cache
-    camera_iterations: int = 4          # camera-head refinement iterations
-    special_cap: int = 1024             # max frames whose special tokens stay cached
-    kv_compression: str = "none"
-    kv_dtype: str = "auto"              # "auto" (= compute dtype) | "bf16" | "fp16" | "fp32"
-    # geometric engine
-    intrinsics: Optional[tuple] = None  # (fx, fy, cx, cy, width, height) of the input frames
-    fov_deg: float = 60.0               # assumed horizontal FOV when no intrinsics are known
-    max_side: int = 640                 # geometric engine works at most at this resolution
-    # input timing
-    fps: float = 30.0                   # for sources without timestamps (image folders)
-    # synthetic engine (soak tests)
-    synthetic_fps: float = setting(0.0, label="Synthetic rate", engines=("synthetic",), range=(0.0, 1000.0),
-                                   group="Synthetic", tooltip="Frames per second the synthetic engine emits "
-                                   "(0 = as fast as possible).")
-    synthetic_segment_frames: int = setting(0, label="Segment every", engines=("synthetic",), range=(0, 1000000),
-                                            group="Synthetic", tooltip="The synthetic engine starts a new "
-                                            "segment every N frames (0 = never).")
+    Every field is declared with `setting(...)`: its metadata generates the CLI flags
+    (app/config_flags.py), the settings-panel rows (ui/settings_panel.py), the defaults file
+    (resources/default_settings.json) and `engine_capabilities()["fields"]` / tooltips.
+    `extra` only carries keys this version does not know (forward compatibility); old sessions
+    that stored a now-typed knob in `extra` are read into the typed field by `from_dict`."""
+
+    # -- engine ------------------------------------------------------------------------------
+    engine: str = setting("geometric", label="Engine", group="Engine",
+                          tooltip="Which reconstruction engine runs. The geometric engine needs no weights "
+                                  "(CPU, arbitrary scale); neural engines need a checkpoint and are best on a GPU.")
+    checkpoint: Optional[str] = setting(None, label="Checkpoint", group="Engine", engines=_NEURAL,
+                                        tooltip="Weights file (.pt / .safetensors) of the neural engine.")
+    model: str = setting("lingbot-map", label="Architecture", group="Engine", engines=_NEURAL,
+                         choices=("lingbot-map", "lingbot-map-tiny"),
+                         tooltip="Network architecture the checkpoint is loaded into: lingbot-map (the "
+                                 "released 1.2 B model) or lingbot-map-tiny (test-sized).")
+    device: str = setting("cpu", label="Device", group="Engine",
+                          tooltip="Where the engine runs (cpu, cuda, cuda:N): a GPU is much faster; CPU works everywhere.")
+    dtype: str = setting("fp32", label="Precision", group="Engine", engines=_NEURAL,
+                         choices=("fp32", "bf16", "fp16"),
+                         tooltip="Compute precision: bf16/fp16 halve memory and run faster on GPUs; fp32 is "
+                                 "the reference but slow.")
+    weight_dtype: str = setting("auto", label="Weight precision", group="Engine", engines=_NEURAL,
+                                choices=("auto", "bf16", "int8", "fp8"),
+                                tooltip="Storage of the trunk's linear-layer weights: auto = the compute "
+                                        "precision; int8 / fp8 quantize them per output channel (about half "
+                                        "the weight memory of bf16, small accuracy loss).")
+    backend: str = setting("auto", label="Attention", group="Engine", engines=_NEURAL,
+                           choices=("auto", "sdpa", "flashinfer"),
+                           tooltip="Attention kernel: flashinfer (paged, CUDA, bf16/fp16) or sdpa (PyTorch, "
+                                   "any device); auto picks flashinfer when it can.")
+    cuda_graphs: bool = setting(True, label="CUDA graphs", group="Engine", engines=_NEURAL,
+                                tooltip="On CUDA, replay the fixed-shape parts of a frame (patch embed, frame "
+                                        "blocks, depth head) as CUDA graphs: faster, same outputs. Ignored on CPU.")
+    image_width: int = setting(518, label="Input width", group="Engine", engines=_NEURAL, range=(14, 4088),
+                               step=14, tooltip="Model input width in pixels (multiple of 14; 518 is what the "
+                                                "model was trained at): larger = finer depth and poses, slower.")
+    mode: str = setting("streaming", label="Mode", group="Engine", engines=_NEURAL,
+                        choices=("streaming", "windowed"),
+                        tooltip="streaming keeps one KV cache; windowed restarts it every window and aligns "
+                                "the pieces (bounded memory for very long videos, small seams).")
+    # -- streaming / KV cache ------------------------------------------------------------------
+    scale_frames: int = setting(8, label="Scale frames", group="Streaming", engines=_NEURAL, range=(1, 1024),
+                                tooltip="Frames of the first, bidirectional pass; they fix the scene scale and "
+                                        "are never evicted. More = steadier scale, longer wait before the first result.")
+    window: int = setting(64, label="Sliding window", group="Streaming", engines=_NEURAL, range=(1, 100_000),
+                          tooltip="Recent frames kept with all their tokens in the KV cache: more = better "
+                                  "long-range consistency, more memory and slower steps.")
+    keyframe_interval: int = setting(1, label="Keyframe every", group="Streaming", engines=_NEURAL, range=(1, 1000),
+                                     tooltip="Every N-th frame stays in the KV cache; the others are reconstructed "
+                                             "but forgotten. Larger = longer memory in time, coarser tracking.")
+    camera_iterations: int = setting(4, label="Camera iterations", group="Streaming", engines=_NEURAL,
+                                     range=(1, 16), tooltip="Camera-head refinement passes: fewer = faster, "
+                                                           "poses slightly rougher.")
+    special_cap: int = setting(1024, label="Special-token cap", group="Streaming", engines=_NEURAL,
+                               range=(1, 10_000_000), step=16,
+                               tooltip="How many past frames keep their 6 special (camera) tokens cached: the "
+                                       "long-range trajectory memory. Bounds memory.")
+    kv_compression: str = setting("none", label="KV compression", group="KV cache", engines=_NEURAL,
+                                  choices=KV_COMPRESSIONS,
+                                  tooltip="Keep fewer of each cached window frame's tokens: token_partition "
+                                          "(keep the most distinctive, FastVGGT-like), random_subset (a seeded "
+                                          "random share, AVGGT-like), token_merge (average similar neighbours) "
+                                          "or block_sparse (attend to the best-matching blocks only). Less "
+                                          "memory and faster global attention, some accuracy loss. Scale frames "
+                                          "and special tokens stay exact.")
+    kv_keep_ratio: float = setting(0.5, label="KV keep ratio", group="KV cache", engines=_NEURAL,
+                                   range=(0.05, 1.0), step=0.05,
+                                   tooltip="Share of a compressed frame's patch tokens kept (token_partition, "
+                                           "random_subset, token_merge) or of the window's blocks attended "
+                                           "(block_sparse).")
+    kv_block_size: int = setting(64, label="KV block size", group="KV cache", engines=_NEURAL, range=(8, 4096),
+                                 tooltip="Tokens per block of block_sparse attention (selected by the mean key).")
+    kv_seed: int = setting(0, label="KV seed", group="KV cache", engines=_NEURAL, range=(0, 2**31 - 1),
+                           tooltip="Seed of random_subset (the kept tokens are reproducible for a given seed).")
+    kv_dtype: str = setting("auto", label="KV precision", group="KV cache", engines=_NEURAL, choices=KV_DTYPES,
+                            tooltip="Storage of the cached keys/values: auto = the compute precision; fp8 / int8 "
+                                    "store one byte per value with a scale per page and head (half of bf16), "
+                                    "small accuracy loss.")
+    # -- several GPUs --------------------------------------------------------------------------
+    sequence_parallel: str = setting("off", label="Sequence parallel", group="Multi-GPU",
+                                     engines=("lingbot-map", "vggt-1b"), choices=("off", "ring"),
+                                     tooltip="ring: split the scale phase's frames over the GPUs of a "
+                                             "torch.distributed group (one process per GPU, e.g. torchrun) and "
+                                             "pass the keys/values around the ring (exact attention). off: one GPU.")
+    ring_world_size: int = setting(0, label="Ring size", group="Multi-GPU", engines=("lingbot-map", "vggt-1b"),
+                                   range=(0, 64), tooltip="Ranks expected in the ring; 0 = every rank of the "
+                                                          "process group (a mismatch is an error).")
+    # -- geometric engine ------------------------------------------------------------------------
+    intrinsics: Optional[tuple] = setting(None, label="Intrinsics", group="Camera", engines=_GEOMETRIC,
+                                          tooltip="Camera intrinsics 'fx fy cx cy width height' of the input frames; "
+                                                  "empty = an intrinsics file, else the assumed field of view. Exact "
+                                                  "intrinsics give better geometry.")
+    intrinsics_file: Optional[str] = setting(None, label="Intrinsics file", group="Camera", engines=_GEOMETRIC,
+                                             tooltip="A file with the intrinsics (intrinsics.txt), used when no "
+                                                     "numbers are given; one beside the input is found automatically.")
+    fov_deg: float = setting(60.0, label="Assumed FOV", group="Camera", engines=_GEOMETRIC, range=(10.0, 170.0),
+                             tooltip="Horizontal field of view assumed when no intrinsics are known. A wrong "
+                                     "value bends the trajectory and the geometry.")
+    max_side: int = setting(640, label="Working size", group="Geometric", engines=_GEOMETRIC, range=(64, 8192),
+                            step=32, tooltip="The geometric engine works at most at this resolution (longest "
+                                             "side): larger = denser and more accurate, slower.")
+    depth: bool = setting(True, label="Keyframe depth", group="Geometric", engines=_GEOMETRIC,
+                          tooltip="Compute dense stereo depth for keyframes (off = poses and sparse points only, faster).")
+    depth_width: int = setting(320, label="Depth width", group="Geometric", engines=_GEOMETRIC, range=(64, 8192),
+                               step=16, tooltip="Width of the keyframe depth maps: larger = denser, slower.")
+    depth_max_lag: int = setting(15, label="Depth max lag", group="Geometric", engines=_GEOMETRIC, range=(0, 200),
+                                 tooltip="Keyframes whose depth is still pending after this many frames are "
+                                         "dropped from depth (keeps the engine live).")
+    max_features: int = setting(400, label="Max features", group="Geometric", engines=_GEOMETRIC,
+                                range=(20, 5000), tooltip="Corners tracked per frame: more = steadier tracking, slower.")
+    # -- input timing ----------------------------------------------------------------------------
+    fps: float = setting(30.0, label="Folder frame rate", group="Input", range=(0.1, 1000.0),
+                         tooltip="Frame rate assumed for image folders (their timestamps = index / fps); "
+                                 "videos use their own clock.")
+    # keys this version does not know (kept for forward compatibility; never behaviour)
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        # Older versions kept some knobs in `extra` (cuda_graphs, model, intrinsics_file, depth,
+        # depth_width, ...): such a key moves into its typed field, so saved sessions and old
+        # callers keep working and nothing behaves through `extra`.
+        self.extra = dict(self.extra or {})
+        for f in dataclasses.fields(self):
+            if f.name != "extra" and f.name in self.extra:
+                setattr(self, f.name, coerce_setting(f, self.extra.pop(f.name)))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "SessionConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
-        if kw.get("intrinsics") is not None:
-            kw["intrinsics"] = tuple(kw["intrinsics"])
-        return cls(**kw)
+        """From a saved dict (JSON, INI): values converted to the field types (ValueError names a
+        bad one); unknown keys are kept in `extra`."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        extra = dict(d.get("extra") or {}) if isinstance(d.get("extra"), dict) else {}
+        kw = {}
+        for k, v in d.items():
+            if k == "extra":
+                continue
+            if k in fields:
+                kw[k] = coerce_setting(fields[k], v)
+            else:
+                extra[k] = v
+        return cls(**kw, extra=extra)
+
+
+def _field_kind(f: dataclasses.Field) -> type:
+    """The value type of a setting: bool, int, float, str or tuple (Optional stripped)."""
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    for name, kind in (("bool", bool), ("int", int), ("float", float), ("tuple", tuple), ("dict", dict)):
+        if t == name or t == f"Optional[{name}]":
+            return kind
+    return str
+
+
+def coerce_setting(f: dataclasses.Field, value: Any) -> Any:
+    """`value` (from JSON, an INI file or an old `extra`) as the field's type; None stays None for
+    optional fields. Raises ValueError with the field name on a value that cannot be converted."""
+    kind = _field_kind(f)
+    if value is None:
+        return None
+    try:
+        if kind is bool:
+            if isinstance(value, str):
+                low = value.strip().lower()
+                if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(value)
+                return low in ("1", "true", "yes", "on")
+            return bool(value)
+        if kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if kind is float:
+            return float(value)
+        if kind is tuple:
+            return tuple(value)
+        if kind is dict:
+            return dict(value)
+        return value if isinstance(value, str) else str(value)
+    except (TypeError, ValueError):
+        raise SettingError(f"invalid setting {f.name}: cannot use {value!r} as {kind.__name__}") from None
+
+
+def setting_problems(cfg: "SessionConfig") -> list[str]:
+    """Values outside a field's declared choices or range (one message each; [] = all fine)."""
+    out = []
+    for f, meta in setting_fields(type(cfg)):
+        v = getattr(cfg, f.name)
+        if v is None:
+            continue
+        if meta.get("choices") and v not in meta["choices"]:
+            out.append(f"{f.name} must be one of {', '.join(map(str, meta['choices']))} (got {v!r})")
+        rng = meta.get("range")
+        if rng and isinstance(v, (int, float)) and not isinstance(v, bool) and not (rng[0] <= v <= rng[1]):
+            out.append(f"{f.name} must be between {rng[0]:g} and {rng[1]:g} (got {v!r})")
+    return out
 
 
 @dataclass
@@ -176,7 +346,35 @@ def engine_capabilities(name: str) -> dict:
     _ensure_builtin_engines(name)
     if name not in _CAPABILITIES:
         raise EngineError(f"unknown engine {name!r}; available: {', '.join(_FACTORIES) or 'none'}")
-    return dict(_CAPABILITIES[name])
+    return _with_setting_metadata(name, dict(_CAPABILITIES[name]))
+
+
+# capability key holding the allowed values of a choice field (the engine may narrow them)
+CHOICE_KEYS = {"device": "devices", "dtype": "dtypes", "backend": "backends", "mode": "modes",
+               "kv_compression": "kv_compression", "kv_dtype": "kv_dtypes"}
+
+
+def _with_setting_metadata(name: str, caps: dict) -> dict:
+    """Capabilities completed from the `setting()` metadata: "fields" = the engine's own list plus
+    every field whose metadata names the engine (or all engines); "tooltips" = the metadata's,
+    overridden by the engine's; a choice list the engine does not narrow = the field's choices."""
+    declared = list(caps.get("fields", []))
+    fields = list(declared)
+    tips = {}
+    for f, meta in setting_fields():
+        if f.name == "engine":
+            continue
+        if (name in meta["engines"] or not meta["engines"]) and f.name not in fields:
+            fields.append(f.name)
+        if meta["tooltip"]:
+            tips[f.name] = meta["tooltip"]
+        key = CHOICE_KEYS.get(f.name, f"{f.name}_choices")
+        if meta["choices"] and key not in caps and f.name in fields:
+            caps[key] = list(meta["choices"])
+    tips.update(caps.get("tooltips") or {})
+    caps["fields"] = fields
+    caps["tooltips"] = tips
+    return caps
 
 
 def open_session(config: SessionConfig, model: Any = None) -> Session:

@@ -64,6 +64,7 @@ class BenchConfig:
     seed: int = 0
     distinct_frames: int = 16           # synthetic frames cycled through
     cuda_graphs: Optional[bool] = None  # None = the session's default
+    settings: dict = field(default_factory=dict)  # further SessionConfig fields (kv_compression, ...)
 
 
 def height_for_width(width: int) -> int:
@@ -189,7 +190,8 @@ def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print,
         backend=cfg.backend, image_width=cfg.width, scale_frames=cfg.scale_frames, window=cfg.window,
         keyframe_interval=cfg.keyframe_interval, camera_iterations=cfg.camera_iterations,
         special_cap=cfg.special_cap,
-        extra={} if cfg.cuda_graphs is None else {"cuda_graphs": cfg.cuda_graphs}), model=model)
+        **({} if cfg.cuda_graphs is None else {"cuda_graphs": bool(cfg.cuda_graphs)}),
+        **cfg.settings), model=model)
 
     gen = torch.Generator().manual_seed(cfg.seed)
     frames = [torch.rand(3, cfg.height, cfg.width, generator=gen) for _ in range(max(1, cfg.distinct_frames))]

@@ -130,15 +130,18 @@ def find_intrinsics(input_path: Union[str, Path, None]) -> Optional[Path]:
 
 def attach_found_intrinsics(config, input_path) -> str:
     """Point `config` at the `intrinsics.txt` beside `input_path` when it has no intrinsics of its
-    own (the CLI and the GUI both do this); returns a note for the user saying which were used."""
+    own (the CLI and the GUI both do this); returns a note for the user saying which were used.
+    Numbers or an `intrinsics_file` the user set win over a found file."""
     if config.intrinsics is not None:
         return "given"
+    if getattr(config, "intrinsics_file", None):
+        return f"{config.intrinsics_file} (given)"
     is_path = isinstance(input_path, (str, Path)) and str(input_path) and Path(input_path).exists()
     found = find_intrinsics(input_path) if is_path else None      # never for "webcam:N"
     if found is not None:
-        config.extra["intrinsics_file"] = str(found)
+        config.intrinsics_file = str(found)
         return str(found)
-    config.extra.pop("intrinsics_file", None)
+    config.intrinsics_file = None
     return f"assumed {config.fov_deg:g}° horizontal field of view"
 
 
@@ -152,14 +155,14 @@ def default_intrinsics(width: int, height: int, fov_deg: float = DEFAULT_FOV_DEG
 
 def resolve_intrinsics(config, width: int, height: int) -> tuple[Intrinsics, str]:
     """Intrinsics for input frames of `width`x`height` from a SessionConfig, and a note saying
-    where they came from. `config.extra["intrinsics_file"]` names a file when numbers are absent."""
-    extra = getattr(config, "extra", None) or {}
+    where they came from. `config.intrinsics_file` names a file when numbers are absent."""
+    ifile = getattr(config, "intrinsics_file", None)
     if getattr(config, "intrinsics", None) is not None:
         base = Intrinsics.from_sequence(config.intrinsics)
         source = "given"
-    elif extra.get("intrinsics_file"):
-        base = read_intrinsics(extra["intrinsics_file"])
-        source = f"file {extra['intrinsics_file']}"
+    elif ifile:
+        base = read_intrinsics(ifile)
+        source = f"file {ifile}"
     else:
         fov = getattr(config, "fov_deg", None) or DEFAULT_FOV_DEG
         return default_intrinsics(width, height, fov), f"assumed {float(fov):g}° horizontal FOV"

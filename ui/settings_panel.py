@@ -1,9 +1,11 @@
-"""Engine settings panel: one control per SessionConfig field the selected engine honours.
+"""Engine settings panel: one row per `SessionConfig` setting the selected engine honours.
 
-The choices and the visible rows come from `engine.engine_capabilities(name)`; each control's
-tooltip says what it trades (the engine's own `tooltips` first, ours as a fallback). The
-checkpoint row can fetch a released checkpoint from the hub (`engine.hub`) in a background
-thread with a progress bar; failures (offline, gated, missing) show the hub module's message.
+The rows are generated from the `engine.api.setting()` metadata (label, tooltip, choices, range,
+step, group): a choice field is a combo box (its items narrowed by the engine's capabilities), a
+bool a check box, a number a spin box, text a line edit; a new setting gets its row without code
+here. The engine selector, the checkpoint row (browse, download from the hub in a background
+thread with a progress bar) and the intrinsics row (six numbers, checked) are built by hand.
+Which rows show and their tooltips come from `engine_capabilities(name)` ("fields", "tooltips").
 """
 from __future__ import annotations
 
@@ -13,55 +15,20 @@ from typing import Optional
 
 from PySide6 import QtCore, QtWidgets
 
-from engine.api import EngineError, SessionConfig, available_engines, engine_capabilities
+from engine.api import (CHOICE_KEYS, EngineError, SessionConfig, _field_kind, available_engines,
+                        engine_capabilities, setting_fields)
 
 log = logging.getLogger(__name__)
 
-# Used when an engine gives no tooltip of its own for a field.
-DEFAULT_TOOLTIPS = {
-    "engine": "Which reconstruction engine runs. The geometric engine needs no weights (CPU, "
-              "arbitrary scale); neural engines need a checkpoint and are best on a GPU.",
-    "checkpoint": "Weights file (.pt / .safetensors) of the neural engine.",
-    "device": "Where the engine runs: a GPU is much faster; CPU works everywhere.",
-    "dtype": "Compute precision: bf16/fp16 halve memory and run faster on GPUs; fp32 is exact but slow.",
-    "backend": "Attention kernel: flashinfer (paged, CUDA) or sdpa (PyTorch, any device); auto picks.",
-    "image_width": "Model input width in pixels: larger = finer depth and poses, slower and more memory.",
-    "mode": "streaming keeps one KV cache; windowed restarts it every window and aligns the pieces "
-            "(bounded drift memory for very long videos, small seams).",
-    "window": "Frames kept with full tokens in the KV cache: more = better long-range consistency, "
-              "more memory and slower steps.",
-    "scale_frames": "First frames processed together to fix the scene scale; never evicted. More = "
-                    "steadier scale, longer wait before the first result.",
-    "keyframe_interval": "Every N-th frame stays in the cache: larger N = longer memory per cached "
-                         "frame and faster, but coarser tracking.",
-    "camera_iterations": "Camera-head refinement passes: more = slightly better poses, slower.",
-    "kv_compression": "Drop or merge cached tokens: less memory and faster attention, some accuracy loss.",
-    "kv_dtype": "Precision of the cached keys/values: lower = less memory, small accuracy loss.",
-    "special_cap": "How many past frames keep their special (camera) tokens: the long-range trajectory memory.",
-    "intrinsics": "Camera intrinsics 'fx fy cx cy width height' of the input frames; empty = assume "
-                  "the field of view below. Exact intrinsics give better geometry.",
-    "fov_deg": "Horizontal field of view assumed when no intrinsics are given.",
-    "max_side": "The geometric engine works at most at this resolution: larger = denser, slower.",
-    "fps": "Frame rate assumed for image folders (their timestamps = index / fps); videos use their own clock.",
-}
+# fields with a hand-made row (the rest are generated)
+_CUSTOM = ("engine", "checkpoint", "intrinsics")
 
-_COMBO_FIELDS = {  # config field → capability list with its choices
-    "device": "devices", "dtype": "dtypes", "backend": "backends", "mode": "modes",
-    "kv_compression": "kv_compression", "kv_dtype": "kv_dtypes",
-}
-_SPIN_FIELDS = {  # field → (min, max, step)
-    "image_width": (112, 1022, 14), "window": (2, 1024, 1), "scale_frames": (1, 64, 1),
-    "keyframe_interval": (1, 32, 1), "camera_iterations": (1, 8, 1), "special_cap": (16, 100000, 16),
-    "max_side": (160, 1920, 32),
-}
-_LABELS = {
-    "device": "Device", "dtype": "Precision", "backend": "Attention", "mode": "Mode",
-    "kv_compression": "KV compression", "kv_dtype": "KV precision", "image_width": "Input width",
-    "window": "Sliding window", "scale_frames": "Scale frames", "keyframe_interval": "Keyframe every",
-    "camera_iterations": "Camera iterations", "special_cap": "Special-token cap",
-    "max_side": "Working size", "intrinsics": "Intrinsics", "fov_deg": "Assumed FOV",
-    "fps": "Folder frame rate",
-}
+
+def _tooltip(name: str) -> str:
+    for f, meta in setting_fields():
+        if f.name == name:
+            return meta["tooltip"]
+    return ""
 
 
 class _Downloader(QtCore.QObject):
@@ -96,9 +63,11 @@ class SettingsPanel(QtWidgets.QWidget):
         self._form = QtWidgets.QFormLayout(self)
         self._form.setFieldGrowthPolicy(QtWidgets.QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self._rows: dict[str, QtWidgets.QWidget] = {}
+        self._groups: dict[str, tuple] = {}      # group -> (heading label, [fields])
         self._caps: dict = {}
+        self._meta = {f.name: (f, meta) for f, meta in setting_fields() if meta.get("panel", True)}
         self.engine = QtWidgets.QComboBox()
-        self.engine.setToolTip(DEFAULT_TOOLTIPS["engine"])
+        self.engine.setToolTip(_tooltip("engine"))
         self._engines = available_engines()
         for name in self._engines:
             try:
@@ -123,7 +92,8 @@ class SettingsPanel(QtWidgets.QWidget):
         h.setContentsMargins(0, 0, 0, 0)
         self.checkpoint = QtWidgets.QLineEdit()
         self.checkpoint.setPlaceholderText("weights file (.pt / .safetensors)")
-        self.checkpoint.setToolTip(DEFAULT_TOOLTIPS["checkpoint"])
+        self.checkpoint.setToolTip(_tooltip("checkpoint"))
+        self.checkpoint.editingFinished.connect(self.changed)
         browse = QtWidgets.QToolButton(text="Browse…")
         browse.setToolTip("Choose a checkpoint file")
         browse.clicked.connect(self._browse_checkpoint)
@@ -146,39 +116,61 @@ class SettingsPanel(QtWidgets.QWidget):
         self._downloader.done.connect(self._on_download_done)
         self._downloader.failed.connect(self._on_download_failed)
 
+        # one generated row per setting, under a heading per group
         self.controls: dict[str, QtWidgets.QWidget] = {}
-        for f in ("device", "dtype", "backend", "mode", "kv_compression", "kv_dtype"):
-            w = QtWidgets.QComboBox()
-            w.currentIndexChanged.connect(self.changed)
-            self.controls[f] = w
-            self._add_row(f, _LABELS[f], w)
-        for f, (lo, hi, step) in _SPIN_FIELDS.items():
-            w = QtWidgets.QSpinBox()
-            w.setRange(lo, hi)
-            w.setSingleStep(step)
-            w.valueChanged.connect(self.changed)
-            self.controls[f] = w
-            self._add_row(f, _LABELS[f], w)
-        self.intrinsics = QtWidgets.QLineEdit()
-        self.intrinsics.setPlaceholderText("fx fy cx cy width height (empty = assumed FOV)")
-        self.controls["intrinsics"] = self.intrinsics
-        self._add_row("intrinsics", _LABELS["intrinsics"], self.intrinsics)
-        self.fov = QtWidgets.QDoubleSpinBox()
-        self.fov.setRange(20.0, 150.0)
-        self.fov.setSuffix("°")
-        self.controls["fov_deg"] = self.fov
-        self._add_row("fov_deg", _LABELS["fov_deg"], self.fov)
-        self.fps = QtWidgets.QDoubleSpinBox()
-        self.fps.setRange(1.0, 240.0)
-        self.fps.setSuffix(" fps")
-        self.controls["fps"] = self.fps
-        self._add_row("fps", _LABELS["fps"], self.fps)
+        for name, (f, meta) in self._meta.items():
+            if name in ("engine", "checkpoint"):
+                continue
+            group = meta.get("group") or "Other"
+            if group not in self._groups:
+                heading = QtWidgets.QLabel(f"<b>{group}</b>")
+                self._form.addRow(heading)
+                self._groups[group] = (heading, [])
+            self._groups[group][1].append(name)
+            if name == "intrinsics":
+                w = self.intrinsics = QtWidgets.QLineEdit()
+                w.setPlaceholderText("fx fy cx cy width height (empty = file or assumed FOV)")
+                w.editingFinished.connect(self.changed)
+            else:
+                w = self._make_control(f, meta)
+            self.controls[name] = w
+            self._add_row(name, meta.get("label") or name, w)
+        self.fov = self.controls.get("fov_deg")       # kept names for callers and tests
+        self.fps = self.controls.get("fps")
 
         self.engine.currentIndexChanged.connect(self._on_engine_changed)
         self.set_config(SessionConfig())
 
+    def _make_control(self, f, meta) -> QtWidgets.QWidget:
+        kind = _field_kind(f)
+        if f.name in CHOICE_KEYS or meta.get("choices"):
+            w = QtWidgets.QComboBox()
+            w.currentIndexChanged.connect(self.changed)
+        elif kind is bool:
+            w = QtWidgets.QCheckBox()
+            w.toggled.connect(self.changed)
+        elif kind is int:
+            w = QtWidgets.QSpinBox()
+            lo, hi = meta.get("range") or (0, 2**31 - 1)
+            w.setRange(int(lo), int(min(hi, 2**31 - 1)))
+            w.setSingleStep(int(meta.get("step") or 1))
+            w.valueChanged.connect(self.changed)
+        elif kind is float:
+            w = QtWidgets.QDoubleSpinBox()
+            lo, hi = meta.get("range") or (0.0, 1e9)
+            step = float(meta.get("step") or (0.05 if hi <= 1 else 1.0))
+            w.setDecimals(2 if step >= 0.01 else 4)
+            w.setRange(float(lo), float(hi))
+            w.setSingleStep(step)
+            w.valueChanged.connect(self.changed)
+        else:
+            w = QtWidgets.QLineEdit()
+            w.setPlaceholderText("(none)")
+            w.editingFinished.connect(self.changed)
+        return w
+
     def _add_row(self, field: str, label: str, widget: QtWidgets.QWidget) -> None:
-        widget.setToolTip(DEFAULT_TOOLTIPS.get(field, ""))
+        widget.setToolTip(_tooltip(field))
         self._form.addRow(label, widget)
         self._rows[field] = widget
 
@@ -199,6 +191,11 @@ class SettingsPanel(QtWidgets.QWidget):
     def _on_engine_changed(self) -> None:
         self._apply_capabilities(self.engine_name())
         self.changed.emit()
+
+    def _choices(self, name: str) -> list:
+        meta = self._meta[name][1]
+        key = CHOICE_KEYS.get(name, f"{name}_choices")
+        return list(self._caps.get(key) or meta.get("choices") or [])
 
     def _apply_capabilities(self, name: str) -> None:
         try:
@@ -226,8 +223,8 @@ class SettingsPanel(QtWidgets.QWidget):
         self.download_button.setEnabled(not self._download_menu.isEmpty())
         for f, w in self.controls.items():
             visible = f in fields
-            if f in _COMBO_FIELDS:
-                choices = list(caps.get(_COMBO_FIELDS[f], []) or [])
+            if isinstance(w, QtWidgets.QComboBox):
+                choices = self._choices(f)
                 current = w.currentText()
                 w.blockSignals(True)
                 w.clear()
@@ -236,8 +233,10 @@ class SettingsPanel(QtWidgets.QWidget):
                     w.setCurrentText(current)
                 w.blockSignals(False)
                 visible = visible and len(choices) > 0
-            w.setToolTip(tips.get(f, DEFAULT_TOOLTIPS.get(f, "")))
+            w.setToolTip(tips.get(f, _tooltip(f)))
             self._set_row_visible(f, visible)
+        for heading, names in self._groups.values():
+            heading.setVisible(any(not self._rows[n].isHidden() for n in names))
 
     # -- config in / out ---------------------------------------------------------------------
     def set_config(self, cfg: SessionConfig) -> None:
@@ -249,19 +248,23 @@ class SettingsPanel(QtWidgets.QWidget):
         self.engine.blockSignals(False)
         self._apply_capabilities(self.engine_name())
         self.checkpoint.setText(cfg.checkpoint or "")
-        for f in _COMBO_FIELDS:
-            w = self.controls[f]
-            v = str(getattr(cfg, f))
-            if w.findText(v) >= 0:
-                w.setCurrentText(v)
-        for f in _SPIN_FIELDS:
-            w = self.controls[f]
+        for f, w in self.controls.items():
+            v = getattr(cfg, f)
             w.blockSignals(True)
-            w.setValue(int(getattr(cfg, f)))
+            if f == "intrinsics":
+                w.setText(" ".join(f"{x:g}" for x in v) if v else "")
+            elif isinstance(w, QtWidgets.QComboBox):
+                if w.findText(str(v)) >= 0:
+                    w.setCurrentText(str(v))
+            elif isinstance(w, QtWidgets.QCheckBox):
+                w.setChecked(bool(v))
+            elif isinstance(w, QtWidgets.QSpinBox):
+                w.setValue(int(v))
+            elif isinstance(w, QtWidgets.QDoubleSpinBox):
+                w.setValue(float(v))
+            else:
+                w.setText("" if v is None else str(v))
             w.blockSignals(False)
-        self.intrinsics.setText(" ".join(f"{v:g}" for v in cfg.intrinsics) if cfg.intrinsics else "")
-        self.fov.setValue(float(cfg.fov_deg))
-        self.fps.setValue(float(cfg.fps))
         self._base = cfg
         self.changed.emit()
 
@@ -270,14 +273,24 @@ class SettingsPanel(QtWidgets.QWidget):
         d = dict(getattr(self, "_base", SessionConfig()).to_dict())
         d["engine"] = self.engine_name()
         d["checkpoint"] = self.checkpoint.text().strip() or None
-        for f in _COMBO_FIELDS:
-            t = self.controls[f].currentText()
-            if t:
-                d[f] = t
-        for f in _SPIN_FIELDS:
-            d[f] = int(self.controls[f].value())
-        text = self.intrinsics.text().replace(",", " ").split()
-        if "intrinsics" not in set(self._caps.get("fields", [])):
+        fields = set(self._caps.get("fields", []))
+        for f, w in self.controls.items():
+            if f == "intrinsics":
+                continue
+            if isinstance(w, QtWidgets.QComboBox):
+                if w.currentText():
+                    kind = _field_kind(self._meta[f][0])
+                    d[f] = kind(w.currentText()) if kind in (int, float) else w.currentText()
+            elif isinstance(w, QtWidgets.QCheckBox):
+                d[f] = w.isChecked()
+            elif isinstance(w, QtWidgets.QSpinBox):
+                d[f] = int(w.value())
+            elif isinstance(w, QtWidgets.QDoubleSpinBox):
+                d[f] = float(w.value())
+            else:
+                d[f] = w.text().strip() or None
+        text = self.intrinsics.text().replace(",", " ").split() if "intrinsics" in self.controls else []
+        if "intrinsics" not in fields:
             text = []                          # not honoured by this engine: not parsed either
         if text:
             try:
@@ -290,8 +303,6 @@ class SettingsPanel(QtWidgets.QWidget):
             d["intrinsics"] = vals
         else:
             d["intrinsics"] = None
-        d["fov_deg"] = float(self.fov.value())
-        d["fps"] = float(self.fps.value())
         return SessionConfig.from_dict(d)
 
     # -- checkpoint ---------------------------------------------------------------------------

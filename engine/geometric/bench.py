@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     seq = load_sequence(a.sequence)
     frames = _frames(seq, a.max_frames or len(seq))
     cfg = SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple() if seq.intrinsics else None,
-                        max_side=a.max_side, extra={"depth": not a.no_depth})
+                        max_side=a.max_side, depth=not a.no_depth)
     rep = robustness(seq, frames, cfg) if a.robustness else speed_and_accuracy(seq, frames, cfg)
     if a.json:
         print(json.dumps(rep, indent=2))

@@ -83,10 +83,10 @@ class GeometricSession:
         extra = config.extra or {}
         try:
             self.max_side = int(config.max_side or 640)
-            self.depth_width = int(extra.get("depth_width", 320))
-            self.depth_max_lag = int(extra.get("depth_max_lag", 15))
-            self.depth_enabled = str(extra.get("depth", True)).lower() not in ("false", "0", "no", "off")
-            self.max_features = int(extra.get("max_features", 400))
+            self.depth_width = int(config.depth_width)
+            self.depth_max_lag = int(config.depth_max_lag)
+            self.depth_enabled = bool(config.depth)
+            self.max_features = int(config.max_features)
             self._params = TrackerParams()
             for k, v in extra.items():
                 if k.startswith("tracker_"):

@@ -79,10 +79,10 @@ def test_attach_found_intrinsics_beside_input_only(tmp_path):
     video.write_bytes(b"x")
     cfg = SessionConfig()
     assert "assumed" in attach_found_intrinsics(cfg, str(video))
-    assert "intrinsics_file" not in cfg.extra
+    assert cfg.intrinsics_file is None
     (tmp_path / "intrinsics.txt").write_text("500 500 320 240 640 480\n")
     assert attach_found_intrinsics(cfg, str(video)) == str(tmp_path / "intrinsics.txt")
-    assert cfg.extra["intrinsics_file"] == str(tmp_path / "intrinsics.txt")
+    assert cfg.intrinsics_file == str(tmp_path / "intrinsics.txt")
     # a webcam spec is not a path: the current folder's intrinsics.txt must not be picked up
     cfg2 = SessionConfig()
     import os
@@ -95,4 +95,4 @@ def test_attach_found_intrinsics_beside_input_only(tmp_path):
     # numbers given by the user win over a file
     cfg3 = SessionConfig(intrinsics=(1, 1, 1, 1, 2, 2))
     assert attach_found_intrinsics(cfg3, str(video)) == "given"
-    assert "intrinsics_file" not in cfg3.extra
+    assert cfg3.intrinsics_file is None

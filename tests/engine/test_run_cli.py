@@ -80,7 +80,7 @@ def test_run_writes_session_and_exports(clip, tmp_path, capsys):
     s = load_session(tmp_path / "sess")
     assert s.complete and [r.index for r in s.results] == list(range(10))
     assert s.info["meta"]["kind"] == "video" and s.config.engine == "io-test"
-    assert s.config.extra["intrinsics_file"].endswith("icl_livingroom_kt3/intrinsics.txt")
+    assert s.config.intrinsics_file.endswith("icl_livingroom_kt3/intrinsics.txt")
     assert [e.kind for e in s.events] == ["realign"]
 
     t, c2w = read_tum(out / "t.txt")
