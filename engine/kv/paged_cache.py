@@ -26,13 +26,11 @@ Semantics (match upstream LingBot-Map, shared/fixtures/README.md section 4)
   and of the W-1 newest cached non-scale frames ("append, evict, attend"), plus the special
   tokens of every cached frame (bounded by ``special_cap``, below).
 * Keyframe: `end_step` commits (the oldest window frame is evicted to the free list when the
-  window is over-full; its special tokens stay). Non-keyframe: it writes into pending special
-  slots and a page of its own, attends with the same visible set a keyframe would have (the
-  oldest window frame hidden when the window is full), and `end_step` restores every table,
-  counter, the free list and every committed pool byte exactly. While the window has room its
-  page is a free one; once the window is full it *borrows* the page of the hidden oldest frame
-  (whose bytes are first copied to a spare page, for all layers at once, and copied back by
-  `end_step`), so its visible set stays the same contiguous run as a keyframe's (no gather).
+  window is over-full; its special tokens stay). Non-keyframe (upstream's FlashInfer path, its
+  default; shared/DESIGN.md "Keyframe semantics"): it does NOT evict. It writes into pending
+  special slots and a page of its own, attends to the full window plus itself (one frame more
+  than a keyframe sees once the window is full), and `end_step` restores every table, counter
+  and the free list exactly (committed pool bytes are never written).
 
 Special cap policy
 ------------------
@@ -45,11 +43,13 @@ that every frame whose patches are visible also has its specials.
 
 Placement (why the steady state needs no gather)
 ------------------------------------------------
-Patch pages are taken lowest-first from ``[0, scale_frames + window)``, special pages
-lowest-first from the zone right after it, spare pages (non-keyframes) from above. A keyframe
+The first ``max_step_frames`` pages are the non-keyframes' own pages; scale and keyframe patch
+pages are taken lowest-first from ``[max_step_frames, max_step_frames + scale_frames + window)``,
+special pages lowest-first from the zone right after it. A keyframe
 evicts before it allocates, so it reuses the evicted page. In the steady state of a keyframe
 stream the visible pages are therefore one contiguous run whose partial page is its last, and the
-SDPA backend attends to a zero-copy view of the pool (one dense call, no gather).
+SDPA backend attends to a zero-copy view of the pool (one dense call, no gather); a non-keyframe
+adds page 0 in front of that run, so its set (full window + itself) is one run as well.
 """
 from __future__ import annotations
 
@@ -149,11 +149,11 @@ class PagedKVCache:
             raise KVCacheError("KV cache: device 'cuda' was asked for but CUDA is not available")
 
         P = self.page_size
-        # zones: patches [0, Z), specials [Z, Z + Ns), spares above (see "Placement")
-        self._patch_zone = self.scale_frames + self.window
+        # zones: non-keyframe pages [0, M), scale + window [M, Z), specials [Z, Z + Ns) ("Placement")
+        self._patch_zone = self.scale_frames + self.window + self.max_step_frames
         cap_tokens = self.special_tokens * (self.special_cap + self.max_step_frames)
         self._special_zone_pages = math.ceil(cap_tokens / P) if self.special_tokens else 0
-        self.num_pages = self._patch_zone + self._special_zone_pages + self.max_step_frames
+        self.num_pages = self._patch_zone + self._special_zone_pages
         shape = (self.num_layers, self.num_pages, P, self.num_heads, self.head_dim)
         try:
             self.k_pool = torch.empty(shape, dtype=self.dtype, device=self.device)
@@ -231,32 +231,21 @@ class PagedKVCache:
                                f"max_step_frames={self.max_step_frames}")
 
         P, S = self.page_size, self.special_tokens
-        masked = 0 if scale else max(0, len(self._window) + F - self.window)
+        # Only a keyframe evicts; a non-keyframe sees the full window plus itself (upstream)
+        masked = 0 if (scale or not keyframe) else max(0, len(self._window) + F - self.window)
         evicted: list[int] = []
         borrowed: list[int] = []
         backup: list[int] = []
-        if keyframe and masked:
+        if masked:
             # A keyframe's eviction is final: free the oldest pages first so the new frame reuses
             # them (keeps the steady-state visible set one contiguous run).
             evicted, self._window = self._window[:masked], self._window[masked:]
             for p in evicted:
                 self._release(p)
             self._evictions += len(evicted)
-            visible_window = list(self._window)
-            new_pages = []
-        elif masked:
-            # Non-keyframe over a full window: borrow the hidden oldest pages (backed up to spare
-            # pages taken from the top, away from the special zone) so the visible set stays one
-            # contiguous run; end_step copies them back.
-            visible_window = self._window[masked:]
-            borrowed = self._window[:masked]
-            backup = [self._alloc_top() for _ in borrowed]
-            self._copy_pages(borrowed, backup)
-            new_pages = list(borrowed)
-        else:
-            visible_window = list(self._window)
-            new_pages = []
-        new_pages += [self._alloc(0) for _ in range(F - len(new_pages))]
+        visible_window = list(self._window)
+        lowest = self.max_step_frames if keyframe else 0      # see "Placement"
+        new_pages = [self._alloc(lowest) for _ in range(F)]
 
         # special slots for the new frames: appended at the end of the committed stream
         start = self._special_len

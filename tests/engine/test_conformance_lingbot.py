@@ -83,3 +83,24 @@ def test_scale_phase_debug_arrays(model):
     assert np.abs(tokens[0].numpy() - fx["patch_embed_tokens_frame0"]).max() <= ATOL
     assert np.abs(out["camera_features"].numpy() - fx["agg_camera_token"][:2]).max() <= ATOL
     assert np.abs(out["pose_enc_list"].numpy() - fx["pose_enc_list"][:2]).max() <= ATOL
+
+
+def test_keyframe_interval_2_matches_upstream(model):
+    """Keyframe interval 2 (README section 9: upstream's FlashInfer-path cache, fp32 gather mode):
+    a non-keyframe does not evict -- once the window is full it sees the 4 window keyframes plus
+    itself (frames 9, 11, 13, 15) -- and is rolled back; keyframes evict, then attend."""
+    fx = _fixture("lingbot_map_stream_kf2.npz")
+    results, stats = _run_session(model, fx)
+    S = fx["images"].shape[0]
+    assert [r.index for r in results] == list(range(S))
+    assert [int(r.is_keyframe) for r in results] == fx["is_keyframe"].tolist()
+    for label, key in (("pose_enc", "pose_enc"), ("depth", "depth"), ("depth_conf", "conf")):
+        got = np.stack([getattr(r, key) for r in results])
+        ref = fx[label]
+        err = np.abs(got - ref).reshape(S, -1).max(axis=1)
+        assert got.shape == ref.shape, label
+        assert err.max() <= ATOL, f"{label}: max |diff| per frame {np.array2string(err, precision=2)}"
+    # after frame 15: 2 scale + 4 window pages (keyframes 8-14), specials of the 9 cached frames
+    kv = stats["kv"]
+    assert kv["cached_frames"] == 6 and kv["special_frames"] == 9
+    assert stats["time_index"] == int(fx["time_index"][-1])
