@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -81,7 +82,24 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype):
     raise KVCacheError(f"unknown attention backend {name!r}; use auto, sdpa or flashinfer")
 
 
-class SDPABackend:
+class _CacheRef:
+    """A backend reaches its cache through a weak reference: the cache owns the backend, so a
+    strong link back would make a cycle, and a closed session's KV pools (GiBs on the GPU) would
+    stay allocated until Python's cycle collector happened to run."""
+
+    @property
+    def cache(self):
+        c = self._cache_ref()
+        if c is None:
+            raise KVCacheError("KV cache backend used after its cache was freed")
+        return c
+
+    @cache.setter
+    def cache(self, cache):
+        self._cache_ref = weakref.ref(cache)
+
+
+class SDPABackend(_CacheRef):
     """Gather (or zero-copy view) + one dense SDPA call per layer."""
 
     name = "sdpa"
@@ -138,7 +156,7 @@ class SDPABackend:
         return out[0].transpose(0, 1)
 
 
-class FlashInferBackend:
+class FlashInferBackend(_CacheRef):
     """FlashInfer paged prefill over the same page tables (plan once per step, run per layer)."""
 
     name = "flashinfer"

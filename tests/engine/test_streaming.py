@@ -241,3 +241,22 @@ def test_upcasting_a_rounded_model_warns(frames):
     assert open_session(_cfg(dtype="bf16"), model=m).poll_events() == []
     events = open_session(_cfg(dtype="fp32"), model=m).poll_events()
     assert [e.kind for e in events] == ["warning"] and "bfloat16" in events[0].message
+
+
+def test_close_frees_the_caches_by_refcount_alone(tiny, frames):
+    """No reference cycle keeps a closed session's KV pools or camera cache alive: with the cycle
+    collector off they are gone as soon as close() returns (on the GPU: the memory is free)."""
+    import gc
+    import weakref
+    s = open_session(_cfg(keyframe_interval=2), model=tiny)
+    for f in frames[:8]:
+        s.push(f)
+    refs = [weakref.ref(x) for x in (s.kv, s.kv.k_pool, s.kv.v_pool, s.kv._attn, s.camera_cache,
+                                     s.camera_cache.kv)]
+    gc.collect()
+    gc.disable()
+    try:
+        s.close()
+        assert [r() is None for r in refs] == [True] * len(refs)
+    finally:
+        gc.enable()
