@@ -106,7 +106,8 @@ class StoreSink(Sink):
         if summary.cut_short and hasattr(self.store, "mark_cut_short"):
             self.store.mark_cut_short(summary.cut_short, frames_in=summary.frames_in)
         if self.close_store:
-            self.store.close()
+            # a run that produced nothing (a failed start) leaves no empty session folder
+            self.store.close(discard_empty=summary.results == 0)
 
 
 class ThreadedSink(Sink):

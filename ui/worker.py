@@ -13,6 +13,7 @@ flags of the driver's `RunControl`, so they return at once.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -207,6 +208,8 @@ class EngineWorker(QtCore.QObject):
                     except Exception as exc:  # closing must not hide the run's outcome
                         log.warning("closing the %s failed: %s", what, exc)
             display.flush(force=True)
+            if self.session_folder and not os.path.isdir(self.session_folder):
+                summary["session"] = self.session_folder = None    # nothing was stored: removed
             summary["results"] = self.results_total
             summary["frames"] = self.frames_in
             summary["dropped"] = self.dropped

@@ -12,10 +12,12 @@ A crash or kill loses at most the frame being written: frame files only ever app
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import re
+import socket
 import threading
 import time
 import zipfile
@@ -31,6 +33,8 @@ from .atomic import OutputError, atomic_open
 
 FORMAT_VERSION = 1
 FRAME_DIGITS = 6
+RUNNING_FILE = "running.lock"      # present while a store is open: "<pid> <host>" (retention skips it)
+STALE_TMP_S = 60.0                 # temp files older than this are leftovers of a killed writer
 
 
 class StoreError(EngineError):
@@ -191,6 +195,24 @@ class SessionStore:
         self.compress = compress
         self.frames_written = 0
         self.events_written = 0
+        created = not self.folder.exists()
+        try:
+            self._open_folder(config, source_name, meta)
+        except BaseException:
+            if created:                    # a failed start leaves no empty session folder
+                import shutil
+                shutil.rmtree(self.folder, ignore_errors=True)
+            raise
+        self._created = created
+        self._closed = False
+        self._error: Optional[BaseException] = None
+        self._queue: Optional[queue.Queue] = None
+        if background:
+            self._queue = queue.Queue(maxsize=max(1, int(queue_size)))
+            self._thread = threading.Thread(target=self._writer, name="session-store-writer", daemon=True)
+            self._thread.start()
+
+    def _open_folder(self, config: SessionConfig, source_name: str, meta: Optional[dict]) -> None:
         try:
             self.frames_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -207,15 +229,9 @@ class SessionStore:
         self._write_info()
         try:
             self._events = open(self.folder / "events.jsonl", "a", encoding="utf-8")
+            (self.folder / RUNNING_FILE).write_text(f"{os.getpid()} {socket.gethostname()}\n")
         except OSError as exc:
             raise StoreError(f"Cannot write to session folder {self.folder}: {exc.strerror or exc}") from None
-        self._closed = False
-        self._error: Optional[BaseException] = None
-        self._queue: Optional[queue.Queue] = None
-        if background:
-            self._queue = queue.Queue(maxsize=max(1, int(queue_size)))
-            self._thread = threading.Thread(target=self._writer, name="session-store-writer", daemon=True)
-            self._thread.start()
 
     def _write_info(self) -> None:
         try:
@@ -284,8 +300,18 @@ class SessionStore:
             raise StoreError(f"Cannot write event to {self.folder}: {exc.strerror or exc}") from None
         self.events_written += 1
 
-    def close(self) -> None:
-        """Record the end time and frame count in config.json (a folder without them was cut short)."""
+    def mark_cut_short(self, reason: str, frames_in: Optional[int] = None) -> None:
+        """Record in config.json (at once) that the run ended before its input did: why, and after
+        how many input frames. Every re-export and the GUI say so (`LoadedSession.cut_short`)."""
+        self._info["cut_short"] = str(reason) or "cut short"
+        if frames_in is not None:
+            self._info["frames_in"] = int(frames_in)
+        self._write_info()
+
+    def close(self, discard_empty: bool = False) -> None:
+        """Record the end time and frame count in config.json (a folder without them was cut short).
+        `discard_empty`: a folder this store created and that got no frame is removed (a run that
+        failed to start leaves nothing behind)."""
         if self._closed:
             return
         self._closed = True
@@ -293,9 +319,18 @@ class SessionStore:
             self._queue.put(None)
             self._thread.join()
         self._events.close()
+        n = len(list(self.frames_dir.glob("*.npz")))
+        if discard_empty and n == 0 and self._created and self._error is None:
+            import shutil
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return
         self._info["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self._info["frames"] = len(list(self.frames_dir.glob("*.npz")))
-        self._write_info()
+        self._info["frames"] = n
+        try:
+            self._write_info()
+        finally:
+            with contextlib.suppress(OSError):
+                (self.folder / RUNNING_FILE).unlink()
         self._raise_writer_error()
 
     def __enter__(self):
@@ -340,6 +375,32 @@ class LoadedSession:
     def source(self) -> str:
         return str(self.info.get("source", ""))
 
+    @property
+    def cut_short(self) -> str:
+        """Why this session holds less than its run was asked for, "" if it does not: the reason
+        its run recorded (interrupted, stopped, error), or a run that never closed its store."""
+        if self.info.get("cut_short"):
+            return str(self.info["cut_short"])
+        if not self.complete:
+            return "the run did not finish (killed or crashed); the frames stored up to then are kept"
+        return ""
+
+
+def clean_stale_temp_files(folder: Union[str, Path], min_age_s: float = STALE_TMP_S) -> int:
+    """Remove the temp files a killed writer left in a session folder (`.NAME.*.tmp`, see
+    engine.io.atomic); recent ones may belong to a writer still running and are kept."""
+    from .atomic import TMP_SUFFIX
+    folder = Path(folder)
+    now = time.time()
+    removed = 0
+    for d in (folder, folder / "frames"):
+        for p in d.glob(f".*{TMP_SUFFIX}") if d.is_dir() else ():
+            with contextlib.suppress(OSError):
+                if now - p.stat().st_mtime >= min_age_s:
+                    p.unlink()
+                    removed += 1
+    return removed
+
 
 def load_session(folder: Union[str, Path]) -> LoadedSession:
     """Reopen a session folder, tolerating what a crash leaves behind: a missing or damaged
@@ -352,6 +413,7 @@ def load_session(folder: Union[str, Path]) -> LoadedSession:
         raise StoreError(f"{folder} is not a ReconStudio session folder (no config.json or frames/)")
     problems: list[str] = []
     info: dict = {}
+    clean_stale_temp_files(folder)
     try:
         info = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         config = SessionConfig.from_dict(info.get("config", {}))
