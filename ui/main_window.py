@@ -21,6 +21,7 @@ from engine.api import EngineError, engine_capabilities
 from engine.intrinsics import attach_found_intrinsics
 
 from .monitors import MonitorsPanel
+from .review_confidence import ConfidenceControl
 from .settings_panel import SettingsPanel
 from .source_panel import SourcePanel
 from .viewer import COLOR_MODES, PointCloudViewer
@@ -272,17 +273,10 @@ class MainWindow(QtWidgets.QMainWindow):
 
         disp = QtWidgets.QWidget()
         form = QtWidgets.QFormLayout(disp)
-        self.conf_slider = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
-        self.conf_slider.setRange(0, 100)
-        self.conf_slider.setToolTip("Hide points below this confidence (percent of the range seen). "
-                                    "Also filters exports. Changes are instant (shader uniform).")
-        self.conf_label = QtWidgets.QLabel("all")
-        row = QtWidgets.QWidget()
-        h = QtWidgets.QHBoxLayout(row)
-        h.setContentsMargins(0, 0, 0, 0)
-        h.addWidget(self.conf_slider, 1)
-        h.addWidget(self.conf_label)
-        form.addRow("Min confidence", row)
+        # absolute confidence units (engine.confidence), with the distribution under the slider
+        self.conf_control = ConfidenceControl()
+        self.conf_slider = self.conf_control.slider
+        form.addRow("Min confidence", self.conf_control)
         self.point_size = QtWidgets.QDoubleSpinBox()
         self.point_size.setRange(1.0, 12.0)
         self.point_size.setSingleStep(0.5)
@@ -339,7 +333,7 @@ class MainWindow(QtWidgets.QMainWindow):
         panel.setMinimumWidth(350)
         self.addDockWidget(QtCore.Qt.DockWidgetArea.LeftDockWidgetArea, dock)
 
-        self.conf_slider.valueChanged.connect(self._apply_threshold)
+        self.conf_control.changed.connect(self._apply_threshold)
         self.point_size.valueChanged.connect(self.viewer.set_point_size)
         self.color_mode.currentIndexChanged.connect(lambda i: self.viewer.set_color_mode(COLOR_MODES[i]))
         self.show_frustums.toggled.connect(self.viewer.set_show_frustums)
@@ -360,9 +354,17 @@ class MainWindow(QtWidgets.QMainWindow):
         m.addAction("Open image &folder…", self._open_folder_dialog)
         m.addAction("Open saved &session…", self._open_session_dialog)
         m.addSeparator()
-        self.act_export_ply = m.addAction("Export point cloud (&PLY)…", lambda: self.export_dialog("ply"))
-        self.act_export_npz = m.addAction("Export arrays (&NPZ)…", lambda: self.export_dialog("npz"))
-        self.act_export_tum = m.addAction("Export trajectory (&TUM)…", lambda: self.export_dialog("tum"))
+        # one entry per engine.io.export.EXPORT_FORMATS (the CLI's --ply/--npz/--trajectory/--colmap/--glb)
+        ex = m.addMenu("&Export")
+        self.export_actions = {}
+        for kind, text in (("ply", "Point cloud (&PLY)…"), ("npz", "Arrays (&NPZ)…"),
+                           ("tum", "Trajectory (&TUM)…"), ("colmap", "&COLMAP model (nerfstudio, gsplat)…"),
+                           ("glb", "&GLB scene (Blender, web viewers)…")):
+            self.export_actions[kind] = ex.addAction(text, lambda k=kind: self.export_dialog(k))
+        self.act_export_ply, self.act_export_npz, self.act_export_tum = (
+            self.export_actions["ply"], self.export_actions["npz"], self.export_actions["tum"])
+        ex.setToolTipsVisible(True)
+        ex.setToolTip("Exports use the current confidence threshold and Subsample, like the view")
         m.addSeparator()
         m.addAction("Save &screenshot…", lambda: self.save_screenshot())
         m.addSeparator()
@@ -406,7 +408,7 @@ class MainWindow(QtWidgets.QMainWindow):
         mode = s.get("display/color_mode", dv.get("color_mode", "rgb"))
         self.color_mode.setCurrentIndex(COLOR_MODES.index(mode) if mode in COLOR_MODES else 0)
         self.stride.setValue(int(s.get("display/stride", dv.get("stride", 2))))
-        self.conf_slider.setValue(int(s.get("display/threshold", 0)))
+        self.set_conf_threshold(float(s.get("display/conf_threshold", dv.get("conf_threshold", 0.0)) or 0.0))
         self.show_frustums.setChecked(bool(s.get("display/frustums", dv.get("show_frustums", True))))
         self.show_traj.setChecked(bool(s.get("display/trajectory", dv.get("show_trajectory", True))))
         self.follow.setChecked(bool(s.get("display/follow", dv.get("follow_camera", False))))
@@ -431,7 +433,8 @@ class MainWindow(QtWidgets.QMainWindow):
         s.set("display/point_size", self.point_size.value())
         s.set("display/color_mode", COLOR_MODES[self.color_mode.currentIndex()])
         s.set("display/stride", self.stride.value())
-        s.set("display/threshold", self.conf_slider.value())
+        t = self.conf_threshold()
+        s.set("display/conf_threshold", t if np.isfinite(t) else 0.0)
         s.set("display/frustums", self.show_frustums.isChecked())
         s.set("display/trajectory", self.show_traj.isChecked())
         s.set("display/follow", self.follow.isChecked())
@@ -481,6 +484,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.banner.hide()
         self.viewer.clear()
         self.preview.clear()
+        self.conf_control.reset()
         self.monitors.reset()
         self.last_stats = {}
         self.last_summary = None
@@ -542,7 +546,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.act_stop.setEnabled(running)
         self.act_seek.setEnabled(not running or bool(self.source_info.get("seekable")))
         can_export = self.session_folder is not None
-        for a in (self.act_export_ply, self.act_export_npz, self.act_export_tum):
+        for a in self.export_actions.values():
             a.setEnabled(can_export)
 
     # -- worker signals ------------------------------------------------------------------------
@@ -559,6 +563,8 @@ class MainWindow(QtWidgets.QMainWindow):
         if not self._is_current():
             return
         self.viewer.add_frames(batch)
+        for f in batch:
+            self.conf_control.add(f.conf)
         # previews repaint at most PREVIEW_HZ (colour-mapping a depth map costs ~10 ms)
         now = self._clock.elapsed()
         if now - self._last_preview >= 1000 / PREVIEW_HZ or self.preview.shown_index is None:
@@ -624,7 +630,10 @@ class MainWindow(QtWidgets.QMainWindow):
         s = self.last_stats
         kf = s.get("keyframes")
         self.st_frames.setText(f"{self.viewer.frame_count} frames" + (f" · {kf} keyframes" if kf is not None else ""))
-        self.st_points.setText(f"{self.viewer.point_count:,} points drawn")
+        self.st_points.setText(f"{self.drawn_point_count():,} points drawn")
+        self.st_points.setToolTip(f"{self.viewer.point_count:,} points loaded; those below the minimum "
+                                  "confidence are not drawn")
+        self.conf_control.refresh()
         fps = s.get("fps")
         self.st_fps.setText(f"{fps:.1f} fps" if fps else "")
         if self.running:
@@ -646,17 +655,22 @@ class MainWindow(QtWidgets.QMainWindow):
             self.monitors.update_viewer_fps(self.viewer_fps)
 
     def conf_threshold(self) -> float:
-        """The raw confidence threshold the slider means (−inf at 0 = show everything)."""
-        p = self.conf_slider.value()
-        if p <= 0:
-            return float("-inf")
-        lo, hi = self.viewer.conf_range
-        return lo + (hi - lo) * p / 100.0
+        """The minimum confidence in the engine's absolute units (−inf = show everything)."""
+        return self.conf_control.threshold()
 
-    def _apply_threshold(self) -> None:
+    def set_conf_threshold(self, t: float) -> None:
+        """Set the minimum confidence (absolute units; None, 0 or −inf = all points)."""
+        self.conf_control.set_threshold(t)
+
+    def drawn_point_count(self) -> int:
+        """Points the view draws now: those loaded with confidence >= the threshold."""
+        from engine.confidence import count_at_least
+        return count_at_least(self.viewer.conf_values(), self.conf_threshold())
+
+    def _apply_threshold(self, *_) -> None:
         t = self.conf_threshold()
         self.viewer.set_conf_threshold(t if np.isfinite(t) else -3.0e38)
-        self.conf_label.setText("all" if not np.isfinite(t) else f"{t:.3g}")
+        self._status_dirty = True
 
     # -- files ---------------------------------------------------------------------------------
     def _open_video_dialog(self) -> None:
@@ -696,6 +710,7 @@ class MainWindow(QtWidgets.QMainWindow):
             return False
         self.viewer.clear()
         self.preview.clear()
+        self.conf_control.reset()
         stride = self._stored_stride(loaded.results)
         frames, fd = [], None
         for r in loaded.results:
@@ -706,6 +721,8 @@ class MainWindow(QtWidgets.QMainWindow):
         for seg, T in segment_transforms(loaded.events).items():
             self.viewer.apply_realign(seg, T)
         self.viewer.add_frames(frames)
+        for d in frames:
+            self.conf_control.add(d.conf)
         self.viewer.reset_view()
         self.preview.show_frame(frames[-1])
         self._apply_threshold()
@@ -731,38 +748,73 @@ class MainWindow(QtWidgets.QMainWindow):
         return max(1, round(stride * stored_w / live_w))
 
     def export_dialog(self, kind: str) -> None:
-        filters = {"ply": "PLY point cloud (*.ply)", "npz": "NumPy arrays (*.npz)", "tum": "TUM trajectory (*.txt)"}
-        suffix = {"ply": ".ply", "npz": ".npz", "tum": ".txt"}[kind]
-        p, _ = QtWidgets.QFileDialog.getSaveFileName(self, f"Export {kind.upper()}", "reconstruction" + suffix,
-                                                     filters[kind])
+        from engine.io.export import EXPORT_FORMATS
+        if kind == "colmap":
+            p = QtWidgets.QFileDialog.getExistingDirectory(
+                self, "Export a COLMAP model into a folder (images/ and sparse/0/ are created)")
+        else:
+            suffix = {"ply": ".ply", "npz": ".npz", "tum": ".txt", "glb": ".glb"}[kind]
+            p, _ = QtWidgets.QFileDialog.getSaveFileName(self, f"Export {kind.upper()}", "reconstruction" + suffix,
+                                                         EXPORT_FORMATS[kind])
         if p:
             self.export(kind, p, background=True)
 
+    def export_options(self) -> dict:
+        """The options every export takes from the view: the absolute confidence threshold
+        and the Subsample stride (in result pixels, as the viewer draws)."""
+        t = self.conf_threshold()
+        return {"conf_threshold": t if np.isfinite(t) else -np.inf, "stride": int(self.stride.value()),
+                "result_width": self.viewer.result_width or None}
+
+    def _confirm_sparse_export(self, kind: str) -> bool:
+        """Ask before writing an export that would keep almost nothing of what was loaded
+        (engine.io.export.almost_nothing on the viewer's own counts: no file is read)."""
+        from engine.io.export import almost_nothing
+        if kind == "tum":
+            return True
+        total = self.viewer.point_count
+        if not total:
+            return True
+        warning = almost_nothing(self.drawn_point_count(), total)
+        if warning is None:
+            return True
+        answer = QtWidgets.QMessageBox.question(
+            self, "Export almost nothing?",
+            f"At this threshold {warning}.\nLower the confidence threshold to export more.\n\n"
+            "Write the export anyway?",
+            QtWidgets.QMessageBox.StandardButton.Yes | QtWidgets.QMessageBox.StandardButton.No,
+            QtWidgets.QMessageBox.StandardButton.No)
+        if answer != QtWidgets.QMessageBox.StandardButton.Yes:
+            self.show_message(f"Export not written: {warning}", "warning")
+            return False
+        return True
+
     def export(self, kind: str, path: str, background: bool = False) -> Optional[dict]:
-        """Export the current session (PLY / NPZ / TUM) filtered by the current confidence
-        threshold and subsampling, via engine.io.export.export_session. Returns its summary;
-        with background=True the export runs on a thread (the window stays live), returns None
-        and `exportFinished` carries the summary (None on failure)."""
-        if kind not in ("ply", "npz", "tum"):
+        """Export the current session in one of engine.io.export.EXPORT_FORMATS (ply, npz, tum,
+        colmap = a folder, glb) through export_results, with the view's threshold and Subsample.
+        Returns its summary; with background=True the export runs on a thread (the window stays
+        live), returns None and `exportFinished` carries the summary (None on failure)."""
+        from engine.io.export import EXPORT_FORMATS
+        if kind not in EXPORT_FORMATS:
             raise ValueError(kind)
         if not self.session_folder:
             self.show_message("Nothing to export yet: run a reconstruction or open a saved session", "warning")
             return None
-        folder, t = self.session_folder, self.conf_threshold()
-        stride_of = self._stored_stride        # reads only the stride box and the viewer's width
-        stride_box = int(self.stride.value())
+        if not self._confirm_sparse_export(kind):
+            return None
+        folder, opts = self.session_folder, self.export_options()
 
         def job() -> dict:
-            from engine.io.export import export_session
+            from engine.io.export import export_results
             from engine.io.store import load_session
-            loaded = load_session(folder)
-            key = {"ply": "ply", "npz": "npz", "tum": "trajectory"}[kind]
-            return export_session(loaded.results, loaded.events, conf_threshold=t if np.isfinite(t) else -np.inf,
-                                  stride=stride_of(loaded.results, stride_box), **{key: path})
+            return export_results(load_session(folder), {kind: path}, **opts)
 
         def report(out: Optional[dict], error: Optional[str]) -> None:
             if error:
                 self.show_message(error)
+            elif out.get("warning") and kind != "tum":
+                self.show_message(f"Exported {out['frames']} frames, {out['points']:,} points to {path}, "
+                                  f"but {out['warning']}", "warning")
             else:
                 self.show_message(f"Exported {out['frames']} frames"
                                   + (f", {out['points']:,} points" if kind != "tum" else "") + f" to {path}", "info")

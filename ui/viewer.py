@@ -345,6 +345,10 @@ class PointCloudViewer(QtWidgets.QWidget):
     def point_count(self) -> int:
         return self.cloud.count
 
+    def conf_values(self) -> np.ndarray:
+        """Confidences of the points loaded (a view of the host mirror; read-only use)."""
+        return self.cloud._attrs["a_conf"].host[: self.cloud.count, 0]
+
     @property
     def frustum_count(self) -> int:
         return self.frustums.count // 16
