@@ -243,11 +243,15 @@ class LingBotMapSession:
         self.camera_cache = self.model.new_camera_cache(cfg.camera_iterations, cfg.scale_frames, cfg.special_cap)
 
     def _step(self, images: torch.Tensor, n: int, scale: bool, keyframe: bool, first: bool) -> dict:
+        forward = self.model.forward_step
+        if scale and self.config.sequence_parallel != "off":   # ring attention over the ranks
+            from .parallel.lingbot_ring import ring_forward
+            forward = ring_forward(self.model, self.config)
         self._ensure_caches()
         self.kv.begin_step(n, scale=scale, keyframe=keyframe)
         self.camera_cache.begin_step(n, scale=scale, keyframe=keyframe)
         try:
-            out = self.model.forward_step(images.to(self.device, non_blocking=True),
+            out = forward(images.to(self.device, non_blocking=True),
                                           time_index=range(self._time, self._time + n), first_frame=first,
                                           scale_phase=scale, kv=_KVAdapter(self.kv),
                                           camera_cache=self.camera_cache,
