@@ -3,8 +3,15 @@
 Layout of a session folder:
     config.json          settings used, source, engine, start (and, once closed, end) time
     frames/NNNNNN.npz    one small file per result, written atomically: c2w, K, timestamp,
-                         index, is_keyframe, segment, pose_enc (if any), and the colour image,
-                         depth and confidence downsampled to at most `max_side` (K rescaled)
+                         index, is_keyframe, segment, pose_enc (if any), the colour image (JPEG
+                         bytes `image_jpeg`, quality 95; raw `image` with image_codec="raw"),
+                         depth and confidence as float16 — by default at the engine's full
+                         result resolution, so exports have the density the viewer drew
+                         (`max_side` > 0 downsamples them, K rescaled; old sessions kept 256 px)
+
+Size vs density (ICL sample clip, 200 frames at 640x480, 9 with depth; docs/benchmarks_io.md):
+256 px float32 + raw image 15.0 MB, exports 64 % of the points drawn; full resolution float16 +
+JPEG about 13 MB, 100 %. Depth as float16 keeps 11 significant bits (0.05 % relative).
     events.jsonl         one JSON object per engine event, appended and flushed per event
 
 A crash or kill loses at most the frame being written: frame files only ever appear complete
@@ -31,7 +38,9 @@ import numpy as np
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from .atomic import OutputError, atomic_open
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2          # 2: float16 depth/conf, JPEG images, full resolution (1 still reads)
+IMAGE_JPEG_QUALITY = 95
+_F16_MAX = float(np.finfo(np.float16).max)
 FRAME_DIGITS = 6
 RUNNING_FILE = "running.lock"      # present while a store is open: "<pid> <host>" (retention skips it)
 STALE_TMP_S = 60.0                 # temp files older than this are leftovers of a killed writer
@@ -133,15 +142,42 @@ def _event_from_json(d: dict) -> EngineEvent:
                        message=str(d.get("message", "")))
 
 
-def _result_arrays(r: FrameResult) -> dict:
+def _encode_jpeg(image: np.ndarray) -> np.ndarray:
+    import cv2
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
+                           [cv2.IMWRITE_JPEG_QUALITY, IMAGE_JPEG_QUALITY])
+    if not ok:
+        raise StoreError("could not encode a frame image as JPEG")
+    return buf.reshape(-1)
+
+
+def _decode_jpeg(buf: np.ndarray) -> np.ndarray:
+    import cv2
+    img = cv2.imdecode(np.asarray(buf, np.uint8), cv2.IMREAD_COLOR)
+    if img is None:
+        raise ValueError("undecodable JPEG image")
+    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+
+
+def _to_f16(a) -> np.ndarray:
+    """float16, saturating at its range instead of overflowing to inf (NaN stays NaN)."""
+    return np.clip(np.asarray(a, np.float32), -_F16_MAX, _F16_MAX).astype(np.float16)
+
+
+def _result_arrays(r: FrameResult, image_codec: str = "jpeg", depth_dtype: str = "float16") -> dict:
     arrays = {"c2w": np.asarray(r.c2w, np.float64), "K": np.asarray(r.K, np.float64),
               "timestamp": np.float64(r.timestamp), "index": np.int64(r.index),
-              "is_keyframe": np.bool_(r.is_keyframe), "segment": np.int64(r.segment),
-              "image": np.asarray(r.image, np.uint8)}
+              "is_keyframe": np.bool_(r.is_keyframe), "segment": np.int64(r.segment)}
+    image = np.ascontiguousarray(r.image, np.uint8)
+    if image_codec == "jpeg" and image.ndim == 3 and image.shape[2] == 3 and image.size:
+        arrays["image_jpeg"] = _encode_jpeg(image)
+    else:
+        arrays["image"] = image
+    f = _to_f16 if depth_dtype == "float16" else (lambda a: np.asarray(a, np.float32))
     if r.depth is not None:
-        arrays["depth"] = np.asarray(r.depth, np.float32)
+        arrays["depth"] = f(r.depth)
     if r.conf is not None:
-        arrays["conf"] = np.asarray(r.conf, np.float32)
+        arrays["conf"] = f(r.conf)
     if r.pose_enc is not None:
         arrays["pose_enc"] = np.asarray(r.pose_enc, np.float32)
     return arrays
@@ -161,9 +197,10 @@ def _save_npz(f, arrays: dict, compress: bool) -> None:
 def _result_from_npz(z) -> FrameResult:
     return FrameResult(
         index=int(z["index"]), timestamp=float(z["timestamp"]), is_keyframe=bool(z["is_keyframe"]),
-        c2w=z["c2w"], K=z["K"], image=z["image"],
-        depth=z["depth"] if "depth" in z.files else None,
-        conf=z["conf"] if "conf" in z.files else None,
+        c2w=z["c2w"], K=z["K"],
+        image=_decode_jpeg(z["image_jpeg"]) if "image_jpeg" in z.files else z["image"],
+        depth=z["depth"].astype(np.float32) if "depth" in z.files else None,
+        conf=z["conf"].astype(np.float32) if "conf" in z.files else None,
         pose_enc=z["pose_enc"] if "pose_enc" in z.files else None,
         segment=int(z["segment"]))
 
@@ -174,7 +211,9 @@ class SessionStore:
     """Writes one session folder as results arrive (see the module docstring for the layout).
 
     `meta` is stored in config.json beside the settings (e.g. the source's kind, fps, frame
-    count). `fsync=True` also survives power loss, at a cost per frame; a killed process loses
+    count). `max_side` 0 (default) keeps the engine's result resolution; `image_codec` "jpeg"
+    (default, ~1/5 the size of deflated raw pixels) or "raw"; `depth_dtype` "float16" (default)
+    or "float32" for depth and confidence. `fsync=True` also survives power loss, at a cost per frame; a killed process loses
     nothing committed either way.
 
     By default `write` is synchronous: when it returns the frame is on disk (a few ms per
@@ -186,11 +225,16 @@ class SessionStore:
     """
 
     def __init__(self, folder: Union[str, Path], config: SessionConfig, source_name: str,
-                 max_side: int = 256, *, meta: Optional[dict] = None, fsync: bool = False,
-                 compress: bool = True, background: bool = False, queue_size: int = 2):
+                 max_side: int = 0, *, meta: Optional[dict] = None, fsync: bool = False,
+                 compress: bool = True, background: bool = False, queue_size: int = 2,
+                 image_codec: str = "jpeg", depth_dtype: str = "float16"):
         self.folder = Path(folder).expanduser()
         self.frames_dir = self.folder / "frames"
-        self.max_side = int(max_side)
+        self.max_side = int(max_side or 0)
+        self.image_codec = image_codec
+        self.depth_dtype = depth_dtype
+        if image_codec not in ("jpeg", "raw") or depth_dtype not in ("float16", "float32"):
+            raise StoreError(f"unknown store encoding {image_codec!r} / {depth_dtype!r}")
         self.fsync = fsync
         self.compress = compress
         self.frames_written = 0
@@ -224,6 +268,7 @@ class SessionStore:
             "source": str(source_name), "engine": config.engine,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "finished": None, "frames": None, "max_side": self.max_side,
+            "image_codec": self.image_codec, "depth_dtype": self.depth_dtype,
             "config": _jsonable(config.to_dict()), "meta": _jsonable(meta or {}),
         }
         self._write_info()
@@ -262,7 +307,7 @@ class SessionStore:
     def _store(self, small: FrameResult) -> None:
         try:
             with atomic_open(self.frame_path(small.index), "wb", fsync=self.fsync) as f:
-                _save_npz(f, _result_arrays(small), compress=self.compress)
+                _save_npz(f, _result_arrays(small, self.image_codec, self.depth_dtype), compress=self.compress)
         except OutputError as exc:
             raise StoreError(str(exc)) from None
         self.frames_written += 1
