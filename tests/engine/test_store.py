@@ -50,8 +50,13 @@ def test_layout_and_reload(tmp_path):
     assert s.info["frames"] == 3 and s.info["started"]
     assert [r.index for r in s.results] == [0, 1, 2]
     r = s.results[1]
-    assert r.image.shape == (192, 256, 3) and r.depth.shape == (192, 256) and r.conf.shape == (192, 256)
+    # full result resolution (exports have the density the viewer drew), float16 on disk
+    assert r.image.shape == (480, 640, 3) and r.depth.shape == (480, 640) and r.conf.shape == (480, 640)
     assert r.depth.dtype == np.float32 and r.image.dtype == np.uint8
+    np.testing.assert_allclose(r.depth, _result(1).depth, rtol=1e-3)
+    np.testing.assert_array_equal(r.conf, _result(1).conf)
+    assert abs(r.image.mean() - _result(1).image.mean()) < 3      # JPEG (lossy: random noise is its worst case)
+    assert s.info["max_side"] == 0 and s.info["image_codec"] == "jpeg" and s.info["depth_dtype"] == "float16"
     assert r.timestamp == pytest.approx(1 / 30) and r.is_keyframe is False and r.segment == 0
     np.testing.assert_array_equal(r.pose_enc, np.arange(9))
     assert s.results[0].pose_enc is None and s.results[2].segment == 1
@@ -163,7 +168,7 @@ def test_sigkill_mid_run_loses_nothing_committed(tmp_path):
     got = [r.index for r in s.results]
     # every frame reported as written is there and intact; at most the next one besides
     assert got[: committed + 1] == list(range(committed + 1)) and len(got) <= committed + 3
-    assert all(r.depth.shape == (192, 256) for r in s.results)
+    assert all(r.depth.shape == (240, 320) for r in s.results)
     assert [int(e.message) for e in s.events][: committed + 1] == list(range(committed + 1))
     assert not s.complete
     assert all(not p.startswith("skipped damaged frame") for p in s.problems)
@@ -194,3 +199,25 @@ def test_background_writer_error_surfaces(tmp_path):
         for i in range(1, 5):
             store.write(_result(i, h=10, w=10))
         store.close()
+
+
+def test_store_encodings_and_older_layouts_read_back(tmp_path):
+    """raw images / float32 depth (the version-1 layout) and a downsampled store still load;
+    float16 saturates instead of overflowing, NaN stays invalid."""
+    r = _result(0)
+    r.depth[0, :3] = [np.nan, 1e6, 0.0]
+    r.conf[1, 0] = 1e9
+    for kw, hw in ((dict(image_codec="raw", depth_dtype="float32", max_side=256), (192, 256)),
+                   (dict(), (480, 640))):
+        folder = tmp_path / str(len(kw))
+        with SessionStore(folder, SessionConfig(), "x", **kw) as st:
+            st.write(r)
+        got = load_session(folder).results[0]
+        assert got.depth.shape == hw and got.depth.dtype == np.float32 and got.image.shape[:2] == hw
+        assert np.isfinite(got.conf).all()
+        if not kw:                       # full resolution: the same pixels
+            assert np.isnan(got.depth[0, 0]) and np.isfinite(got.depth[0, 1]) and got.depth[0, 1] > 6e4
+        else:
+            np.testing.assert_array_equal(got.image, downsample_result(r, 256).image)
+    with pytest.raises(StoreError, match="encoding"):
+        SessionStore(tmp_path / "bad", SessionConfig(), "x", image_codec="webp")
