@@ -3,7 +3,8 @@
 Frames go through the chosen engine with a progress bar; every result is written to a session
 folder as it arrives (crash-safe, reopenable in the GUI), and at the end the requested exports
 (PLY, NPZ, TUM trajectory) are written from that folder with re-alignments applied. Bad input
-is one line on stderr and exit code 2; Ctrl-C stops, keeps and exports what was done (exit 130).
+is one line on stderr and exit code 2; Ctrl-C or SIGTERM stops after the current frame, keeps and
+exports what was done, marks the session as cut short (exit 130). The loop is engine.run_driver's.
 
 INPUT may also be a saved session folder: its results are exported again (e.g. with another
 confidence threshold or stride) without running an engine.
@@ -13,6 +14,7 @@ Module level imports nothing heavy (no torch, cv2 or Qt): the parser is built fo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -45,6 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i = p.add_argument_group("input")
     i.add_argument("--max-frames", type=int, default=None, metavar="N", help="stop after N input frames")
     i.add_argument("--start", type=int, default=0, metavar="N", help="start at input frame N (files)")
+    i.add_argument("--loop", action="store_true",
+                   help="files: start again at the end (stop with --max-frames, Ctrl-C or SIGTERM)")
+    i.add_argument("--speed", type=float, default=0.0, metavar="X",
+                   help="replay pacing: 0 = as fast as possible (default), 1 = real time, X = X times real time")
     i.add_argument("--resize", type=int, default=None, metavar="PX",
                    help="downscale input frames so their longer side is at most PX")
     o = p.add_argument_group("output")
@@ -65,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--stride", type=int, default=int(export.get("stride", 2)), metavar="N",
                    help="export every N-th pixel of each frame's depth map at the engine's result "
                         "resolution, as the GUI's Subsample (default %(default)s)")
+    o.add_argument("--stats-csv", metavar="FILE",
+                   help="write one row of run statistics per second (frames, engine_fps, rss_mb, "
+                        "gpu_allocated_mb, dropped, ...)")
     o.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
 
@@ -151,6 +160,9 @@ def _export(loaded, args, outputs: dict) -> dict:
                          keyframes_only=args.keyframes_only, frustums=not args.no_frustums)
     if out.get("warning"):
         print(f"warning: {out['warning']}", file=sys.stderr)
+    if out.get("cut_short"):
+        print(f"warning: this session was cut short ({out['cut_short']}): the export holds only "
+              "what was done", file=sys.stderr)
     return out
 
 
@@ -190,9 +202,9 @@ def _run(args) -> int:
     from tqdm import tqdm
 
     from engine.api import open_session
-    from engine.io.export import export_session
     from engine.io.sources import open_source
-    from engine.io.store import SessionStore, load_session, new_session_folder
+    from engine.io.store import SessionStore, default_session_root, load_session, new_session_folder
+    from engine.run_driver import CallbackSink, RunDriver, StoreSink
 
     outputs = {flag: _check_output(getattr(args, flag), f"--{flag}")
                for flag in ("ply", "npz", "trajectory", "glb") if getattr(args, flag)}
@@ -204,65 +216,58 @@ def _run(args) -> int:
         raise _BadInput(f"--max-frames must be at least 1, got {args.max_frames}")
     if args.fps is not None and args.fps <= 0:
         raise _BadInput(f"--fps must be positive, got {args.fps}")
+    if args.speed < 0:
+        raise _BadInput(f"--speed must be 0 (as fast as possible) or positive, got {args.speed}")
+    stats_csv = _check_output(args.stats_csv, "--stats-csv") if args.stats_csv else None
 
     if _is_session_folder(args.input):
         return _export_only(args, outputs)
-    source = open_source(args.input, fps=args.fps, max_side=args.resize)
-    session = store = None
-    interrupted = False
-    frames_in = results_n = 0
+    source = open_source(args.input, fps=args.fps, max_side=args.resize, loop=args.loop)
+    session = store = driver = None
     try:
         if args.start:
             source.seek(args.start)
         cfg, intr_note = _build_config(args, source)
         session = open_session(cfg)
-        folder = Path(args.session_dir).expanduser() if args.session_dir else new_session_folder(source.name)
-        store = SessionStore(folder, cfg, str(args.input),
+        log = (lambda msg: None) if args.quiet else (lambda msg: tqdm.write(msg, file=sys.stderr))
+        if args.session_dir:
+            folder = Path(args.session_dir).expanduser()
+        else:
+            _retention(default_session_root(), log)
+            folder = new_session_folder(source.name)
+        # the bounded background writer: compression overlaps the engine, a slow disk makes it wait
+        store = SessionStore(folder, cfg, str(args.input), background=True, queue_size=4,
                              meta={"kind": source.kind, "name": source.name, "fps": source.fps,
                                    "frames": len(source), "start": args.start, "intrinsics": intr_note})
-        total = len(source) - args.start if len(source) else None
+        total = len(source) - args.start if len(source) and not args.loop else None
         if args.max_frames:
             total = min(total, args.max_frames) if total else args.max_frames
-        log = (lambda msg: None) if args.quiet else (lambda msg: tqdm.write(msg, file=sys.stderr))
         log(f"{source.kind} {source.name}: {len(source) or 'unknown number of'} frames at {source.fps:g} fps; "
             f"engine {cfg.engine} on {cfg.device}; intrinsics: {intr_note}")
         log(f"session folder: {store.folder}")
         bar = tqdm(total=total, unit="frame", file=sys.stderr, disable=args.quiet, dynamic_ncols=True)
-        warned = 0
-        t0 = time.perf_counter()
 
-        def handle(results):
-            nonlocal results_n
-            for r in results:
-                store.write(r)
-                results_n += 1
-            for e in session.poll_events():
-                store.write_event(e)
-                if e.kind in ("warning", "segment") and e.message:
-                    log(f"{e.kind}: {e.message}")
+        def on_stats(st):
+            bar.n = st.get("frames_in", bar.n)
+            fps = st.get("fps")
+            bar.set_postfix(results=st.get("results_total"), fps=f"{fps:.1f}" if fps else "-",
+                            **({"dropped": st["dropped"]} if st.get("dropped") else {}), refresh=False)
+            bar.refresh()
 
-        try:
-            while not args.max_frames or frames_in < args.max_frames:
-                frame = source.read()
-                for w in source.warnings[warned:]:
-                    log(f"warning: {w}")
-                warned = len(source.warnings)
-                if frame is None:
-                    break
-                handle(session.push(frame.image, frame.timestamp))
-                frames_in += 1
-                bar.update(1)
-                if frames_in % 5 == 0:
-                    fps = session.stats().get("fps")
-                    bar.set_postfix(results=results_n, fps=f"{fps:.1f}" if fps else "-", refresh=False)
-            handle(session.flush())
-        except KeyboardInterrupt:
-            interrupted = True
-            log("interrupted: keeping and exporting the frames done so far")
-        finally:
-            bar.close()
-        elapsed = time.perf_counter() - t0
-        stats = session.stats()
+        def on_event(e):
+            if e.kind in ("warning", "segment") and e.message:
+                log(f"{e.kind}: {e.message}")
+
+        sinks = [StoreSink(store), CallbackSink(event=on_event, message=lambda m: log(f"warning: {m}"),
+                                               stats=on_stats)]
+        if stats_csv:
+            from engine.stats_csv import StatsCsvSink
+            sinks.append(StatsCsvSink(stats_csv))
+        driver = RunDriver(source, session, sinks, speed=args.speed, max_frames=args.max_frames)
+        with _stop_on_signals(driver, log):
+            summary = driver.run()
+        bar.close()
+        store = None                          # closed (and marked when cut short) by its sink
     finally:
         for obj in (session, store, source):
             if obj is not None:
@@ -270,25 +275,77 @@ def _run(args) -> int:
                     obj.close()
                 except Exception:   # closing must not hide the run's own error
                     pass
-    if store is None:
+    if driver is None:
         return EXIT_BAD_INPUT
-
-    if results_n == 0:
-        print(f"reconstudio run: error: the engine produced no results from {frames_in} frames "
-              f"(session folder {store.folder})", file=sys.stderr)
+    interrupted = bool(summary.interrupted)
+    folder = driver.sinks[0].store.folder
+    if summary.results == 0:
+        print(f"reconstudio run: error: the engine produced no results from {summary.frames_in} frames "
+              "(no session was kept)", file=sys.stderr)
         return EXIT_INTERRUPTED if interrupted else EXIT_BAD_INPUT
-    summary = {"frames": frames_in, "results": results_n}
+    if interrupted:
+        print(f"interrupted ({summary.interrupted}): the session keeps the {summary.results} results done; "
+              + ("writing the requested exports from them" if outputs else "no exports were requested"),
+              file=sys.stderr)
+    out = {}
     if outputs:
-        loaded = load_session(store.folder)
-        summary.update(_export(loaded, args, outputs))
+        out = _export(load_session(folder), args, outputs)
     if not args.quiet:
-        fps = stats.get("fps")
-        print(f"{frames_in} frames → {results_n} results in {elapsed:.1f} s "
-              f"({frames_in / max(elapsed, 1e-9):.1f} frames/s overall"
-              f"{f', engine {fps:.1f} fps' if fps else ''}); session: {store.folder}", file=sys.stderr)
-        for f in summary.get("files", []):
+        fps = summary.stats.get("fps")
+        elapsed = summary.wall_s
+        dropped = f", {summary.dropped} live frames dropped" if summary.dropped else ""
+        print(f"{summary.frames_in} frames → {summary.results} results in {elapsed:.1f} s "
+              f"({summary.frames_in / max(elapsed, 1e-9):.1f} frames/s overall"
+              f"{f', engine {fps:.1f} fps' if fps else ''}{dropped}); session: {folder}", file=sys.stderr)
+        for f in out.get("files", []):
             print(f"wrote {f}", file=sys.stderr)
         if outputs:
-            print(f"{summary['points']} points exported (confidence >= {args.conf_threshold:g}, "
+            print(f"{out['points']} points exported (confidence >= {args.conf_threshold:g}, "
                   f"stride {args.stride})", file=sys.stderr)
     return EXIT_INTERRUPTED if interrupted else 0
+
+
+@contextlib.contextmanager
+def _stop_on_signals(driver, log):
+    """Ctrl-C / SIGTERM end the run cleanly: the driver stops after the current frame, the engine
+    is flushed into the store, the session is marked cut short and the exports are written from
+    what was done. A second Ctrl-C aborts at once (the store still keeps every frame written)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    names = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+    def handler(signum, frame):
+        if driver.stopping:
+            raise KeyboardInterrupt
+        log(f"{names.get(signum, signum)}: stopping after the current frame, keeping and exporting "
+            "what was done (press Ctrl-C again to abort)")
+        driver.stop(names.get(signum, str(signum)))
+
+    old = {s: signal.signal(s, handler) for s in names}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _retention(root: Path, log) -> None:
+    """Apply the session size / age limits of the app settings before a new session starts."""
+    from engine.io.retention import apply_retention, format_bytes, list_sessions
+
+    try:
+        from app.settings import retention_limits
+        max_gb, max_days = retention_limits()
+    except Exception:                   # settings unreadable: the shipped defaults
+        from engine.io.retention import DEFAULT_MAX_AGE_DAYS, DEFAULT_MAX_GB
+        max_gb, max_days = DEFAULT_MAX_GB, DEFAULT_MAX_AGE_DAYS
+    before = {e.folder: e.bytes for e in list_sessions(root)}
+    deleted = apply_retention(root, max_gb=max_gb, max_age_days=max_days)
+    if deleted:
+        freed = sum(before.get(p, 0) for p in deleted)
+        log(f"removed {len(deleted)} old session(s) ({format_bytes(freed)}) from {root} to stay within "
+            f"{max_gb:g} GB / {max_days:g} days (settings: sessions retention)")

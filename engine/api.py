@@ -170,6 +170,13 @@ class SessionConfig:
                                          "dropped from depth (keeps the engine live).")
     max_features: int = setting(400, label="Max features", group="Geometric", engines=_GEOMETRIC,
                                 range=(20, 5000), tooltip="Corners tracked per frame: more = steadier tracking, slower.")
+    # -- synthetic engine (soak tests: engine/synthetic.py) -------------------------------------
+    synthetic_fps: float = setting(0.0, label="Synthetic rate", group="Synthetic", engines=("synthetic",),
+                                   range=(0.0, 1000.0), tooltip="Frames per second the synthetic engine "
+                                   "emits (0 = as fast as possible).")
+    synthetic_segment_frames: int = setting(0, label="Segment every", group="Synthetic", engines=("synthetic",),
+                                            range=(0, 1_000_000), tooltip="The synthetic engine starts a new "
+                                            "segment every N frames (0 = never).")
     # -- input timing ----------------------------------------------------------------------------
     fps: float = setting(30.0, label="Folder frame rate", group="Input", range=(0.1, 1000.0),
                          tooltip="Frame rate assumed for image folders (their timestamps = index / fps); "

@@ -303,14 +303,15 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
     keyframes_only: export keyframes only (all frames by default). frustums: draw camera
     frustums in the GLB. Re-alignment events are applied first.
 
-    Returns {"frames", "points", "points_total", "files", "warning"}; every file is written
+    Returns {"frames", "points", "points_total", "files", "warning", "cut_short"} (cut_short: why
+    the session holds less than its run was asked for, "" if it does not); every file is written
     atomically and the COLMAP model registers every exported frame.
     """
     unknown = set(outputs) - set(EXPORT_FORMATS)
     if unknown:
         raise ExportError(f"unknown export format(s) {sorted(unknown)}; choose from {sorted(EXPORT_FORMATS)}")
     outputs = {k: v for k, v in outputs.items() if v}
-    results, events, _ = _as_results(source, events)
+    results, events, info = _as_results(source, events)
     aligned = sorted(apply_realignments(results, events), key=lambda r: r.index)
     sel = select_results(aligned, until, keyframes_only)
     if not sel:
@@ -350,7 +351,18 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
         files.append(str(outputs["glb"]))
     return {"frames": len(sel), "points": kept if parts is None else int(len(points)),
             "points_total": total, "stride_stored": s, "files": files,
-            "warning": almost_nothing(kept, total) if parts is not None else None}
+            "warning": almost_nothing(kept, total) if parts is not None else None,
+            "cut_short": _cut_short(info)}
+
+
+def _cut_short(info: dict) -> str:
+    """Why the exported session is incomplete ("" if it is not, or for plain results): the
+    reason its run recorded, or a run that never closed its store (see LoadedSession.cut_short)."""
+    if not info:
+        return ""
+    if info.get("cut_short"):
+        return str(info["cut_short"])
+    return "" if info.get("finished") else "the run did not finish (killed or crashed)"
 
 
 def _colmap_image(r) -> np.ndarray:

@@ -1,0 +1,108 @@
+"""`--stats-csv FILE`: one row per second of a run, for soak tests and long-run monitoring.
+
+Columns (blank when a value does not apply, e.g. the viewer's in a headless run):
+    t_s                  seconds since the run started
+    frames               results produced so far (all stored)
+    engine_fps           results per wall second, recent (engine.run_driver)
+    viewer_fps           GUI repaints per second (MainWindow.gui_stats)
+    rss_mb               resident memory of the process
+    gpu_allocated_mb     torch GPU memory allocated by the engine (when on a GPU)
+    viewer_points        points the viewer draws
+    viewer_buffer_bytes  bytes the viewer holds for them (host mirror; GPU buffers alike)
+    loop_gap_p99_ms      GUI event loop: 99th percentile gap of a 10 ms timer
+    dropped              live frames the engine could not take
+
+Every row is flushed, so a killed run keeps its rows. Qt-free: the GUI calls `row()` from a timer.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import time
+from pathlib import Path
+from typing import Optional, Union
+
+from .run_driver import Sink
+
+COLUMNS = ("t_s", "frames", "engine_fps", "viewer_fps", "rss_mb", "gpu_allocated_mb", "viewer_points",
+           "viewer_buffer_bytes", "loop_gap_p99_ms", "dropped")
+GUI_KEYS = ("viewer_fps", "viewer_points", "viewer_buffer_bytes", "loop_gap_p99_ms")
+
+
+def rss_mb() -> Optional[float]:
+    """Resident set size of this process in MB (psutil, else /proc)."""
+    try:
+        import psutil
+        return psutil.Process().memory_info().rss / 1e6
+    except Exception:
+        pass
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _fmt(v) -> str:
+    if v is None or v == "":
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+class StatsCsv:
+    """Appends rows to FILE (header first); `row(stats, gui)` takes a driver/engine stats dict and
+    the GUI's `gui_stats()` dict (or None)."""
+
+    def __init__(self, path: Union[str, Path]):
+        self.path = Path(path).expanduser()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "w", newline="", encoding="utf-8")
+        self._w = csv.writer(self._f)
+        self._w.writerow(COLUMNS)
+        self._f.flush()
+        self._t0 = time.perf_counter()
+        self.rows = 0
+
+    def row(self, stats: Optional[dict], gui: Optional[dict] = None) -> None:
+        s, g = stats or {}, gui or {}
+        gpu = s.get("gpu_allocated_bytes")
+        values = {
+            "t_s": round(time.perf_counter() - self._t0, 3),
+            "frames": s.get("results_total", s.get("frames")),
+            "engine_fps": s.get("engine_fps"),
+            "rss_mb": rss_mb(),
+            "gpu_allocated_mb": None if gpu is None else gpu / 1e6,
+            "dropped": s.get("dropped"),
+            **{k: g.get(k) for k in GUI_KEYS},
+        }
+        self._w.writerow([_fmt(values[c]) for c in COLUMNS])
+        self._f.flush()
+        self.rows += 1
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+class StatsCsvSink(Sink):
+    """Headless runs: a row per `interval_s` from the driver's stats (and a last one at the end)."""
+
+    def __init__(self, path: Union[str, Path], interval_s: float = 1.0):
+        self.csv = StatsCsv(path)
+        self.interval_s = float(interval_s)
+        self._next = 0.0
+        self._last: dict = {}
+
+    def on_stats(self, stats: dict) -> None:
+        self._last = stats
+        now = time.perf_counter()
+        if now >= self._next:
+            self._next = now + self.interval_s
+            self.csv.row(stats)
+
+    def on_finish(self, summary) -> None:
+        if self._last:
+            self.csv.row(self._last)
+        self.csv.close()
