@@ -1,0 +1,436 @@
+"""Several LingBot-Map streams on one model: a batching scheduler with fair ordering, a per-stream
+latency budget and admission control.
+
+    sched = StreamScheduler(model, memory_budget_bytes=None, max_batch=8)
+    a = sched.open_stream(SessionConfig(engine="lingbot-map", ...), name="cam0", frame_size=(640, 480))
+    sched.submit(a, frame, timestamp)          # queue a frame (any number of streams)
+    for stream, results in sched.step():       # one round: one batched forward for the streams served
+        ...
+    sched.close_stream(a)                      # drains, flushes (short scale phase), frees its caches
+
+Each stream is an ordinary `LingBotMapSession` (engine/streaming.py) over the *shared* model, so
+its KV cache, camera cache, keyframe logic and results are exactly those of the session run alone.
+What the scheduler adds is how steps run:
+
+* **Batching.** The streamed frames of the streams served in one round are stacked into one
+  `model.forward_step`: patch embed, the 24 frame blocks, the heads' per-token work and the depth
+  head run once for the whole batch. Global attention stays per stream, over its own pages: the
+  `kv` object given to the model splits q/k/v by frame and sends each to its own stream's paged
+  cache (`_BatchKV`), and the camera head's causal attention likewise (`_BatchCameraCache`).
+  Each frame carries its own 3D-RoPE time index. A stream still in its scale phase runs that
+  step on its own (a multi-frame bidirectional step), through the session's own `push`.
+  Streams are batched together only when they share the resolution and camera iterations.
+* **Fair ordering.** Round robin: each round starts after the stream served first last round,
+  and at most `max_batch` streams are served per round, so no stream starves.
+* **Latency budget** (per stream, optional): a stream whose oldest queued frame would exceed its
+  budget by the end of this round (its wait plus the recent round time) is served before the
+  others, most urgent first. A *live* stream (webcam) drops queued frames older than its budget
+  when a newer one is waiting (counted in `stats`), so it stays current instead of lagging.
+* **Admission control.** `open_stream` estimates the bytes the new stream will hold (paged KV
+  pools + camera cache, computed from the cache configuration exactly as they are allocated) and
+  refuses it with `AdmissionError` -- a message saying what it needs, what is free and what to
+  change -- when they would not fit in the memory budget (explicit, or the device's free memory
+  minus `reserve_bytes` for activations, minus streams admitted but not yet allocated).
+
+No Qt; one thread (the caller's). The scheduler reads a few of the session's internals (frame
+index, time index, caches); `_SessionOps` gathers that coupling in one place.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .api import EngineError, FrameResult, SessionConfig
+from .preprocess import preprocess, target_size
+
+_ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+class AdmissionError(EngineError):
+    """A new stream was refused: its caches would not fit. The message says what to change."""
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**26 else f"{n / 2**20:.1f} MiB"
+
+
+def stream_cache_bytes(model, config: SessionConfig, frame_size: Optional[tuple] = None) -> dict:
+    """Bytes a LingBot-Map stream allocates for its caches: the paged KV pools (sized exactly as
+    `PagedKVCache` sizes them) and the camera cache. frame_size = (width, height) of the input;
+    unknown = 4:3. Returns {"kv", "camera", "total", "patch_tokens", "resolution"}."""
+    w_in, h_in = frame_size or (4, 3)
+    w, _, h = target_size(int(w_in), int(h_in), config.image_width)
+    mc = model.config
+    geo = model.kv_geometry()
+    P = (h // mc.patch_size) * (w // mc.patch_size)
+    S = geo["special_tokens"]
+    max_step = 1
+    zone = config.scale_frames + config.window
+    special_pages = math.ceil(S * (config.special_cap + max_step) / P) if S else 0
+    pages = zone + special_pages + max_step
+    kv_name = config.dtype if config.kv_dtype == "auto" else config.kv_dtype
+    elem = _ELEM_BYTES.get(kv_name, 4)
+    kv = 2 * geo["num_layers"] * pages * P * geo["num_heads"] * geo["head_dim"] * elem
+    ch = model.camera_head
+    cam = config.camera_iterations * ch.depth * 2 * (config.scale_frames + config.special_cap + 1) * ch.dim * 4
+    return {"kv": kv, "camera": cam, "total": kv + cam, "patch_tokens": P, "resolution": (w, h)}
+
+
+def _available_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+class _SessionOps:
+    """The session internals a batched step needs (engine/streaming.py LingBotMapSession)."""
+
+    @staticmethod
+    def streaming(s) -> bool:
+        return s._num_scale > 0
+
+    @staticmethod
+    def prepare(s, frame, timestamp):
+        """What `push` does before running: preprocess, size check, index, timestamp, keyframe."""
+        s._check_open()
+        prep = preprocess(frame, s.config.image_width)
+        hw = tuple(prep.tensor.shape[1:])
+        if hw != s._hw:
+            raise EngineError(f"frame size changed: this session runs at {s._hw[1]}x{s._hw[0]} but the "
+                              f"frame becomes {hw[1]}x{hw[0]}; start a new session for a different source")
+        index = s._next_index
+        s._next_index += 1
+        ts = float(timestamp) if timestamp is not None else index / float(s.config.fps)
+        k = s.config.keyframe_interval
+        keyframe = k <= 1 or (index - s._num_scale) % k == 0
+        return prep, index, ts, keyframe
+
+    @staticmethod
+    def begin(s, keyframe: bool):
+        s._ensure_caches()
+        s.kv.begin_step(1, scale=False, keyframe=keyframe)
+        s.camera_cache.begin_step(1, scale=False, keyframe=keyframe)
+        from .streaming import _KVAdapter
+        return _KVAdapter(s.kv), s.camera_cache, s._time
+
+    @staticmethod
+    def abort(s) -> None:
+        if s.kv is not None:
+            s.kv.abort_step()
+        if s.camera_cache is not None:
+            s.camera_cache.abort_step()
+
+    @staticmethod
+    def commit(s, keyframe: bool) -> None:
+        s.kv.end_step()
+        s.camera_cache.end_step()
+        if keyframe:
+            s._advance_time(1)
+
+    @staticmethod
+    def result(s, b, index, ts, prep, out, keyframe, seconds: float) -> FrameResult:
+        s._last_latency = seconds
+        s._latency.append(seconds)
+        s._rate.append((1, seconds))
+        return s._result(b, index, ts, prep, out, keyframe)
+
+
+class _BatchKV:
+    """`kv` for a batch of frames of different streams: frame b reads and writes stream b's cache."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def write(self, layer, k, v):
+        for b, kv in enumerate(self.parts):
+            kv.write(layer, k[b:b + 1], v[b:b + 1])
+
+    def attend(self, layer, q):
+        return torch.cat([kv.attend(layer, q[b:b + 1]) for b, kv in enumerate(self.parts)], dim=0)
+
+
+class _BatchCameraCache:
+    """Camera caches of a batch: the camera trunk sees the batch as one sequence [1, B, dim];
+    token b attends only to stream b's cache (and itself)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def attend_fn(self, iteration: int, block: int):
+        fns = [c.attend_fn(iteration, block) for c in self.parts]
+
+        def attend(q, k, v):               # [1, B, H, D]
+            return torch.cat([f(q[:, b:b + 1], k[:, b:b + 1], v[:, b:b + 1]) for b, f in enumerate(fns)], dim=1)
+
+        return attend
+
+
+@dataclass(eq=False)
+class Stream:
+    """One admitted stream (returned by `open_stream`; pass it to submit / close_stream)."""
+
+    name: str
+    session: Any
+    latency_budget_s: Optional[float] = None
+    live: bool = False
+    estimate: dict = field(default_factory=dict)
+    queue: deque = field(default_factory=deque)        # (frame, timestamp, submitted_at)
+    served: int = 0
+    dropped: int = 0
+    budget_misses: int = 0
+    latencies: deque = field(default_factory=lambda: deque(maxlen=256))   # submit -> result, s
+    error: Optional[str] = None
+    closed: bool = False
+
+    def stats(self) -> dict:
+        lat = np.asarray(self.latencies, dtype=np.float64) * 1e3
+        return {"name": self.name, "queued": len(self.queue), "served": self.served, "dropped": self.dropped,
+                "budget_misses": self.budget_misses,
+                "latency_budget_ms": None if self.latency_budget_s is None else self.latency_budget_s * 1e3,
+                "latency_p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+                "latency_p95_ms": float(np.percentile(lat, 95)) if lat.size else None,
+                "cache_bytes_estimate": self.estimate.get("total"), "error": self.error}
+
+
+class StreamScheduler:
+    """N LingBot-Map streams over one shared model (see the module docstring)."""
+
+    def __init__(self, model, *, memory_budget_bytes: Optional[int] = None, reserve_bytes: Optional[int] = None,
+                 max_batch: int = 8, clock=time.perf_counter):
+        from .models import LingBotMap
+        if not isinstance(model, LingBotMap):
+            raise EngineError(f"the scheduler runs LingBot-Map streams; got a {type(model).__name__}")
+        if max_batch < 1:
+            raise EngineError(f"max_batch must be >= 1 (got {max_batch})")
+        self.model = model
+        self.memory_budget_bytes = memory_budget_bytes
+        self.reserve_bytes = reserve_bytes
+        self.max_batch = int(max_batch)
+        self.clock = clock
+        self.streams: list[Stream] = []
+        self._rr = 0                       # round-robin start (index into self.streams)
+        self._round_s = deque(maxlen=16)   # recent round durations
+        self._rounds = 0
+        self._batched_frames = 0
+        self._largest_batch = 0
+        self._key: Optional[tuple] = None  # (device, dtype) every stream must share
+
+    # ------------------------------------------------------------------ admission
+    def _reserve(self, device: torch.device) -> int:
+        if self.reserve_bytes is not None:
+            return int(self.reserve_bytes)
+        return 2 << 30 if device.type == "cuda" else 0     # activations of a scale phase / batch
+
+    def open_stream(self, config: SessionConfig, *, name: Optional[str] = None, frame_size: Optional[tuple] = None,
+                    latency_budget_ms: Optional[float] = None, live: bool = False) -> Stream:
+        """Admit a new stream or raise AdmissionError (EngineError for bad settings)."""
+        if config.engine != "lingbot-map":
+            raise AdmissionError(f"the scheduler batches LingBot-Map streams only (got engine {config.engine!r})")
+        name = name or f"stream{len(self.streams)}"
+        key = (str(torch.device(config.device)), config.dtype)
+        if self._key is not None and key != self._key and any(not s.closed for s in self.streams):
+            raise AdmissionError(f"cannot open stream {name!r} on {key[0]} in {key[1]}: the streams share one "
+                                 f"model, which runs on {self._key[0]} in {self._key[1]}")
+        est = stream_cache_bytes(self.model, config, frame_size)
+        from .streaming import _device
+        device = _device(config)
+        pending = sum(s.estimate.get("total", 0) for s in self.streams
+                      if not s.closed and s.session.kv is None)          # admitted, not yet allocated
+        open_n = sum(not s.closed for s in self.streams)
+        if self.memory_budget_bytes is not None:
+            used = sum(s.estimate.get("total", 0) for s in self.streams if not s.closed)
+            free, where = int(self.memory_budget_bytes) - used, f"the {_gib(self.memory_budget_bytes)} budget"
+        else:
+            free = _available_bytes(device) - pending - self._reserve(device)
+            where = f"{device} memory (after {_gib(self._reserve(device))} kept for activations)"
+        if est["total"] > free:
+            w, h = est["resolution"]
+            raise AdmissionError(
+                f"cannot open stream {name!r}: its caches need {_gib(est['total'])} (KV {_gib(est['kv'])} for "
+                f"window {config.window} + {config.scale_frames} scale frames at {w}x{h} in "
+                f"{config.kv_dtype if config.kv_dtype != 'auto' else config.dtype}, camera cache "
+                f"{_gib(est['camera'])}) but only {_gib(max(free, 0))} of {where} is free with {open_n} "
+                f"stream(s) open. Lower the window or the image width, use bf16, close a stream, or raise "
+                f"the memory budget")
+        from .streaming import LingBotMapSession
+        session = LingBotMapSession(config, self.model)
+        self._key = key
+        budget = None if latency_budget_ms is None else float(latency_budget_ms) / 1e3
+        if budget is not None and budget <= 0:
+            raise EngineError(f"latency budget must be positive (got {latency_budget_ms} ms)")
+        st = Stream(name=name, session=session, latency_budget_s=budget, live=bool(live), estimate=est)
+        self.streams.append(st)
+        return st
+
+    # ------------------------------------------------------------------ frames
+    def submit(self, stream: Stream, frame, timestamp: Optional[float] = None) -> None:
+        if stream.closed:
+            raise EngineError(f"stream {stream.name!r} is closed")
+        stream.queue.append((frame, timestamp, self.clock()))
+
+    def pending(self) -> int:
+        """Queued frames of the streams that can still run (not closed, no error)."""
+        return sum(len(s.queue) for s in self.streams if not s.closed and s.error is None)
+
+    def _order(self, now: float, only: Optional[Stream] = None) -> list[Stream]:
+        """Streams with queued frames: urgent ones (budget at risk) first, then round robin."""
+        n = len(self.streams)
+        rotated = [self.streams[(self._rr + i) % n] for i in range(n)]
+        ready = [s for s in rotated if s.queue and not s.closed and s.error is None and (only is None or only is s)]
+        expect = float(np.median(self._round_s)) if self._round_s else 0.0
+
+        def slack(s: Stream) -> float:
+            if s.latency_budget_s is None:
+                return math.inf
+            return s.latency_budget_s - (now - s.queue[0][2]) - expect
+
+        urgent = sorted((s for s in ready if slack(s) <= 0), key=slack)
+        rest = [s for s in ready if slack(s) > 0]
+        return urgent + rest
+
+    def _drop_late(self, now: float) -> None:
+        for s in self.streams:
+            if s.live and s.latency_budget_s is not None:
+                while len(s.queue) > 1 and now - s.queue[0][2] > s.latency_budget_s:
+                    s.queue.popleft()
+                    s.dropped += 1
+
+    def step(self, only: Optional[Stream] = None) -> list[tuple[Stream, list[FrameResult]]]:
+        """One round: serve up to `max_batch` streams (one frame each), batching the streamed
+        frames of compatible streams into one forward. Returns (stream, results) per stream served;
+        a stream whose frame failed gets `stream.error` set and no results (others go on).
+        `only`: serve just that stream (used by close_stream)."""
+        t0 = self.clock()
+        self._drop_late(t0)
+        chosen = self._order(t0, only)[:self.max_batch]
+        if not chosen:
+            return []
+        first = self.streams.index(chosen[0])
+        self._rr = (first + 1) % len(self.streams)
+        out: list[tuple[Stream, list[FrameResult]]] = []
+        groups: dict[tuple, list] = {}
+        for s in chosen:
+            frame, ts, submitted = s.queue.popleft()
+            sess = s.session
+            if not _SessionOps.streaming(sess):
+                out.append((s, self._guard(s, lambda: sess.push(frame, ts), submitted)))
+                continue
+            try:
+                prep, index, ts2, kf = _SessionOps.prepare(sess, frame, ts)
+            except EngineError as exc:
+                self._fail(s, exc)
+                out.append((s, []))
+                continue
+            key = (tuple(prep.tensor.shape), sess.config.camera_iterations)
+            groups.setdefault(key, []).append((s, prep, index, ts2, kf, submitted))
+        for (_, iterations), items in groups.items():
+            out.extend(self._batched(items, iterations))
+        self._round_s.append(self.clock() - t0)
+        self._rounds += 1
+        return out
+
+    def _fail(self, s: Stream, exc: Exception) -> None:
+        s.error = str(exc)
+
+    def _guard(self, s: Stream, run, submitted: float) -> list[FrameResult]:
+        try:
+            res = run()
+        except EngineError as exc:
+            self._fail(s, exc)
+            return []
+        self._account(s, res, submitted)
+        return res
+
+    def _account(self, s: Stream, results, submitted: float) -> None:
+        if not results:
+            return
+        lat = self.clock() - submitted
+        s.served += len(results)
+        s.latencies.append(lat)
+        if s.latency_budget_s is not None and lat > s.latency_budget_s:
+            s.budget_misses += 1
+
+    def _batched(self, items: list, iterations: int) -> list[tuple[Stream, list[FrameResult]]]:
+        """One forward for frames of several streams (each stream's session bookkeeping kept)."""
+        t0 = self.clock()
+        begun = []
+        try:
+            parts = []
+            for s, prep, index, ts, kf, _ in items:
+                parts.append(_SessionOps.begin(s.session, kf))
+                begun.append(s)
+            dev = items[0][0].session.device
+            images = torch.stack([it[1].tensor for it in items]).to(dev, non_blocking=True)
+            res = self.model.forward_step(images, time_index=[p[2] for p in parts], first_frame=False,
+                                          scale_phase=False, kv=_BatchKV([p[0] for p in parts]),
+                                          camera_cache=_BatchCameraCache([p[1] for p in parts]),
+                                          iterations=iterations)
+        except BaseException as exc:
+            for s in begun:
+                _SessionOps.abort(s.session)
+            if isinstance(exc, torch.OutOfMemoryError):
+                raise EngineError(f"out of {items[0][0].session.device.type.upper()} memory running a batch of "
+                                  f"{len(items)} streams; lower max_batch, the window or the image width") from exc
+            raise
+        for s, _, _, _, kf, _ in items:
+            _SessionOps.commit(s.session, kf)
+        out_np = {k: v.float().cpu().numpy() for k, v in res.items()}
+        dt = self.clock() - t0
+        self._batched_frames += len(items)
+        self._largest_batch = max(self._largest_batch, len(items))
+        done = []
+        for b, (s, prep, index, ts, kf, submitted) in enumerate(items):
+            r = [_SessionOps.result(s.session, b, index, ts, prep, out_np, kf, dt)]
+            self._account(s, r, submitted)
+            done.append((s, r))
+        return done
+
+    def run_until_idle(self) -> dict:
+        """Step until no frame is queued; {stream name: [results]} in order."""
+        got: dict[str, list] = {}
+        while self.pending():
+            for s, res in self.step():
+                got.setdefault(s.name, []).extend(res)
+        return got
+
+    def close_stream(self, stream: Stream) -> list[FrameResult]:
+        """Serve the stream's queued frames, flush it (a short stream runs its scale phase now),
+        close its session (its caches are freed) and return the results not yet returned."""
+        results: list[FrameResult] = []
+        if stream.closed:
+            return results
+        while stream.queue and stream.error is None:
+            for _, res in self.step(only=stream):
+                results.extend(res)
+        if stream.error is None:
+            results.extend(self._guard(stream, stream.session.flush, self.clock()))
+        stream.session.close()
+        stream.closed = True
+        stream.queue.clear()
+        if self.model.aggregator.graphs is None and any(not s.closed for s in self.streams):
+            # session.close() drops the model's shared CUDA graphs; the others keep using graphs
+            live = [s for s in self.streams if not s.closed]
+            if live[0].session.device.type == "cuda" and live[0].session.config.cuda_graphs:
+                from .models.graphs import GraphCache
+                self.model.aggregator.graphs = GraphCache()
+        return results
+
+    def stats(self) -> dict:
+        return {"streams": [s.stats() for s in self.streams], "rounds": self._rounds,
+                "batched_frames": self._batched_frames, "largest_batch": self._largest_batch,
+                "max_batch": self.max_batch,
+                "round_ms_median": float(np.median(self._round_s)) * 1e3 if self._round_s else None}

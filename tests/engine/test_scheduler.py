@@ -1,0 +1,169 @@
+"""The batching stream scheduler (engine/scheduler.py) on lingbot-map-tiny."""
+import numpy as np
+import pytest
+
+from engine import EngineError, SessionConfig, open_session
+from engine.models import build_model
+from engine.models.recipe import fill_recipe
+from engine.scheduler import AdmissionError, StreamScheduler, stream_cache_bytes
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return fill_recipe(build_model("lingbot-map-tiny"))
+
+
+def _frames(seed, n, shape=(60, 80, 3)):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(n)]
+
+
+def _cfg(**kw):
+    base = dict(engine="lingbot-map", image_width=70, scale_frames=2, window=3, special_cap=8,
+                keyframe_interval=1, camera_iterations=2)
+    base.update(kw)
+    return SessionConfig(**base)
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+# stream name -> (config overrides, frames); "c" has another aspect (its own batch group), "b"
+# keeps every 2nd frame only (non-keyframes roll back inside a batch)
+STREAMS = {
+    "a": (dict(), dict(seed=1, n=9)),
+    "b": (dict(keyframe_interval=2), dict(seed=2, n=9)),
+    "c": (dict(scale_frames=3), dict(seed=3, n=7, shape=(60, 100, 3))),
+    "d": (dict(), dict(seed=4, n=8)),
+}
+
+
+def _alone(model, over, frames):
+    s = open_session(_cfg(**over), model=model)
+    res = [r for f in frames for r in s.push(f)] + s.flush()
+    s.close()
+    return res
+
+
+def test_batched_streams_equal_each_stream_run_alone(tiny):
+    frames = {k: _frames(**fr) for k, (_, fr) in STREAMS.items()}
+    ref = {k: _alone(tiny, over, frames[k]) for k, (over, _) in STREAMS.items()}
+    sched = StreamScheduler(tiny, max_batch=8)
+    streams = {k: sched.open_stream(_cfg(**over), name=k) for k, (over, _) in STREAMS.items()}
+    got = {k: [] for k in STREAMS}
+    for i in range(max(len(f) for f in frames.values())):      # frames arrive interleaved
+        for k, st in streams.items():
+            if i < len(frames[k]):
+                sched.submit(st, frames[k][i])
+        for st, res in sched.step():
+            got[st.name].extend(res)
+    for k, st in streams.items():
+        got[k].extend(sched.close_stream(st))
+    stats = sched.stats()
+    assert stats["largest_batch"] == 3                   # a, b, d share a forward; c has its own
+    assert stats["rounds"] < sum(len(f) for f in frames.values())
+    for k in STREAMS:
+        a, b = ref[k], got[k]
+        assert [r.index for r in a] == [r.index for r in b] and len(a) == len(frames[k])
+        assert [r.is_keyframe for r in a] == [r.is_keyframe for r in b]
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(y.pose_enc, x.pose_enc, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(y.depth, x.depth, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(y.conf, x.conf, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(y.c2w, x.c2w, rtol=1e-5, atol=1e-5)
+            assert y.timestamp == x.timestamp
+    assert all(s["error"] is None and s["served"] == len(frames[s["name"]]) for s in stats["streams"])
+
+
+def _streaming_scheduler(tiny, names, clock=None, **kw):
+    """Scheduler whose streams have finished their scale phase (2 frames each)."""
+    sched = StreamScheduler(tiny, clock=clock or FakeClock(), **kw)
+    out = {}
+    for n in names:
+        st = sched.open_stream(_cfg(), name=n)
+        out[n] = st
+        for f in _frames(7, 2):
+            sched.submit(st, f)
+    while sched.pending():
+        sched.step()
+    return sched, out
+
+
+def test_round_robin_is_fair(tiny):
+    sched, st = _streaming_scheduler(tiny, "abc", max_batch=1)
+    for s in st.values():
+        for f in _frames(8, 3):
+            sched.submit(s, f)
+    order = []
+    while sched.pending():
+        order += [s.name for s, _ in sched.step()]
+    assert len(order) == 9
+    assert all(sorted(order[i:i + 3]) == ["a", "b", "c"] for i in range(0, 9, 3))   # each round once
+    sched2, st2 = _streaming_scheduler(tiny, "ab", max_batch=2)
+    for s in st2.values():
+        sched2.submit(s, _frames(9, 1)[0])
+    served = sched2.step()
+    assert sorted(s.name for s, _ in served) == ["a", "b"] and all(len(r) == 1 for _, r in served)
+
+
+def test_latency_budget_serves_the_late_stream_first_and_live_streams_drop(tiny):
+    clock = FakeClock()
+    sched, st = _streaming_scheduler(tiny, "abc", clock=clock, max_batch=1)
+    st["c"].latency_budget_s = 0.050
+    f = _frames(10, 4)
+    sched.submit(st["c"], f[0])                  # c's frame waits since t = 0
+    clock.t = 0.010
+    sched.submit(st["a"], f[1])
+    sched.submit(st["b"], f[2])
+    clock.t = 0.100                              # c is past its 50 ms budget
+    assert [s.name for s, _ in sched.step()] == ["c"]
+    assert st["c"].stats()["budget_misses"] == 1
+    # a live stream keeps only the newest frame once older ones are past its budget
+    live = st["a"]
+    live.live, live.latency_budget_s = True, 0.020
+    for i in range(3):
+        clock.t = 0.2 + 0.05 * i
+        sched.submit(live, f[3])
+    clock.t = 0.35
+    while sched.pending():
+        sched.step()
+    assert live.dropped == 3 and live.stats()["dropped"] == 3   # the older a-frame too
+
+
+def test_admission_refuses_a_stream_whose_caches_do_not_fit(tiny):
+    cfg = _cfg(window=3)
+    est = stream_cache_bytes(tiny, cfg, (80, 60))
+    sched = StreamScheduler(tiny, memory_budget_bytes=int(est["total"] * 1.5))
+    a = sched.open_stream(cfg, name="cam0", frame_size=(80, 60))
+    with pytest.raises(AdmissionError) as err:
+        sched.open_stream(cfg, name="cam1", frame_size=(80, 60))
+    msg = str(err.value)
+    assert "cannot open stream 'cam1'" in msg and "window 3" in msg and "1 stream(s) open" in msg
+    assert "Lower the window" in msg
+    # the estimate is what the caches really allocate
+    for f in _frames(11, 3):
+        sched.submit(a, f)
+    while sched.pending():
+        sched.step()
+    assert a.session.kv.stats()["bytes_allocated"] == est["kv"]
+    assert a.session.camera_cache.stats()["bytes_allocated"] == est["camera"]
+    sched.close_stream(a)                        # its memory is free again
+    sched.open_stream(cfg, name="cam1", frame_size=(80, 60))
+    with pytest.raises(AdmissionError, match="geometric"):
+        sched.open_stream(SessionConfig(engine="geometric"))
+
+
+def test_a_bad_frame_fails_only_its_stream(tiny):
+    sched, st = _streaming_scheduler(tiny, "ab")
+    sched.submit(st["a"], _frames(12, 1, shape=(60, 120, 3))[0])     # other size mid-stream
+    sched.submit(st["b"], _frames(12, 1)[0])
+    served = dict((s.name, r) for s, r in sched.step())
+    assert served["a"] == [] and "frame size changed" in st["a"].error
+    assert len(served["b"]) == 1 and st["b"].error is None
+    with pytest.raises(EngineError, match="closed"):
+        sched.close_stream(st["a"]) or sched.submit(st["a"], _frames(12, 1)[0])
