@@ -20,6 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speed", type=float, metavar="X",
                    help="replay speed for files: 0 = as fast as possible (default), 1 = real time, N = N×")
     p.add_argument("--max-frames", type=int, metavar="N", help="stop after N input frames")
+    p.add_argument("--loop", action="store_true",
+                   help="files: start again at the end (a soak test; stop with --max-frames or the window)")
+    p.add_argument("--stats-csv", metavar="FILE",
+                   help="write one row of run statistics per second: frames, engine_fps, viewer_fps, rss_mb, "
+                        "gpu_allocated_mb, viewer_points, viewer_buffer_bytes, loop_gap_p99_ms, dropped")
     p.add_argument("--session-dir", metavar="DIR",
                    help="save runs in new sub-folders of DIR (default: $RECONSTUDIO_SESSIONS or "
                         "~/.local/share/reconstudio/sessions)")
@@ -71,6 +76,9 @@ def main(args: argparse.Namespace) -> int:
         win.speed.setCurrentIndex(i)
     if args.max_frames is not None:
         win.max_frames.setValue(max(0, args.max_frames))
+    if args.loop:
+        win.loop.setChecked(True)
+    stats_csv = _start_stats_csv(win, args.stats_csv) if args.stats_csv else None
     if args.size:
         try:
             w, h = (int(v) for v in args.size.lower().split("x"))
@@ -115,6 +123,27 @@ def main(args: argparse.Namespace) -> int:
     elif args.exit_when_done or args.screenshot or args.window_screenshot:
         QtCore.QTimer.singleShot(300 if args.open_session else 0, finish)
     code = app.exec()
+    if stats_csv is not None:
+        stats_csv.close()
     # No explicit teardown: the bool_dealloc abort at exit came from PySide6 6.12.0's refcount
     # bug (excluded in pyproject.toml; tests/ui/test_ui_refcount.py catches a relapse).
     return status["code"] or int(code)
+
+
+def _start_stats_csv(win, path: str):
+    """A row per second from the GUI thread: the run's stats (engine side, as the monitors get
+    them) and `MainWindow.gui_stats()` (viewer side; blank columns when the window has none)."""
+    from PySide6 import QtCore
+
+    from engine.stats_csv import StatsCsv
+
+    out = StatsCsv(path)
+
+    def row():
+        gui = win.gui_stats() if hasattr(win, "gui_stats") else None
+        out.row(dict(win.last_stats or {}), gui)
+
+    timer = QtCore.QTimer(win, interval=1000, timeout=row)
+    timer.start()
+    win.runFinished.connect(lambda _summary: row())     # the final counts
+    return out

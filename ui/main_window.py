@@ -353,6 +353,7 @@ class MainWindow(QtWidgets.QMainWindow):
         m.addAction("Open &video…", self._open_video_dialog, QtGui.QKeySequence.StandardKey.Open)
         m.addAction("Open image &folder…", self._open_folder_dialog)
         m.addAction("Open saved &session…", self._open_session_dialog)
+        m.addAction("Sessions &folder…", self.sessions_dialog)   # where runs go, their size, retention
         m.addSeparator()
         # one entry per engine.io.export.EXPORT_FORMATS (the CLI's --ply/--npz/--trajectory/--colmap/--glb)
         ex = m.addMenu("&Export")
@@ -467,7 +468,8 @@ class MainWindow(QtWidgets.QMainWindow):
             speed=float(self.speed.currentData()), loop=self.loop.isChecked(),
             start_frame=int(self.seek_spin.value()), max_frames=int(self.max_frames.value()) or None,
             start_paused=start_paused, display_stride=int(self.stride.value()),
-            webcam_resolution=self.source_panel.webcam_resolution(), model=self.model)
+            webcam_resolution=self.source_panel.webcam_resolution(), model=self.model,
+            retention=self.retention_limits(), keep_sessions=(self.session_folder,))
 
     def start_run(self, start_paused: bool = False) -> bool:
         """Start a fresh run with the current settings (stopping any running one and clearing
@@ -640,7 +642,9 @@ class MainWindow(QtWidgets.QMainWindow):
             n = self.source_info.get("frames") or 0
             done = s.get("frames_in", 0)
             state = "paused" if self._handle.worker.paused else "running"
-            self.progress_label.setText(f"{state}: frame {done}" + (f" / {n}" if n else "") + " ")
+            dropped = s.get("dropped") or 0     # live frames the engine could not take (never a file's)
+            self.progress_label.setText(f"{state}: frame {done}" + (f" / {n}" if n else "")
+                                        + (f" · {dropped} dropped" if dropped else "") + " ")
 
     def _refresh_status(self) -> None:
         if self._status_dirty:
@@ -691,6 +695,19 @@ class MainWindow(QtWidgets.QMainWindow):
         if p:
             self.open_session_folder(p)
 
+    def retention_limits(self) -> tuple:
+        """(max_gb, max_age_days) of the sessions folder from the app settings."""
+        from app.settings import retention_limits
+        from engine.io.retention import DEFAULT_MAX_AGE_DAYS, DEFAULT_MAX_GB
+        return retention_limits(self.settings) if self.settings is not None else (DEFAULT_MAX_GB, DEFAULT_MAX_AGE_DAYS)
+
+    def sessions_dialog(self):
+        """File > Sessions folder: the folder, its size and the retention limits (ui/sessions_dialog.py)."""
+        from .sessions_dialog import SessionsDialog
+        dlg = SessionsDialog(self, settings=self.settings, root=self.session_root, keep=(self.session_folder,))
+        dlg.open()
+        return dlg
+
     def open_session_folder(self, folder: str) -> bool:
         """Show a saved session (engine.io.store.load_session) in the viewer; exports then use it."""
         from engine.geometry import segment_transforms
@@ -729,8 +746,9 @@ class MainWindow(QtWidgets.QMainWindow):
         self.session_folder = str(loaded.folder)
         for p in loaded.problems:
             self.messages.append(("warning", p))
-        note = "" if loaded.complete else " (the run was cut short)"
-        self.show_message(f"Opened session {loaded.folder.name}: {len(frames)} frames{note}", "info")
+        note = f" — cut short: {loaded.cut_short}" if loaded.cut_short else ""
+        self.show_message(f"Opened session {loaded.folder.name}: {len(frames)} frames{note}",
+                          "warning" if loaded.cut_short else "info")
         self.settings_panel.set_config(loaded.config)
         self._update_engine_label()
         self._set_running(False)

@@ -49,6 +49,8 @@ class RunOptions:
     webcam_resolution: Optional[tuple] = None    # (w, h) requested from a webcam
     model: Any = None                            # a loaded network for neural engines (optional)
     max_pending: int = 32                        # display packets waiting for the GUI before the engine waits
+    retention: Optional[tuple] = None            # (max_gb, max_age_days) applied to session_root first
+    keep_sessions: tuple = ()                    # session folders retention must not delete (e.g. shown)
     store_queue: int = 4                         # frames waiting for the session store's writer thread
 
 
@@ -88,6 +90,8 @@ class _DisplaySink(Sink):
 
     def on_event(self, e) -> None:
         if e.kind == "realign" and e.transform is not None:
+            if getattr(e, "frames", None) is not None:
+                return   # a frame-range correction (loop closure): the viewer moves whole segments only
             self.w.realigned.emit(int(e.segment), e.transform)
         elif e.message:
             self.w.message.emit(e.message)
@@ -219,6 +223,23 @@ class EngineWorker(QtCore.QObject):
             self._running = False
             self.finished.emit(summary)
 
+    def _apply_retention(self) -> None:
+        """Old sessions go before a new one starts (never one in use or in keep_sessions)."""
+        from engine.io.retention import apply_retention
+        from engine.io.store import default_session_root
+
+        o = self.options
+        max_gb, max_days = o.retention
+        try:
+            deleted = apply_retention(o.session_root or default_session_root(), max_gb=max_gb,
+                                      max_age_days=max_days, keep=o.keep_sessions)
+        except OSError as exc:                 # retention must never stop a run
+            log.warning("session retention failed: %s", exc)
+            return
+        if deleted:
+            self.message.emit(f"Removed {len(deleted)} old session(s) to stay within the sessions limits "
+                              f"({max_gb:g} GB, {max_days:g} days; File > Sessions folder)")
+
     def _open(self):
         from engine import open_session
         from engine.io.sources import open_source
@@ -238,6 +259,8 @@ class EngineWorker(QtCore.QObject):
             source.close()
             raise
         try:
+            if not o.session_dir and o.retention:
+                self._apply_retention()
             folder = o.session_dir or str(new_session_folder(source.name, o.session_root))
             # bounded background writer: compression overlaps the engine, a slow disk makes it wait
             store = SessionStore(folder, o.config, source.name, background=True, queue_size=o.store_queue,
