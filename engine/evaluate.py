@@ -14,7 +14,6 @@ scale for the sequence.
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -25,6 +24,7 @@ from .api import EngineError, SessionConfig, open_session
 from .intrinsics import Intrinsics, read_intrinsics
 from .io.export import TrajectoryError, export_tum, read_tum
 from .metrics import ate, coverage, depth_metrics, rpe
+from .run_driver import CallbackSink, CollectSink, RunDriver, SequenceSource
 
 __all__ = ["SequenceError", "Sequence", "load_sequence", "evaluate_sequence", "format_report"]
 
@@ -120,23 +120,24 @@ def evaluate_sequence(seq_dir, config: Optional[SessionConfig] = None, *, engine
     if n < 3:
         raise SequenceError(f"need at least 3 frames to evaluate, got {n}")
     session = open_session(cfg, model=model)
-    results, events = [], []
-    t0 = time.perf_counter()
+
+    def load(path):
+        bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if bgr is None:
+            raise SequenceError(f"cannot read image {path}")
+        return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+    # the one run loop (engine.run_driver): frames decoded as the engine takes them, never dropped
+    collect = CollectSink()
+    sinks = [collect] + ([CallbackSink(stats=lambda st: progress(st["frames_in"], n))] if progress else [])
+    driver = RunDriver(SequenceSource(seq.frames[:n], seq.timestamps[:n], load=load, name=seq.root.name),
+                       session, sinks, stats_hz=10.0 if progress else 0.0)
     try:
-        for i in range(n):
-            bgr = cv2.imread(str(seq.frames[i]), cv2.IMREAD_COLOR)
-            if bgr is None:
-                raise SequenceError(f"cannot read image {seq.frames[i]}")
-            results += session.push(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), float(seq.timestamps[i]))
-            events += session.poll_events()
-            if progress:
-                progress(i + 1, n)
-        results += session.flush()
-        events += session.poll_events()
-        wall = time.perf_counter() - t0
-        stats = session.stats()
+        summary = driver.run()
     finally:
         session.close()
+    results, events = collect.results, collect.events
+    wall, stats = summary.wall_s, summary.stats
     results.sort(key=lambda r: r.index)
     if any(e.kind == "realign" for e in events):
         # windowed / loop-closing engines move whole segments after the fact
