@@ -60,7 +60,8 @@ class DinoV2(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images [B, 3, H, W] (already ImageNet-normalised) -> patch tokens [B, H/14 * W/14, C]."""
         B, _, H, W = images.shape
-        x = self.patch_embed(images)
+        # the residual stream runs in the norms' dtype (float32 in LingBot-Map's mixed precision)
+        x = self.patch_embed(images.to(self.patch_embed.proj.weight.dtype)).to(self.norm.weight.dtype)
         x = torch.cat((self.cls_token.expand(B, -1, -1), x), dim=1)
         x = x + self.position_embedding(H // self.patch_size, W // self.patch_size)
         x = torch.cat((x[:, :1], self.register_tokens.expand(B, -1, -1), x[:, 1:]), dim=1)

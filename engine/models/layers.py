@@ -85,6 +85,11 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, layer_scale)
 
     def forward(self, x: torch.Tensor, rope=None, attend: Optional[AttendFn] = None) -> torch.Tensor:
-        # residual + LayerScale fused into one addcmul each (fewer kernels per block)
-        x = torch.addcmul(x, self.attn(self.norm1(x), rope, attend), self.ls1.gamma)
-        return torch.addcmul(x, self.mlp(self.norm2(x)), self.ls2.gamma)
+        # Mixed precision (see LingBotMap.set_dtype): the residual stream x, the norms and the
+        # LayerScales may be float32 while the matmul weights are bf16/fp16 -- upstream's autocast
+        # keeps the residual in float32 too; a bf16 residual loses the small per-block updates
+        # (measured 4x the pose error). The normed input is cast once to the weights' dtype; the
+        # residual + LayerScale stay one addcmul each (it promotes the bf16 branch to float32).
+        dt = self.attn.qkv.weight.dtype
+        x = torch.addcmul(x, self.attn(self.norm1(x).to(dt), rope, attend), self.ls1.gamma)
+        return torch.addcmul(x, self.mlp(self.norm2(x).to(dt)), self.ls2.gamma)

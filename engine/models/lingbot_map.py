@@ -15,9 +15,10 @@ Timing: set `model.timer` to a callable `name -> context manager`; the model ent
 "patch_embed", each "frame_blocks" and "global_blocks" call (24 each), "camera_head" and
 "depth_head". The timer decides how to measure (CUDA events, perf_counter, ...).
 
-Dtypes: `set_dtype(torch.bfloat16)` converts the aggregator (patch embed, frame and global blocks,
-special tokens); the camera and depth heads always stay float32 and read float32 features, as
-upstream does.
+Dtypes: `set_dtype(torch.bfloat16)` converts the aggregator's matmul weights (Linear, Conv2d) and
+its qk-norms; the residual stream, its LayerNorms and LayerScales, the special tokens and the
+position embedding stay float32 (as under upstream's bf16 autocast, where only matmuls run in
+bf16). The camera and depth heads always stay float32 and read float32 features, as upstream does.
 """
 from __future__ import annotations
 
@@ -117,17 +118,18 @@ class Aggregator(nn.Module):
         cfg = self.cfg
         S, _, H, W = images.shape
         gh, gw = H // cfg.patch_size, W // cfg.patch_size
-        dtype = self.camera_token.dtype
+        dtype = self.frame_blocks[0].attn.qkv.weight.dtype     # matmul dtype (q, k, RoPE tables)
         n_sp = cfg.num_special
         # RoPE tables (built on the CPU, rounded once to the compute dtype) are uploaded BEFORE any
         # GPU work of this step is queued: a host-to-device copy waits for the stream, and mid-step
         # it would stall the CPU until the patch embed finished (measured on the H200).
         rot2d = self.rope2d.rotation(gh, gw, n_sp, images.device, dtype)
         rot3d = self.rope3d.rotation(list(time_index), gh, gw, n_sp, images.device, dtype)
-        x = ((images.float() - self._mean.float()) / self._std.float()).to(dtype)
+        x = (images.float() - self._mean.float()) / self._std.float()
         with self._section("patch_embed"):
             patches = self._graphed("patch_embed", self.patch_embed, x)
-        x = torch.cat((self.special_tokens(S, first_frame, scale_phase), patches), dim=1)   # [S, T, C]
+        # [S, T, C] residual stream, in the dtype of the tokens and norms (float32 but in full fp16/bf16)
+        x = torch.cat((self.special_tokens(S, first_frame, scale_phase), patches.to(self.camera_token.dtype)), dim=1)
         wanted = set(cfg.intermediate_layers)
         feats = []
         for i in range(cfg.depth):
@@ -165,6 +167,7 @@ class LingBotMap(nn.Module):
         self.aggregator = Aggregator(cfg)
         self.camera_head = CameraHead(2 * cfg.embed_dim, cfg.camera_depth, cfg.camera_heads, cfg.mlp_ratio)
         self.depth_head = DPTHead(2 * cfg.embed_dim, cfg.patch_size, cfg.dpt_features, tuple(cfg.dpt_out_channels))
+        self.residual_fp32 = True       # set_dtype's default precision policy (see there)
         self.eval()
 
     # -- configuration ------------------------------------------------------------------------
@@ -178,15 +181,34 @@ class LingBotMap(nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        return self.aggregator.camera_token.dtype
+        """dtype of the trunk's matmul weights."""
+        return self.aggregator.frame_blocks[0].attn.qkv.weight.dtype
 
     @property
     def device(self) -> torch.device:
         return self.aggregator.camera_token.device
 
-    def set_dtype(self, dtype: torch.dtype) -> "LingBotMap":
-        """Trunk in `dtype`, heads in float32 (as upstream)."""
-        self.aggregator.to(dtype)
+    def set_dtype(self, dtype: torch.dtype, residual_fp32: Optional[bool] = None) -> "LingBotMap":
+        """Trunk matmuls (Linear, Conv2d weights) and qk-norms in `dtype`; with `residual_fp32`
+        (the default, upstream's autocast precision) the residual stream and what acts on it in
+        float32: the block LayerNorms and LayerScales, the final patch-embed norm, the special
+        tokens and the position embedding. Heads in float32 (as upstream).
+        `residual_fp32=False` converts the whole aggregator (the earlier behaviour; measured
+        ~4x the pose error of upstream's bf16, docs/model.md); None = `self.residual_fp32`."""
+        if residual_fp32 is None:
+            residual_fp32 = self.residual_fp32
+        agg = self.aggregator
+        agg.to(dtype)
+        if residual_fp32 and dtype != torch.float32:
+            blocks = [*agg.patch_embed.blocks, *agg.frame_blocks, *agg.global_blocks]
+            for blk in blocks:
+                for m in (blk.norm1, blk.norm2, blk.ls1, blk.ls2):
+                    m.float()
+            pe = agg.patch_embed
+            pe.norm.float()
+            for p in (pe.cls_token, pe.pos_embed, pe.register_tokens, pe.mask_token,
+                      agg.camera_token, agg.register_token, agg.scale_token):
+                p.data = p.data.float()
         self.camera_head.float()
         self.depth_head.float()
         return self

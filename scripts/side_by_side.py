@@ -1,0 +1,438 @@
+"""Upstream LingBot-Map and ReconStudio side by side: the same recipe weights, the same real frames,
+one machine, one run (`bash scripts/side_by_side.sh` on the H200 does every step below).
+
+Subcommands (each speed/fidelity run is a process of its own, so peaks and compiled state of one
+implementation never leak into the other):
+
+  weights OUT.pt        the fixtures' recipe weights (shared/fixtures/README.md section 2), fp32
+  ours     --weights W --video V --json OUT [--npz FP32_OUT]
+  upstream --weights W --video V --json OUT --upstream DIR [--npz FP32_OUT]
+  report   OURS.json UPSTREAM.json [--npz-ours A --npz-upstream B]
+  cpu-fidelity          bf16 vs fp32 on the CPU at tiny width but full depth (docs/model.md)
+
+What each run measures, in its own process, on the same frames:
+- fidelity: the first `--fid-frames` frames in fp32 (the reference) and in bf16, keyframe interval
+  1; pose_enc relative error ||bf16 - fp32|| / ||fp32|| over all frames, depth median of the
+  per-pixel relative error |bf16 - fp32| / fp32. The fp32 outputs are saved so `report` can also
+  compare ours with upstream in fp32 (conformance at full size on real frames).
+- speed: bf16, `--frames` frames, keyframe intervals 1 and 2, per frame: the frame in, the outputs
+  a consumer uses (pose_enc, depth, depth_conf) on the host; "steady" FPS = after the scale phase
+  and 30 warm-up frames. Peak allocated GPU memory of each stream.
+
+Upstream runs in its fastest configuration: FlashInfer fa3 paged cache, the aggregator cast to
+bf16 under bf16 autocast (its demo.py), the hot modules under torch.compile(mode="reduce-overhead")
+as its gct_profile.py / demo.py --compile do, with an eager warm-up of the same call pattern. Its
+fp32 reference uses its own FlashInfer-path cache in fp32 gather mode (`kv_cache_force_fp32`).
+Upstream code is read from `--upstream` (an exported work tree, never part of this repository).
+
+Frames: a video or a folder of images, resized to 518x378 (cv2 INTER_AREA; the issue's benchmark
+shape) and played forwards then backwards until `--frames` frames (ICL-NUIM kt3 has 200).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+H, W = 378, 518
+WARMUP = 30
+CFG = dict(scale_frames=8, window=64, camera_iterations=4, special_cap=1024)
+
+
+# ---------------------------------------------------------------------------------------- common
+def load_frames(path: str, n: int, h: int = H, w: int = W) -> np.ndarray:
+    """uint8 [n, h, w, 3] RGB, ping-ponged to n frames."""
+    import cv2
+    p = Path(path)
+    imgs = []
+    if p.is_dir():
+        for f in sorted(p.iterdir()):
+            if f.suffix.lower() in (".jpg", ".jpeg", ".png"):
+                imgs.append(cv2.imread(str(f), cv2.IMREAD_COLOR))
+    else:
+        cap = cv2.VideoCapture(str(p))
+        while True:
+            ok, im = cap.read()
+            if not ok:
+                break
+            imgs.append(im)
+    if not imgs:
+        raise SystemExit(f"no frames in {path}")
+    imgs = [cv2.cvtColor(cv2.resize(im, (w, h), interpolation=cv2.INTER_AREA), cv2.COLOR_BGR2RGB) for im in imgs]
+    order = list(range(len(imgs))) + list(range(len(imgs) - 2, 0, -1))
+    return np.stack([imgs[order[i % len(order)]] for i in range(n)])
+
+
+def to_tensor(frames: np.ndarray):
+    import torch
+    return torch.from_numpy(frames).permute(0, 3, 1, 2).float().div_(255.0)
+
+
+def rel(a, b) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def depth_median_rel(a, b) -> float:
+    return float(np.median(np.abs(a - b) / np.maximum(np.abs(b), 1e-30)))
+
+
+def errors(test: dict, ref: dict) -> dict:
+    return {"pose_enc_rel": rel(test["pose_enc"], ref["pose_enc"]),
+            "depth_median_rel": depth_median_rel(test["depth"], ref["depth"]),
+            "depth_rel": rel(test["depth"], ref["depth"]),
+            "pose_enc_max_abs": float(np.abs(test["pose_enc"] - ref["pose_enc"]).max())}
+
+
+def speed_summary(times: list, n_scale: int, peak: int, t_total: float, label: str) -> dict:
+    """times: seconds per streamed frame (frame n_scale onwards)."""
+    steady = np.asarray(times[WARMUP:])
+    n = n_scale + len(times)
+    out = {"label": label, "frames": n, "overall_fps": n / t_total,
+           "steady_fps": len(steady) / steady.sum() if len(steady) else None,
+           "latency_p50_ms": float(np.percentile(times, 50) * 1e3),
+           "latency_p95_ms": float(np.percentile(times, 95) * 1e3),
+           "peak_allocated_gib": peak / 2**30}
+    print(f"  {label}: {n} frames, overall {out['overall_fps']:.1f} FPS, steady {out['steady_fps']:.1f} FPS, "
+          f"p50 {out['latency_p50_ms']:.1f} ms, p95 {out['latency_p95_ms']:.1f} ms, "
+          f"peak allocated {out['peak_allocated_gib']:.2f} GiB", flush=True)
+    return out
+
+
+def machine() -> dict:
+    import torch
+    d = {"torch": torch.__version__}
+    if torch.cuda.is_available():
+        d["gpu"] = torch.cuda.get_device_name(0)
+    try:
+        import flashinfer
+        d["flashinfer"] = flashinfer.__version__
+    except Exception:
+        pass
+    return d
+
+
+def cmd_weights(args) -> None:
+    import torch
+    sys.path.insert(0, str(REPO))
+    from engine.models import build_model
+    from engine.models.recipe import fill_recipe
+    t0 = time.perf_counter()
+    m = fill_recipe(build_model("lingbot-map"))
+    torch.save(m.state_dict(), args.out)
+    print(f"recipe weights -> {args.out} ({time.perf_counter() - t0:.0f} s)")
+
+
+# ------------------------------------------------------------------------------------------ ours
+def _ours_model(weights: str, device: str, name: str = "lingbot-map", **overrides):
+    import torch
+    sys.path.insert(0, str(REPO))
+    from engine.models import build_model
+    m = build_model(name, **overrides)
+    if weights == "recipe":
+        from engine.models.recipe import fill_recipe
+        fill_recipe(m)
+    else:
+        m.load_state_dict(torch.load(weights, map_location="cpu", mmap=True), strict=True)
+    return m.to(device).eval()
+
+
+def _ours_stream(model, frames, dtype: str, interval: int, device: str, keep: bool, **cfg) -> tuple:
+    import torch
+    from engine import SessionConfig, open_session
+    opts = dict(CFG, **cfg)
+    s = open_session(SessionConfig(engine="lingbot-map", device=device, dtype=dtype, backend=opts.pop("backend", "auto"),
+                                   image_width=frames.shape[-1], keyframe_interval=interval, **opts), model=model)
+    res, times = [], []
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for i, f in enumerate(frames):
+        t = time.perf_counter()
+        out = s.push(f)
+        if i >= opts["scale_frames"]:
+            times.append(time.perf_counter() - t)
+        if keep:
+            res += out
+    res += s.flush() if keep else []
+    total = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() if cuda else 0
+    n_scale = s.stats()["kv"]["scale_frames"] if s.kv is not None else 0
+    backend = s.stats()["kv"]["backend"] if s.kv is not None else None
+    s.close()
+    outs = None
+    if keep:
+        outs = {"pose_enc": np.stack([r.pose_enc for r in res]), "depth": np.stack([r.depth for r in res]),
+                "conf": np.stack([r.conf for r in res])}
+    return outs, times, n_scale, peak, total, backend
+
+
+def cmd_ours(args) -> None:
+    import torch
+    dev = args.device
+    frames = to_tensor(load_frames(args.video, max(args.frames, args.fid_frames), args.height, args.width))
+    fid = frames[:args.fid_frames]
+    result = {"impl": "reconstudio", "machine": machine(), "settings": dict(CFG, resolution=f"{args.width}x{args.height}"),
+              "fid_frames": args.fid_frames, "speed": []}
+    model = _ours_model(args.weights, dev)
+    base = torch.cuda.memory_allocated() if dev.startswith("cuda") else 0
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()} if dev.startswith("cuda") else None
+    ref, *_ = _ours_stream(model, fid, "fp32", 1, dev, keep=True)
+    if args.npz:
+        np.savez(args.npz, **ref)
+    for label, res32 in (("bf16", True), ("bf16_residual_bf16", False)):
+        model.float()
+        model.load_state_dict(sd) if sd is not None else None
+        model.residual_fp32 = res32
+        model.set_dtype(torch.bfloat16)
+        got, *_ = _ours_stream(model, fid, "bf16", 1, dev, keep=True)
+        result[f"fidelity_{label}"] = errors(got, ref)
+        print(f"  ours {label} vs fp32: {result[f'fidelity_{label}']}", flush=True)
+    model.residual_fp32 = True
+    model.float()
+    model.load_state_dict(sd) if sd is not None else None
+    model.set_dtype(torch.bfloat16)
+    if dev.startswith("cuda"):
+        base = torch.cuda.memory_allocated()
+    for interval in (1, 2):
+        for label, kw in _ours_variants(args):
+            _, times, n_scale, peak, total, backend = _ours_stream(model, frames[:args.frames], "bf16", interval, dev,
+                                                                   keep=False, **kw)
+            row = speed_summary(times, n_scale, peak, total, f"ours {label} kf{interval}")
+            row.update(interval=interval, variant=label, backend=backend)
+            if dev.startswith("cuda"):
+                row["allocated_after_close_minus_model_gib"] = (torch.cuda.memory_allocated() - base) / 2**30
+            result["speed"].append(row)
+    Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+def _ours_variants(args):
+    out = [("default", {})]
+    for v in (args.variants or "").split(","):
+        if v == "sdpa":
+            out.append(("sdpa", {"backend": "sdpa"}))
+        elif v == "eager":
+            out.append(("eager", {"cuda_graphs": False}))
+    return out
+
+
+# -------------------------------------------------------------------------------------- upstream
+def _upstream_model(args, weights_sd):
+    import torch
+    sys.path.insert(0, str(Path(args.upstream).resolve()))
+    from lingbot_map.models.gct_stream import GCTStream
+    m = GCTStream(img_size=518, patch_size=14, enable_3d_rope=True, max_frame_num=1024,
+                  kv_cache_sliding_window=CFG["window"], kv_cache_scale_frames=CFG["scale_frames"],
+                  use_sdpa=False, camera_num_iterations=CFG["camera_iterations"])
+    missing, unexpected = m.load_state_dict(weights_sd, strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"upstream state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return m.eval().to(args.device)
+
+
+def _upstream_stream(model, frames, interval: int, dtype, device: str, keep: bool) -> tuple:
+    import torch
+    amp = (contextlib.nullcontext() if dtype == torch.float32
+           else torch.amp.autocast(torch.device(device).type, dtype=dtype))
+    S = frames.shape[0]
+    n_scale = min(CFG["scale_frames"], S)
+    model.clean_kv_cache()
+    outs = {"pose_enc": [], "depth": [], "conf": []}
+    times = []
+
+    def keep_out(o):
+        # what a consumer uses, on the host (as our session returns it)
+        p = o["pose_enc"][0].float().cpu().numpy()
+        d = o["depth"][0, ..., 0].float().cpu().numpy()
+        c = o["depth_conf"][0].float().cpu().numpy()
+        if keep:
+            outs["pose_enc"].append(p)
+            outs["depth"].append(d)
+            outs["conf"].append(c)
+
+    cuda = str(device).startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    torch.compiler.cudagraph_mark_step_begin()
+    with torch.no_grad(), amp:
+        o = model.forward(frames[None, :n_scale].to(device, non_blocking=True), num_frame_for_scale=n_scale,
+                          num_frame_per_block=n_scale, causal_inference=True)
+    keep_out(o)
+    del o
+    for i in range(n_scale, S):
+        t = time.perf_counter()
+        key = interval <= 1 or (i - n_scale) % interval == 0
+        if not key:
+            model._set_skip_append(True)
+        torch.compiler.cudagraph_mark_step_begin()
+        with torch.no_grad(), amp:
+            o = model.forward(frames[None, i:i + 1].to(device, non_blocking=True), num_frame_for_scale=n_scale,
+                              num_frame_per_block=1, causal_inference=True)
+        if not key:
+            model._set_skip_append(False)
+        keep_out(o)
+        del o
+        times.append(time.perf_counter() - t)
+    total = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() if cuda else 0
+    if keep:
+        outs = {k: np.concatenate(v) for k, v in outs.items()}
+    return (outs if keep else None), times, n_scale, peak, total
+
+
+def _upstream_compile(model) -> None:
+    """The hot modules under torch.compile(mode="reduce-overhead"), as upstream's
+    gct_profile.py / demo.py --compile do."""
+    import torch
+    agg = model.aggregator
+    for i, b in enumerate(agg.frame_blocks):
+        agg.frame_blocks[i] = torch.compile(b, mode="reduce-overhead")
+    for i, b in enumerate(agg.patch_embed.blocks):
+        agg.patch_embed.blocks[i] = torch.compile(b, mode="reduce-overhead")
+    for b in agg.global_blocks:
+        if hasattr(b, "attn_pre"):
+            b.attn_pre = torch.compile(b.attn_pre, mode="reduce-overhead")
+        if hasattr(b, "ffn_residual"):
+            b.ffn_residual = torch.compile(b.ffn_residual, mode="reduce-overhead")
+        b.attn.proj = torch.compile(b.attn.proj, mode="reduce-overhead")
+
+
+def cmd_upstream(args) -> None:
+    import torch
+    frames = to_tensor(load_frames(args.video, max(args.frames, args.fid_frames), args.height, args.width))
+    fid = frames[:args.fid_frames]
+    sd = torch.load(args.weights, map_location="cpu", mmap=True)
+    result = {"impl": "upstream", "machine": machine(), "settings": dict(CFG, resolution=f"{args.width}x{args.height}"),
+              "fid_frames": args.fid_frames, "speed": []}
+    # fp32 reference: upstream's FlashInfer-path cache in its fp32 gather mode
+    m32 = _upstream_model(args, sd)
+    m32.aggregator.kv_cache_force_fp32 = True
+    ref, *_ = _upstream_stream(m32, fid, 1, torch.float32, args.device, keep=True)
+    del m32
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if args.npz:
+        np.savez(args.npz, **ref)
+    # bf16 as its demo runs it: aggregator cast to bf16, bf16 autocast, FlashInfer fa3
+    m = _upstream_model(args, sd)
+    m.aggregator = m.aggregator.to(torch.bfloat16)
+    m.aggregator.kv_cache_fa3 = True
+    got, *_ = _upstream_stream(m, fid, 1, torch.bfloat16, args.device, keep=True)
+    result["fidelity_bf16"] = errors(got, ref)
+    print(f"  upstream bf16 vs fp32: {result['fidelity_bf16']}", flush=True)
+    modes = [("eager", False)] if args.no_compile else [("compiled", True)]
+    for label, comp in modes:
+        if comp:
+            t0 = time.perf_counter()
+            try:
+                _upstream_compile(m)
+                for interval in (1, 2):     # warm-up of both call patterns (compile + graph capture)
+                    _upstream_stream(m, frames[:CFG["scale_frames"] + 10], interval, torch.bfloat16, args.device, False)
+            except Exception as exc:       # report, fall back to eager
+                print(f"  upstream compile failed: {type(exc).__name__}: {exc}", flush=True)
+                result["compile_error"] = f"{type(exc).__name__}: {exc}"[:500]
+                label = "eager (compile failed)"
+            result["compile_s"] = time.perf_counter() - t0
+            print(f"  compile + warm-up {result['compile_s']:.0f} s", flush=True)
+        for interval in (1, 2):
+            _, times, n_scale, peak, total = _upstream_stream(m, frames[:args.frames], interval, torch.bfloat16,
+                                                              args.device, keep=False)
+            row = speed_summary(times, n_scale, peak, total, f"upstream {label} kf{interval}")
+            row.update(interval=interval, variant=label)
+            result["speed"].append(row)
+    Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+# ---------------------------------------------------------------------------------------- report
+def cmd_report(args) -> None:
+    a = json.loads(Path(args.ours).read_text())
+    b = json.loads(Path(args.upstream).read_text())
+    print(f"machine: {a['machine']}; settings: {a['settings']}, bf16")
+    print(f"{'run':44s} {'steady FPS':>10s} {'overall':>8s} {'p50 ms':>7s} {'peak GiB':>8s}")
+    for r in b["speed"] + a["speed"]:
+        print(f"{r['label']:44s} {r['steady_fps']:10.1f} {r['overall_fps']:8.1f} {r['latency_p50_ms']:7.1f} "
+              f"{r['peak_allocated_gib']:8.2f}")
+    for interval in (1, 2):
+        ub = [r for r in b["speed"] if r["interval"] == interval]
+        oa = [r for r in a["speed"] if r["interval"] == interval and r["variant"] == "default"]
+        if ub and oa:
+            print(f"ratio ours/upstream, keyframe interval {interval}: steady "
+                  f"{oa[0]['steady_fps'] / ub[0]['steady_fps']:.2f}x")
+    for impl in (a, b):
+        for k, v in impl.items():
+            if k.startswith("fidelity"):
+                print(f"{impl['impl']} {k} (vs its own fp32, {impl['fid_frames']} frames): pose_enc rel "
+                      f"{v['pose_enc_rel']:.2e}, depth median rel {v['depth_median_rel']:.2e}")
+    if args.npz_ours and args.npz_upstream:
+        x, y = np.load(args.npz_ours), np.load(args.npz_upstream)
+        e = errors({k: x[k] for k in x.files}, {k: y[k] for k in y.files})
+        print(f"ours fp32 vs upstream fp32: pose_enc rel {e['pose_enc_rel']:.2e} (max abs {e['pose_enc_max_abs']:.2e}), "
+              f"depth median rel {e['depth_median_rel']:.2e}")
+
+
+# ---------------------------------------------------------------------------------- cpu fidelity
+def cmd_cpu_fidelity(args) -> None:
+    """bf16 vs fp32 on the CPU: recipe weights at tiny width (embed 64) but full depth (24 patch-embed,
+    24 frame and 24 global blocks), the 16 frames of the kf2 fixture (140x182), window 4."""
+    import torch
+    sys.path.insert(0, str(REPO))
+    from tests.conftest import FIXTURES
+    fx = np.load(FIXTURES / "lingbot_map_stream_kf2.npz")
+    frames = torch.from_numpy(fx["images"])
+    kw = dict(depth=24, patch_embed_depth=24, intermediate_layers=(4, 11, 17, 23))
+    cfg = dict(scale_frames=2, window=4, special_cap=64, backend="sdpa")
+    m = _ours_model("recipe", "cpu", "lingbot-map-tiny", **kw)
+    ref, *_ = _ours_stream(m, frames, "fp32", 1, "cpu", keep=True, **cfg)
+    for res32 in (True, False):
+        m = _ours_model("recipe", "cpu", "lingbot-map-tiny", **kw)
+        m.residual_fp32 = res32
+        got, *_ = _ours_stream(m, frames, "bf16", 1, "cpu", keep=True, **cfg)
+        e = errors(got, ref)
+        print(f"bf16 residual {'fp32' if res32 else 'bf16'}: pose_enc rel {e['pose_enc_rel']:.2e}, "
+              f"depth median rel {e['depth_median_rel']:.2e}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("weights")
+    w.add_argument("out")
+    for name in ("ours", "upstream"):
+        p = sub.add_parser(name)
+        p.add_argument("--weights", required=True)
+        p.add_argument("--video", required=True)
+        p.add_argument("--json", required=True)
+        p.add_argument("--npz", default=None)
+        p.add_argument("--frames", type=int, default=300)
+        p.add_argument("--fid-frames", type=int, default=48)
+        p.add_argument("--device", default="cuda")
+        p.add_argument("--height", type=int, default=H)
+        p.add_argument("--width", type=int, default=W)
+        if name == "upstream":
+            p.add_argument("--upstream", required=True)
+            p.add_argument("--no-compile", action="store_true")
+        else:
+            p.add_argument("--variants", default="", help="extra speed variants: sdpa,eager")
+    r = sub.add_parser("report")
+    r.add_argument("ours")
+    r.add_argument("upstream")
+    r.add_argument("--npz-ours")
+    r.add_argument("--npz-upstream")
+    sub.add_parser("cpu-fidelity")
+    args = ap.parse_args(argv)
+    {"weights": cmd_weights, "ours": cmd_ours, "upstream": cmd_upstream, "report": cmd_report,
+     "cpu-fidelity": cmd_cpu_fidelity}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
