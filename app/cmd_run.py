@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", metavar="INPUT",
                    help="video file, image folder (jpg/jpeg/png, sorted by name), webcam:N, or a saved "
                         "session folder (then only the exports are written, no engine runs)")
+    p.add_argument("more_inputs", nargs="*", metavar="INPUT",
+                   help="more inputs: run together through the stream scheduler (LingBot-Map, one shared "
+                        "model, batched steps; outputs get each input's name appended)")
     # every engine setting (--engine, --checkpoint, --window, --kv-dtype, --intrinsics, ...) from
     # the SessionConfig metadata; --fps also times image folders
     add_session_flags(p, defaults={"engine": d.get("engine", "geometric"), "device": "auto",
@@ -192,6 +195,9 @@ def main(args) -> int:
     from engine.api import EngineError
 
     try:
+        if getattr(args, "more_inputs", None):
+            from app.cmd_run_multi import run_many
+            return run_many(args, [args.input, *args.more_inputs])
         return _run(args)
     except (EngineError, _BadInput) as exc:
         print(f"reconstudio run: error: {exc}", file=sys.stderr)

@@ -1,0 +1,54 @@
+"""`reconstudio run A B`: several inputs through the stream scheduler (app/cmd_run_multi.py)."""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from app.cli import main
+from engine.models import build_model
+from engine.models.recipe import fill_recipe
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.pt"
+    torch.save(fill_recipe(build_model("lingbot-map-tiny")).state_dict(), path)
+    return str(path)
+
+
+def _folder(root, name, seed, n=5, shape=(60, 80, 3)):
+    d = root / name
+    d.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(d / f"{i:03d}.png")
+    return str(d)
+
+
+ENGINE = ["--engine", "lingbot-map", "--model", "lingbot-map-tiny", "--device", "cpu", "--image-width", "70",
+          "--scale-frames", "2", "--window", "3", "--special-cap", "16", "--camera-iterations", "2", "-q"]
+
+
+def _tum(path):
+    return np.loadtxt(path, comments="#")
+
+
+def test_two_inputs_run_batched_and_match_single_runs(tmp_path, tiny_ckpt):
+    a = _folder(tmp_path, "a", 1)
+    b = _folder(tmp_path, "b", 2, n=4, shape=(60, 100, 3))
+    rc = main(["run", a, b, "--checkpoint", tiny_ckpt, *ENGINE, "--session-dir", str(tmp_path / "multi"),
+               "--trajectory", str(tmp_path / "traj.txt")])
+    assert rc == 0
+    assert sorted(p.name for p in (tmp_path / "multi").iterdir()) == ["0-a", "1-b"]
+    multi = {n: _tum(tmp_path / f"traj-{n}.txt") for n in ("0-a", "1-b")}
+    assert multi["0-a"].shape[0] == 5 and multi["1-b"].shape[0] == 4
+    for n, src in (("0-a", a), ("1-b", b)):
+        assert main(["run", src, "--checkpoint", tiny_ckpt, *ENGINE, "--session-dir", str(tmp_path / f"one{n}"),
+                     "--trajectory", str(tmp_path / f"one{n}.txt")]) == 0
+        np.testing.assert_allclose(multi[n], _tum(tmp_path / f"one{n}.txt"), rtol=1e-5, atol=1e-5)
+
+
+def test_several_inputs_need_lingbot_map(tmp_path, capsys):
+    a, b = _folder(tmp_path, "a", 1, n=2), _folder(tmp_path, "b", 2, n=2)
+    assert main(["run", a, b, "--engine", "geometric", "-q"]) == 2
+    assert "batches LingBot-Map streams" in capsys.readouterr().err
