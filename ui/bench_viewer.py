@@ -2,10 +2,13 @@
 
 1. viewer append cost: time to append 10k new points (host mirror write + sub-data upload,
    GL commands flushed) when 100k and when 3M points are already drawn;
-2. GUI overhead: throughput of a headless run (source + engine only) vs the same run in the GUI
-   (worker thread, session store, display conversion, viewer).
+2. GUI overhead: throughput of a headless run (source + engine only, and + session store) vs the
+   same run in the GUI (worker thread, session store, display conversion, viewer); every variant
+   goes through the one run driver (engine.run_driver). `--engine synthetic` drives the GUI with
+   dense 518x392 depth per frame, as the neural engine does.
 
     xvfb-run -a -s "-screen 0 1600x1000x24" python -m ui.bench_viewer [--input VIDEO] [--frames N]
+        [--engine geometric|synthetic] [--skip-append]
 """
 from __future__ import annotations
 
@@ -55,47 +58,38 @@ def bench_append(repeats: int = 30) -> dict:
     return out
 
 
-def _headless(video: str, frames: int, with_store: bool) -> float:
-    """Frames per wall second of source + engine (+ synchronous session store, like `run`)."""
-    from engine import SessionConfig, open_session
+def _config(engine: str):
+    from engine import SessionConfig
+    return SessionConfig(engine=engine)
+
+
+def _headless(video: str, frames: int, with_store: bool, engine: str = "geometric") -> float:
+    """Frames per wall second of source + engine (+ the session store's bounded background
+    writer, like `run`), through the one run driver."""
+    from engine import open_session
     from engine.io.sources import open_source
     from engine.io.store import SessionStore
-    src = open_source(video, max_side=960)
-    sess = open_session(SessionConfig(engine="geometric"))
+    from engine.run_driver import RunDriver, StoreSink
+    src = open_source(video, max_side=960, loop=True)
+    sess = open_session(_config(engine))
     with tempfile.TemporaryDirectory() as tmp:
-        store = SessionStore(f"{tmp}/s", sess.config, video) if with_store else None
-        t0 = time.perf_counter()
-        n = 0
-        while n < frames:
-            f = src.read()
-            if f is None:
-                break
-            for r in sess.push(f.image, f.timestamp):
-                if store:
-                    store.write(r)
-            n += 1
-        for r in sess.flush():
-            if store:
-                store.write(r)
-        if store:
-            store.close()
-        dt = time.perf_counter() - t0
+        sinks = [StoreSink(SessionStore(f"{tmp}/s", sess.config, video, background=True, queue_size=4))] \
+            if with_store else []
+        summary = RunDriver(src, sess, sinks, max_frames=frames, stats_hz=0).run()
     sess.close()
     src.close()
-    return n / dt
+    return summary.frames_in / summary.wall_s
 
 
-def _worker_only(video: str, frames: int) -> float:
+def _worker_only(video: str, frames: int, engine: str = "geometric") -> float:
     """The GUI run's engine thread (decode, push, store writer, display packets) with a consumer
     that acknowledges at once: what the GUI costs the engine side, minus drawing."""
     from PySide6 import QtCore
 
-    from engine import SessionConfig
-
     from .worker import RunOptions, WorkerHandle
     with tempfile.TemporaryDirectory() as tmp:
-        h = WorkerHandle(RunOptions(source=video, config=SessionConfig(engine="geometric"), session_root=tmp,
-                                    max_frames=frames))
+        h = WorkerHandle(RunOptions(source=video, config=_config(engine), session_root=tmp,
+                                    max_frames=frames, loop=True))
         fin = []
         h.worker.finished.connect(fin.append, QtCore.Qt.ConnectionType.DirectConnection)
         h.worker.frameResult.connect(lambda b: h.worker.ack(), QtCore.Qt.ConnectionType.DirectConnection)
@@ -108,7 +102,7 @@ def _worker_only(video: str, frames: int) -> float:
     return frames / dt
 
 
-def _gui(video: str, frames: int) -> tuple[float, np.ndarray]:
+def _gui(video: str, frames: int, engine: str = "geometric") -> tuple[float, np.ndarray]:
     """Frames per wall second of the full GUI run, and the GUI event loop's timer gaps (ms)."""
     from PySide6 import QtCore
 
@@ -120,9 +114,10 @@ def _gui(video: str, frames: int) -> tuple[float, np.ndarray]:
         w.resize(1600, 1000)
         w.show()
         cfg = w.settings_panel.config()
-        cfg.engine = "geometric"
+        cfg.engine = engine
         w.settings_panel.set_config(cfg)
         w.set_input(video)
+        w.loop.setChecked(True)
         w.max_frames.setValue(frames)
         loop = QtCore.QEventLoop()
         w.runFinished.connect(loop.quit)
@@ -138,17 +133,17 @@ def _gui(video: str, frames: int) -> tuple[float, np.ndarray]:
     return frames / dt, np.diff(ticks) * 1e3
 
 
-def bench_overhead(video: str, frames: int, repeats: int) -> dict:
+def bench_overhead(video: str, frames: int, repeats: int, engine: str = "geometric") -> dict:
     """The four runs interleaved `repeats` times (the machine's load drifts); medians."""
     from PySide6 import QtWidgets
     QtWidgets.QApplication.instance() or QtWidgets.QApplication([])
     runs = {"headless": [], "headless+store": [], "worker": [], "gui": []}
     gaps = []
     for _ in range(repeats):
-        runs["headless"].append(_headless(video, frames, False))
-        runs["headless+store"].append(_headless(video, frames, True))
-        runs["worker"].append(_worker_only(video, frames))
-        fps, g = _gui(video, frames)
+        runs["headless"].append(_headless(video, frames, False, engine))
+        runs["headless+store"].append(_headless(video, frames, True, engine))
+        runs["worker"].append(_worker_only(video, frames, engine))
+        fps, g = _gui(video, frames, engine)
         runs["gui"].append(fps)
         gaps.append(g)
     g = np.concatenate(gaps)
@@ -165,6 +160,9 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--skip-append", action="store_true")
+    ap.add_argument("--engine", default="geometric",
+                    help="geometric, or synthetic (dense 518x392 depth per frame at the neural engine's rate)")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval for the run (seconds; the GUI sets its own)")
     a = ap.parse_args()
@@ -172,12 +170,13 @@ def main() -> None:
         import sys
         sys.setswitchinterval(a.switch_interval)
     print(f"machine: {platform.machine()} {platform.processor() or ''}, python {platform.python_version()}")
-    app_ms = bench_append()
-    print(f"append 10k points: {app_ms[100_000]:.2f} ms at 100k drawn, {app_ms[3_000_000]:.2f} ms at 3M drawn "
-          f"(ratio {app_ms[3_000_000] / app_ms[100_000]:.2f})")
+    if not a.skip_append:
+        app_ms = bench_append()
+        print(f"append 10k points: {app_ms[100_000]:.2f} ms at 100k drawn, {app_ms[3_000_000]:.2f} ms at 3M drawn "
+              f"(ratio {app_ms[3_000_000] / app_ms[100_000]:.2f})")
     if not a.skip_overhead:
-        o = bench_overhead(a.input, a.frames, a.repeats)
-        print(f"overhead, {a.frames} frames, geometric engine, median of {a.repeats} interleaved runs "
+        o = bench_overhead(a.input, a.frames, a.repeats, a.engine)
+        print(f"overhead, {a.frames} frames, {a.engine} engine, median of {a.repeats} interleaved runs "
               f"(frames per wall second):")
         for k in ("headless", "headless+store", "worker", "gui"):
             print(f"  {k:15s} {o[k]:6.1f}   runs: {', '.join(f'{v:.1f}' for v in o['all'][k])}")
