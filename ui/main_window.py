@@ -19,6 +19,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 
 from engine.api import EngineError, engine_capabilities
 from engine.intrinsics import attach_found_intrinsics
+from engine.scene import DEFAULT_POINT_BUDGET, MAX_POINT_BUDGET, MIN_POINT_BUDGET
 
 from .monitors import MonitorsPanel
 from .review_confidence import ConfidenceControl
@@ -139,6 +140,35 @@ class ImagePreview(QtWidgets.QWidget):
         self.depth_shown_index = None
 
 
+class LoopGapProbe(QtCore.QObject):
+    """Measures how late the GUI event loop runs: a 10 ms timer records the time between its
+    ticks; a gap well over 10 ms means the loop was busy (a long paint, a thinning pass...)."""
+
+    INTERVAL_MS = 10
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._gaps: list[float] = []
+        self._clock = QtCore.QElapsedTimer()
+        self._clock.start()
+        self._last = 0
+        self._timer = QtCore.QTimer(self, interval=self.INTERVAL_MS, timeout=self._tick)
+        self._timer.setTimerType(QtCore.Qt.TimerType.PreciseTimer)
+        self._timer.start()
+
+    def _tick(self) -> None:
+        now = self._clock.elapsed()
+        self._gaps.append(now - self._last)
+        self._last = now
+        if len(self._gaps) > 100_000:        # nobody collects: keep the newest half
+            del self._gaps[:50_000]
+
+    def take_p99_ms(self) -> Optional[float]:
+        """p99 of the gaps since the last call (None if there were none), then forget them."""
+        gaps, self._gaps = self._gaps, []
+        return float(np.percentile(gaps, 99)) if gaps else None
+
+
 class _Relay(QtCore.QObject):
     done = QtCore.Signal(object, object)
 
@@ -171,6 +201,8 @@ class MainWindow(QtWidgets.QMainWindow):
         self._fps_timer = QtCore.QTimer(self, interval=1000, timeout=self._sample_viewer_fps)
         self._fps_timer.start()
         self._last_draws = 0
+        self.viewer_fps = 0
+        self._gap_probe: Optional[LoopGapProbe] = None    # started by the first gui_stats()
         self._clock = QtCore.QElapsedTimer()
         self._clock.start()
         self._last_preview = -1e9
@@ -313,6 +345,17 @@ class MainWindow(QtWidgets.QMainWindow):
         h.addWidget(reset)
         h.addWidget(shot)
         form.addRow(btns)
+        self.point_budget = QtWidgets.QDoubleSpinBox()
+        self.point_budget.setRange(MIN_POINT_BUDGET / 1e6, MAX_POINT_BUDGET / 1e6)
+        self.point_budget.setDecimals(1)
+        self.point_budget.setSingleStep(1.0)
+        self.point_budget.setSuffix(" M points")
+        self.point_budget.setValue(DEFAULT_POINT_BUDGET / 1e6)
+        self.point_budget.setToolTip(
+            "Most points the 3D view keeps (each takes ~28 bytes of GPU memory and ~30 of RAM). "
+            "Past it, older frames are thinned to a voxel grid (keyframes finer, recent frames "
+            "dense), so long runs stay flat in memory. Exports always use every stored frame.")
+        form.addRow("Point budget", self.point_budget)
         lay.addWidget(self._group("Display", disp))
 
         self.settings_panel = SettingsPanel()
@@ -339,6 +382,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.show_frustums.toggled.connect(self.viewer.set_show_frustums)
         self.show_traj.toggled.connect(self.viewer.set_show_trajectory)
         self.follow.toggled.connect(self.viewer.set_follow)
+        self.point_budget.valueChanged.connect(lambda v: self.viewer.set_point_budget(int(v * 1e6)))
 
     @staticmethod
     def _group(title: str, w: QtWidgets.QWidget) -> QtWidgets.QGroupBox:
@@ -413,6 +457,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.show_frustums.setChecked(bool(s.get("display/frustums", dv.get("show_frustums", True))))
         self.show_traj.setChecked(bool(s.get("display/trajectory", dv.get("show_trajectory", True))))
         self.follow.setChecked(bool(s.get("display/follow", dv.get("follow_camera", False))))
+        self.point_budget.setValue(float(s.get("display/point_budget", dv.get("point_budget", DEFAULT_POINT_BUDGET))) / 1e6)
         geo = s.get_bytes("window/geometry")
         if geo:
             self.restoreGeometry(QtCore.QByteArray(geo))
@@ -439,6 +484,7 @@ class MainWindow(QtWidgets.QMainWindow):
         s.set("display/frustums", self.show_frustums.isChecked())
         s.set("display/trajectory", self.show_traj.isChecked())
         s.set("display/follow", self.follow.isChecked())
+        s.set("display/point_budget", int(round(self.point_budget.value() * 1e6)))
         s.set_bytes("window/geometry", bytes(self.saveGeometry()))
         s.set_bytes("window/state", bytes(self.saveState()))
         s.sync()
@@ -657,6 +703,19 @@ class MainWindow(QtWidgets.QMainWindow):
         self._last_draws = draws
         if self.running:
             self.monitors.update_viewer_fps(self.viewer_fps)
+
+    def gui_stats(self) -> dict:
+        """The GUI's own figures for `--stats-csv` (one call per row): viewer redraws in the
+        last second, points drawn, GPU bytes of the viewer's vertex buffers, and the p99 gap of
+        a 10 ms timer on the GUI thread since the previous call (ms; None on the first call,
+        which starts the probe)."""
+        if self._gap_probe is None:
+            self._gap_probe = LoopGapProbe(self)
+            gap = None
+        else:
+            gap = self._gap_probe.take_p99_ms()
+        return {"viewer_fps": float(self.viewer_fps), "viewer_points": int(self.viewer.point_count),
+                "viewer_buffer_bytes": int(self.viewer.buffer_bytes), "loop_gap_p99_ms": gap}
 
     def conf_threshold(self) -> float:
         """The minimum confidence in the engine's absolute units (−inf = show everything)."""

@@ -1,9 +1,14 @@
-"""Live 3D viewer: a vispy SceneCanvas embedded in Qt with an append-only point cloud.
+"""Live 3D viewer: a vispy SceneCanvas embedded in Qt drawing an `engine.scene.SceneModel`.
+
+The scene state (points under a point budget, their thinning, cameras, segment transforms) is
+the Qt-free `SceneModel`; this module only draws it. After each batch the viewer asks the model
+which rows changed (`take_changes`) and uploads exactly those: appends cost O(new points), a
+thinning pass costs one upload of the rows it rewrote, and the GPU buffers grow by doubling up to
+the model's capacity (≤ the point budget) and then stay that size.
 
 Why a custom visual: vispy's stock Markers re-upload the whole cloud on every `set_data`, which
 costs O(total points) per frame. Here every attribute (position, colour, confidence,
-depth+segment) lives in ONE preallocated GPU vertex buffer that grows by doubling (rare) and is
-appended with `set_subdata` (O(new points)). Everything the user tunes live — confidence threshold,
+depth+segment) lives in ONE GPU vertex buffer written with `set_subdata`. Everything the user tunes live — confidence threshold,
 point size, colour mode — is a shader uniform, so changing it uploads no vertex data. Each vertex
 carries its segment id; the segment transforms live in a small float texture, so a re-alignment
 event moves an already-drawn segment by rewriting one texture row (64 bytes), not its points.
@@ -21,6 +26,8 @@ import numpy as np
 from PySide6 import QtCore, QtGui, QtWidgets
 from vispy import gloo, scene
 from vispy.visuals import Visual
+
+from engine.scene import DEFAULT_POINT_BUDGET, SceneModel
 
 log = logging.getLogger(__name__)
 
@@ -97,22 +104,37 @@ def pack_rgb(colors: np.ndarray) -> np.ndarray:
 
 
 class _GrowableAttribute:
-    """One GPU vertex buffer plus its host mirror. Appends upload only the new rows; when full
-    the capacity doubles and the mirror is uploaded once (the only O(total) upload)."""
+    """One GPU vertex buffer, with a host mirror for the small line layers (which own their
+    data) and without one for the point cloud (the SceneModel owns it). Appends upload only the
+    new rows; when full the capacity doubles: with a mirror it is uploaded once, without one the
+    buffer is re-allocated empty and the caller uploads what it holds."""
 
-    def __init__(self, width: int, capacity: int, fill: float = 0.0):
+    def __init__(self, width: int, capacity: int, fill: float = 0.0, mirror: bool = True):
         self.width = width
         self.fill = fill
-        self.host = np.full((capacity, width), fill, np.float32)
-        self.vbo = gloo.VertexBuffer(self.host)
-        self.uploaded_bytes = self.host.nbytes
+        self.host = np.full((capacity, width), fill, np.float32) if mirror else None
+        self._capacity = capacity
+        self.vbo = gloo.VertexBuffer(np.full((1, width), fill, np.float32))
+        self.vbo.resize_bytes(capacity * width * 4)
+        if mirror:
+            self.vbo.set_data(self.host)
+        self.uploaded_bytes = self.host.nbytes if mirror else 0
         self.full_uploads = 1
 
     @property
     def capacity(self) -> int:
-        return self.host.shape[0]
+        return self._capacity
+
+    @property
+    def nbytes(self) -> int:
+        return self._capacity * self.width * 4
 
     def grow(self, capacity: int, used: int) -> None:
+        self._capacity = capacity
+        if self.host is None:
+            self.vbo.resize_bytes(capacity * self.width * 4)
+            self.full_uploads += 1
+            return
         host = np.full((capacity, self.width), self.fill, np.float32)
         host[:used] = self.host[:used]
         self.host = host
@@ -121,22 +143,26 @@ class _GrowableAttribute:
         self.full_uploads += 1
 
     def write(self, offset: int, rows: np.ndarray) -> None:
-        rows = np.ascontiguousarray(rows, np.float32).reshape(-1, self.width)
-        self.host[offset:offset + len(rows)] = rows
+        rows = np.array(rows, np.float32, copy=True).reshape(-1, self.width)   # GLIR uploads later
+        if self.host is not None:
+            self.host[offset:offset + len(rows)] = rows
         self.vbo.set_subdata(rows, offset=offset)
         self.uploaded_bytes += rows.nbytes
 
 
 class SegmentCloudVisual(Visual):
-    """Append-only points or lines with per-vertex segment ids and uniform-driven styling."""
+    """Points or lines with per-vertex segment ids and uniform-driven styling: appended (line
+    layers, `append`) or written row ranges from a SceneModel (the cloud, `write_rows`)."""
 
     _ATTRS = (("a_position", 3, 0.0), ("a_color", 1, 0.0), ("a_conf", 1, 0.0), ("a_depth_seg", 2, 0.0))
+    BYTES_PER_VERTEX = 4 * sum(w for _, w, _ in _ATTRS)
 
-    def __init__(self, mode: str = "points", capacity: int = 1 << 16, overlay: bool = False):
+    def __init__(self, mode: str = "points", capacity: int = 1 << 16, overlay: bool = False,
+                 mirror: bool = True):
         Visual.__init__(self, vcode=_VERT, fcode=_FRAG)
         self._draw_mode = mode
         self.count = 0
-        self._attrs = {name: _GrowableAttribute(w, capacity, fill) for name, w, fill in self._ATTRS}
+        self._attrs = {name: _GrowableAttribute(w, capacity, fill, mirror) for name, w, fill in self._ATTRS}
         self._seg = np.tile(np.eye(4, dtype=np.float32).T[None], (16, 1, 1))   # rows = M.T
         self._seg_tex = gloo.Texture2D(self._seg, format="rgba", internalformat="rgba32f",
                                        interpolation="nearest", wrapping="clamp_to_edge")
@@ -161,6 +187,29 @@ class SegmentCloudVisual(Visual):
     @property
     def capacity(self) -> int:
         return self._attrs["a_position"].capacity
+
+    @property
+    def buffer_bytes(self) -> int:
+        """GPU bytes allocated for this layer's vertices."""
+        return sum(a.nbytes for a in self._attrs.values())
+
+    def reserve(self, capacity: int) -> None:
+        """Re-allocate every buffer at `capacity` vertices (contents kept only with a mirror)."""
+        if capacity != self.capacity:
+            for a in self._attrs.values():
+                a.grow(capacity, min(self.count, capacity))
+
+    def write_rows(self, offset: int, positions, packed_colors, conf, depth, segment) -> None:
+        """Overwrite vertices [offset, offset + n) and draw the first offset + n."""
+        n = len(positions)
+        self._attrs["a_position"].write(offset, positions)
+        self._attrs["a_color"].write(offset, packed_colors)
+        self._attrs["a_conf"].write(offset, conf)
+        self._attrs["a_depth_seg"].write(offset, np.stack([np.asarray(depth, np.float32),
+                                                           np.asarray(segment, np.float32)], 1))
+        self.count = offset + n
+        self._bind()
+        self.update()
 
     def append(self, positions, packed_colors, conf, depth, segment) -> None:
         """Append n vertices (all arrays length n except `segment`, a scalar or [n])."""
@@ -225,7 +274,7 @@ class SegmentCloudVisual(Visual):
         return self.count > 0
 
     def _compute_bounds(self, axis, view):
-        if self.count == 0:
+        if self.count == 0 or self._attrs["a_position"].host is None:
             return None
         col = self._attrs["a_position"].host[: self.count, axis]
         return float(col.min()), float(col.max())
@@ -286,17 +335,22 @@ class PointCloudViewer(QtWidgets.QWidget):
     """Qt widget hosting the canvas: point cloud, trajectory, frustums, current camera.
 
     Feed it `ui.display.DisplayFrame`s with `add_frames`; move segments with `apply_realign`.
+    The scene state lives in `self.scene` (an `engine.scene.SceneModel`, bounded by
+    `point_budget`); this widget draws it.
     """
 
     drawn = QtCore.Signal()
 
-    def __init__(self, parent: Optional[QtWidgets.QWidget] = None, capacity: int = 1 << 20):
+    def __init__(self, parent: Optional[QtWidgets.QWidget] = None, capacity: int = 1 << 20,
+                 point_budget: int = DEFAULT_POINT_BUDGET):
         super().__init__(parent)
+        self.scene = SceneModel(point_budget, initial_capacity=capacity)
         self.canvas = ViewerCanvas()
         self.view = self.canvas.central_widget.add_view()
         self.view.camera = scene.cameras.TurntableCamera(up="-y", fov=50.0, elevation=20.0,
                                                          azimuth=90.0, distance=3.0)
-        self.cloud = SegmentCloud(mode="points", capacity=capacity, parent=self.view.scene)
+        self.cloud = SegmentCloud(mode="points", capacity=self.scene.capacity, mirror=False,
+                                  parent=self.view.scene)
         self.trajectory = SegmentCloud(mode="lines", capacity=1 << 12, overlay=True, parent=self.view.scene)
         self.frustums = SegmentCloud(mode="lines", capacity=1 << 14, overlay=True, parent=self.view.scene)
         self.current = SegmentCloud(mode="lines", capacity=64, overlay=True, parent=self.view.scene)
@@ -323,31 +377,46 @@ class PointCloudViewer(QtWidgets.QWidget):
     # -- state --------------------------------------------------------------------------------
     def clear(self) -> None:
         """Empty scene (a new run). Buffers keep their capacity, so a restart allocates nothing."""
+        self.scene.clear()
         for layer in self._layers:
             layer.clear()
             layer.reset_segments()
-        self.frame_count = 0
         self.result_width = 0       # width of the live results (for matching export density)
-        self.segments: dict[int, np.ndarray] = {}
-        self._last_center: dict[int, np.ndarray] = {}      # segment → last camera centre
-        self._centers: list[np.ndarray] = []
+        self._last_center: dict[int, np.ndarray] = {}      # segment → last camera centre drawn
         self._last_frame = None
-        self._depth_hi = 0.0
-        self.conf_range = (0.0, 1.0)
-        self._conf_seen = False
         self.follow = getattr(self, "follow", False)
         self.auto_fit = True
         if hasattr(self, "hint"):
             self.hint.show()
         self.canvas.update()
 
+    def set_point_budget(self, budget: int) -> None:
+        """Points kept at most; a smaller budget thins the scene at the next frame."""
+        self.scene.set_point_budget(budget)
+
+    @property
+    def point_budget(self) -> int:
+        return self.scene.point_budget
+
+    @property
+    def segments(self) -> dict:
+        return self.scene.segments
+
+    @property
+    def conf_range(self) -> tuple:
+        return self.scene.conf_range
+
+    @property
+    def frame_count(self) -> int:
+        return self.scene.frames_added
+
     @property
     def point_count(self) -> int:
         return self.cloud.count
 
     def conf_values(self) -> np.ndarray:
-        """Confidences of the points loaded (a view of the host mirror; read-only use)."""
-        return self.cloud._attrs["a_conf"].host[: self.cloud.count, 0]
+        """Confidences of the points loaded (a view of the scene model; read-only use)."""
+        return self.scene.conf[: self.scene.count]
 
     @property
     def frustum_count(self) -> int:
@@ -356,69 +425,92 @@ class PointCloudViewer(QtWidgets.QWidget):
     @property
     def trajectory_count(self) -> int:
         """Number of camera positions on the trajectory."""
-        return len(self._centers)
+        return self.scene.camera_count
 
     @property
     def uploaded_bytes(self) -> int:
         """Vertex bytes sent to the GPU so far (every layer) — tests check what costs uploads."""
         return sum(layer.uploaded_bytes for layer in self._layers)
 
+    @property
+    def buffer_bytes(self) -> int:
+        """GPU bytes allocated for vertices (every layer): bounded by the point budget."""
+        return sum(layer.buffer_bytes for layer in self._layers)
+
     # -- data ---------------------------------------------------------------------------------
     def add_frames(self, frames: Iterable) -> None:
         last = None
         self.hint.hide()
         for f in frames:
-            self._add_frame(f)
+            self.scene.add_frame(f)
+            self.result_width = int(f.width)
             last = f
-        if last is not None:
-            self._set_current(last)
-            if self.follow:
-                self._follow(last)
-            elif self.auto_fit:
-                self._fit(keep_angles=True)
-            self.canvas.update()
+        if last is None:
+            return
+        self._sync()
+        self._set_current(last)
+        if self.follow:
+            self._follow(last)
+        elif self.auto_fit:
+            self._fit(keep_angles=True)
+        self.canvas.update()
 
-    def _add_frame(self, f) -> None:
-        seg = int(f.segment)
-        if seg not in self.segments:
-            self.segments[seg] = np.eye(4)
-        n = len(f.points)
-        if n:
-            self.cloud.append(f.points, pack_rgb(f.colors), f.conf, f.depth, seg)
-            if f.conf is not None and len(f.conf):
-                lo, hi = float(np.min(f.conf)), float(np.max(f.conf))
-                if self._conf_seen:
-                    lo, hi = min(lo, self.conf_range[0]), max(hi, self.conf_range[1])
-                self.conf_range = (lo, hi)
-                self._conf_seen = True
-                self.cloud.set_uniform("u_conf_range", self.conf_range)
-            hi = float(np.percentile(f.depth, 95)) if len(f.depth) else 0.0
-            if hi > self._depth_hi:
-                self._depth_hi = hi
-                self.cloud.set_uniform("u_depth_range", (0.0, self._depth_hi))
-        # frustum: 8 line segments (apex → 4 corners, then the image rectangle); non-keyframes
-        # are drawn at half size and grey so the keyframes stand out
-        apex, corners = f.frustum[0], f.frustum[1:5]
-        if not f.is_keyframe:
-            corners = apex + 0.5 * (corners - apex)
-        lines = np.empty((16, 3), np.float32)
-        lines[0:8:2] = apex
-        lines[1:8:2] = corners
-        lines[8:16:2] = corners
-        lines[9:16:2] = np.roll(corners, -1, axis=0)
-        col = np.full(16, pack_rgb(np.array([[90, 170, 255] if f.is_keyframe else [150, 150, 160]]))[0],
-                      np.float32)
-        self.frustums.append(lines, col, np.full(16, _OVERLAY_CONF, np.float32), np.zeros(16), seg)
-        center = np.asarray(f.c2w, np.float32)[:3, 3]
-        prev = self._last_center.get(seg)
-        if prev is not None:
-            self.trajectory.append(np.stack([prev, center]),
-                                   np.full(2, pack_rgb(np.array([[255, 120, 40]]))[0], np.float32),
-                                   np.full(2, _OVERLAY_CONF, np.float32), np.zeros(2), seg)
-        self._last_center[seg] = center
-        self._centers.append(center)
-        self.frame_count += 1
-        self.result_width = int(f.width)
+    def _sync(self) -> None:
+        """Upload what the scene model changed since the last sync."""
+        m = self.scene
+        ch = m.take_changes()
+        start = ch.points_from
+        if ch.capacity_changed or self.cloud.capacity != m.capacity:
+            self.cloud.reserve(m.capacity)
+            start = 0
+        if start < m.count or m.count != self.cloud.count:
+            s = slice(start, m.count)
+            self.cloud.write_rows(start, m.positions[s], pack_rgb(m.colors[s]), m.conf[s], m.depth[s],
+                                  m.segment[s])
+        self.cloud.set_uniform("u_conf_range", m.conf_range)
+        if m.depth_hi > 0:
+            self.cloud.set_uniform("u_depth_range", (0.0, m.depth_hi))
+        if ch.cameras_from < self.frustum_count:         # cameras were decimated: redraw them all
+            self.frustums.clear()
+            self.trajectory.clear()
+            self._last_center = {}
+        self._append_cameras(self.frustum_count, m.camera_count)
+
+    def _append_cameras(self, lo: int, hi: int) -> None:
+        """Frustum and trajectory lines of cameras [lo, hi): 8 line segments per frustum (apex →
+        4 corners, then the image rectangle); non-keyframes at half size and grey so the
+        keyframes stand out; the trajectory joins consecutive cameras of a segment."""
+        if hi <= lo:
+            return
+        m = self.scene
+        fr = m.cam_frustum[lo:hi].astype(np.float32)
+        kf = m.cam_keyframe[lo:hi]
+        seg = m.cam_segment[lo:hi]
+        apex, corners = fr[:, :1], fr[:, 1:5]
+        corners = np.where(kf[:, None, None], corners, apex + 0.5 * (corners - apex))
+        lines = np.empty((hi - lo, 16, 3), np.float32)
+        lines[:, 0:8:2] = apex
+        lines[:, 1:8:2] = corners
+        lines[:, 8:16:2] = corners
+        lines[:, 9:16:2] = np.roll(corners, -1, axis=1)
+        blue, grey = pack_rgb(np.array([[90, 170, 255], [150, 150, 160]]))
+        col = np.repeat(np.where(kf, blue, grey).astype(np.float32), 16)
+        n = 16 * (hi - lo)
+        self.frustums.append(lines.reshape(-1, 3), col, np.full(n, _OVERLAY_CONF, np.float32),
+                             np.zeros(n), np.repeat(seg, 16))
+        orange = pack_rgb(np.array([[255, 120, 40]]))[0]
+        for s in np.unique(seg):
+            c = m.cam_center[lo:hi][seg == s]
+            prev = self._last_center.get(int(s))
+            if prev is not None:
+                c = np.concatenate([prev[None], c])
+            self._last_center[int(s)] = c[-1].copy()
+            if len(c) < 2:
+                continue
+            pairs = np.stack([c[:-1], c[1:]], 1).reshape(-1, 3)
+            k = len(pairs)
+            self.trajectory.append(pairs, np.full(k, orange, np.float32), np.full(k, _OVERLAY_CONF, np.float32),
+                                   np.zeros(k), int(s))
 
     def _set_current(self, f) -> None:
         apex, corners = f.frustum[0], f.frustum[1:5]
@@ -439,9 +531,9 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.set_segment_transform(segment, transform)
 
     def set_segment_transform(self, segment: int, matrix: np.ndarray) -> None:
-        self.segments[segment] = np.asarray(matrix, np.float64)
+        self.scene.set_segment_transform(segment, matrix)
         for layer in self._layers:
-            layer.set_segment_matrix(segment, self.segments[segment])
+            layer.set_segment_matrix(segment, self.scene.segments[segment])
         self.canvas.update()
 
     # -- styling (uniforms only: nothing is re-uploaded) -------------------------------------
@@ -506,13 +598,12 @@ class PointCloudViewer(QtWidgets.QWidget):
         if self._last_frame is None:
             return
         cam = self.view.camera
-        if self.cloud.count:
-            pos = self.cloud._attrs["a_position"].host[: self.cloud.count]
-            step = max(1, len(pos) // 20000)
-            sample = pos[::step]
+        m = self.scene
+        if m.count:
+            sample = m.sample(20000)
             lo, hi = np.percentile(sample, 5, axis=0), np.percentile(sample, 95, axis=0)
-            if self._centers:          # keep the camera path in view too, not only the cloud
-                path = np.asarray(self._centers, np.float32)
+            if m.camera_count:         # keep the camera path in view too, not only the cloud
+                path = m.cam_center[: m.camera_count]
                 lo, hi = np.minimum(lo, path.min(axis=0)), np.maximum(hi, path.max(axis=0))
             centre = (lo + hi) / 2
             extent = float(np.linalg.norm(hi - lo))

@@ -59,9 +59,41 @@ def test_growth_keeps_points_and_doubles_rarely(viewer):
     assert viewer.cloud.capacity >= 10 * n
     # 16384 → 32768 → 65536: two regrowths for ten frames
     assert viewer.cloud._attrs["a_position"].full_uploads == 3
-    pos = viewer.cloud._attrs["a_position"].host[: viewer.point_count]
+    pos = viewer.scene.positions[: viewer.point_count]
     assert np.allclose(pos[:n], _frame(0).points)
     assert _lit(viewer.render_image()).sum() > 1000
+
+
+def test_point_budget_bounds_buffers_and_keeps_old_frames(qtbot):
+    """Past the budget the scene model thins older frames: the GPU buffers stop growing, the
+    rows the pass rewrote are uploaded once, and the first frames are still drawn."""
+    v = PointCloudViewer(capacity=1 << 14, point_budget=100_000)
+    qtbot.addWidget(v)
+    v.resize(480, 360)
+    v.show()
+    qtbot.waitExposed(v)
+    v.set_show_frustums(False)
+    v.set_show_trajectory(False)
+    v.current.visible = False
+    n = len(_frame(0).points)
+    for i in range(60):                       # 60 x 4800 = 288k points offered
+        v.add_frames([_frame(i, x=0.08 * i)])
+        assert v.point_count <= 100_000 and v.cloud.capacity <= 100_000
+    assert v.scene.thinning_passes >= 1 and v.scene.points_added == 60 * n
+    assert v.buffer_bytes <= 100_000 * BYTES_PER_POINT + v.frustums.buffer_bytes \
+        + v.trajectory.buffer_bytes + v.current.buffer_bytes
+    # the GPU holds exactly what the model holds
+    v.reset_view()
+    v.auto_fit = False
+    img = v.render_image()
+    lit = _lit(img)
+    cols = np.flatnonzero(lit.any(0))
+    assert lit.sum() > 1000
+    # the strip spans from the first frame (x = 0) to the last (x = 4.7 + plane width): a view
+    # that had dropped the oldest frames would leave the left part empty
+    first = v.scene.frame[: v.scene.count].min()
+    assert first == 0
+    assert cols.max() - cols.min() > 0.6 * img.shape[1]
 
 
 def test_uniform_changes_do_not_reupload(viewer):

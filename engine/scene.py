@@ -1,0 +1,392 @@
+"""The scene the live viewer draws, as plain arrays (numpy only, no Qt, no GL).
+
+`SceneModel` holds what the 3D view shows of a run: the points of every frame (segment-local
+positions, colours, confidence, depth in the capturing camera, segment, frame sequence number,
+keyframe flag), the per-segment transforms that re-alignment events set, and the cameras
+(frustum corners, centre, segment, keyframe flag) for the frustum and trajectory layers. The view
+(`ui/viewer.py`) uploads the rows that changed (`take_changes`) into GPU buffers of the model's
+capacity; nothing here knows about GL.
+
+Point budget: the arrays never hold more than `point_budget` points. Appending writes at the end
+(O(new points)). When a frame does not fit, one *thinning pass* makes room:
+
+- the newest rows (at most RECENT_FRACTION of the budget) stay untouched: recent frames stay dense;
+- older rows not yet thinned are reduced to one point per voxel of a grid per segment (keyframe
+  points on a grid KEYFRAME_VOXEL_RATIO finer, so keyframes stay denser), and voxels that the
+  already-thinned part holds are dropped; the kept point of a voxel carries the voxel's highest
+  confidence, so a confidence threshold hides a voxel only when none of its points passes;
+- if the thinned part then exceeds OLD_FRACTION of the budget, the grid is coarsened (voxel x2)
+  and the whole thinned part re-gridded.
+
+So after a pass at most (OLD_FRACTION + RECENT_FRACTION) of the budget is used, the next pass
+comes only after the rest has been filled again, and a pass costs O(rows it touches): thinning is
+amortised O(1) per appended point and never O(total) per frame. Rows before the first one a pass
+rewrote stay where they are, so the view re-uploads only the rewritten tail.
+
+Voxel keys: the voxel coordinates (20 bits each, wrapping) and segment/keyframe are folded into a
+64-bit key, hashed to its top bits and sorted together with the row index in the low bits (one
+`np.sort` of uint64, much faster than an argsort). Two different voxels share a hash with
+probability ~ voxels² / 2^38 per pass (37-bit hash): ~60 of 4 M voxels, i.e. one point in ~70k
+is dropped, which nobody sees.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+# 4 M points, twice the pixels of a 1080p view (more points than pixels adds nothing visible):
+# the viewer's GPU buffers take 28 B/point (112 MB, ~3 % of a 4 GB GPU, leaving the rest for a
+# neural engine's weights and KV cache); the model ~34 B/point of host RAM (135 MB) plus a
+# thinning pass's scratch (~40 B per aged point, ~120 MB) and upload staging (~28 B per
+# rewritten point, ~85 MB): ~0.35 GB at the peak, well inside 2 GB of host RAM. A pass stalls the
+# GUI thread for a time proportional to the budget (docs/benchmarks_gui.md), which is why the
+# default is not larger. At the neural engine's ~50k points/frame (518x392, stride 2) that is
+# ~80 dense frames before thinning starts.
+DEFAULT_POINT_BUDGET = 4_000_000
+MIN_POINT_BUDGET = 100_000
+MAX_POINT_BUDGET = 100_000_000
+_INDEX_BITS = 27                   # row index in the low bits of the sort key (2^27 > MAX budget)
+_HASH_BITS = 64 - _INDEX_BITS      # voxel hash in the high bits
+DEFAULT_CAMERA_BUDGET = 20_000     # frustums drawn: 16 line vertices each (~9 MB of GPU at the cap)
+RECENT_FRACTION = 0.25             # newest rows kept dense by a thinning pass
+OLD_FRACTION = 0.5                 # thinned rows above this → coarsen the grid
+KEYFRAME_VOXEL_RATIO = 0.5         # keyframe points: grid this much finer
+RECENT_CAMERAS = 200               # newest cameras never decimated
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MASK20 = np.int64((1 << 20) - 1)
+
+
+@dataclass
+class SceneChanges:
+    """What changed since the last `take_changes`: point rows [points_from, count) and camera
+    rows [cameras_from, camera_count) must be (re-)uploaded; `capacity_changed` means the point
+    arrays were reallocated (re-create the GPU buffers at the new capacity)."""
+    points_from: int
+    cameras_from: int
+    capacity_changed: bool
+
+
+class SceneModel:
+    """Points, cameras and segment transforms of one run, bounded by `point_budget`."""
+
+    def __init__(self, point_budget: int = DEFAULT_POINT_BUDGET,
+                 camera_budget: int = DEFAULT_CAMERA_BUDGET, initial_capacity: int = 1 << 16):
+        self._initial_capacity = int(initial_capacity)
+        self.point_budget = _clamp_budget(point_budget)
+        self.camera_budget = max(2 * RECENT_CAMERAS, int(camera_budget))
+        self.clear()
+
+    # -- state --------------------------------------------------------------------------------
+    def clear(self) -> None:
+        """An empty scene (a new run)."""
+        if getattr(self, "capacity", self.point_budget + 1) > self.point_budget:
+            self._alloc_points(min(self._initial_capacity, self.point_budget))
+            self._capacity_changed = True
+        else:                                # a new run reuses the arrays: nothing allocated
+            self._capacity_changed = False
+        self.count = 0
+        self.thinned = 0                     # rows [0, thinned) are one point per voxel
+        self.voxel: Optional[float] = None   # grid size of the thinned rows (segment units)
+        self._vkeys = np.zeros(0, np.uint64)  # sorted voxel hashes of rows [0, thinned)
+        self._seq = 0                        # frames added (the per-point frame sequence number)
+        self.segments: dict[int, np.ndarray] = {}
+        self.conf_range = (0.0, 1.0)
+        self._conf_seen = False
+        self.depth_hi = 0.0
+        self.thinning_passes = 0
+        self.coarsenings = 0
+        self.rows_rewritten = 0              # rows thinning has moved (its cost; amortised O(1)/point)
+        self.frames_added = 0
+        self.points_added = 0
+        if getattr(self, "_cam_capacity", 0) == 0:
+            self._alloc_cameras(256)
+        self.camera_count = 0
+        self._dirty_points = 0
+        self._dirty_cameras = 0
+
+    def _alloc_points(self, cap: int, keep: int = 0) -> None:
+        new = {"positions": np.zeros((cap, 3), np.float32), "colors": np.zeros((cap, 3), np.uint8),
+               "conf": np.zeros(cap, np.float32), "depth": np.zeros(cap, np.float32),
+               "segment": np.zeros(cap, np.int32), "frame": np.zeros(cap, np.int32),
+               "keyframe": np.zeros(cap, bool)}
+        for k, a in new.items():
+            if keep:
+                a[:keep] = getattr(self, k)[:keep]
+            setattr(self, k, a)
+        self.capacity = cap
+
+    def _alloc_cameras(self, cap: int, keep: int = 0) -> None:
+        new = {"cam_frustum": np.zeros((cap, 5, 3), np.float32), "cam_center": np.zeros((cap, 3), np.float32),
+               "cam_segment": np.zeros(cap, np.int32), "cam_keyframe": np.zeros(cap, bool),
+               "cam_index": np.zeros(cap, np.int64)}
+        for k, a in new.items():
+            if keep:
+                a[:keep] = getattr(self, k)[:keep]
+            setattr(self, k, a)
+        self._cam_capacity = cap
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the point and camera arrays (allocated capacity, not only used rows)."""
+        arrays = (self.positions, self.colors, self.conf, self.depth, self.segment, self.frame, self.keyframe,
+                  self.cam_frustum, self.cam_center, self.cam_segment, self.cam_keyframe, self.cam_index,
+                  self._vkeys)
+        return int(sum(a.nbytes for a in arrays))
+
+    def set_point_budget(self, budget: int) -> None:
+        """Change the budget; a smaller one is enforced by the next `add_frame` (thinning)."""
+        self.point_budget = _clamp_budget(budget)
+
+    def take_changes(self) -> SceneChanges:
+        ch = SceneChanges(min(self._dirty_points, self.count), min(self._dirty_cameras, self.camera_count),
+                          self._capacity_changed)
+        self._dirty_points, self._dirty_cameras, self._capacity_changed = self.count, self.camera_count, False
+        return ch
+
+    # -- frames -------------------------------------------------------------------------------
+    def add_frame(self, f) -> None:
+        """Add one frame. `f` has the fields of ui.display.DisplayFrame that matter here:
+        points [M,3], colors [M,3] uint8, conf [M], depth [M], segment, is_keyframe, index,
+        frustum [5,3] (apex then the image corners) and c2w [4,4]."""
+        seg = int(f.segment)
+        self.segments.setdefault(seg, np.eye(4))
+        pts = np.asarray(f.points, np.float32).reshape(-1, 3)
+        n = len(pts)
+        colors, conf, depth = f.colors, f.conf, f.depth
+        limit = int(self.point_budget * RECENT_FRACTION)
+        if n > limit:                           # one frame larger than the dense window: subsample
+            step = -(-n // limit)
+            sl = slice(None, None, step)
+            pts, colors, conf, depth = pts[sl], colors[sl], conf[sl], depth[sl]
+            n = len(pts)
+        if n:
+            self._make_room(n)
+            self._append_points(pts, colors, conf, depth, seg, bool(f.is_keyframe))
+        self._add_camera(f, seg)
+        self._seq += 1
+        self.frames_added += 1
+
+    def _append_points(self, pts, colors, conf, depth, seg: int, kf: bool) -> None:
+        n = len(pts)
+        need = self.count + n
+        if need > self.capacity:
+            cap = self.capacity
+            while cap < need:
+                cap *= 2
+            self._alloc_points(min(max(cap, need), self.point_budget), keep=self.count)
+            self._capacity_changed = True
+        s = slice(self.count, need)
+        self.positions[s] = pts
+        self.colors[s] = np.asarray(colors, np.uint8).reshape(-1, 3)
+        c = np.ones(n, np.float32) if conf is None else np.asarray(conf, np.float32).reshape(-1)
+        self.conf[s] = c
+        d = np.asarray(depth, np.float32).reshape(-1)
+        self.depth[s] = d
+        self.segment[s] = seg
+        self.frame[s] = self._seq
+        self.keyframe[s] = kf
+        self.count = need
+        self.points_added += n
+        lo, hi = float(c.min()), float(c.max())
+        if self._conf_seen:
+            lo, hi = min(lo, self.conf_range[0]), max(hi, self.conf_range[1])
+        self.conf_range, self._conf_seen = (lo, hi), True
+        if len(d):
+            self.depth_hi = max(self.depth_hi, float(np.percentile(d, 95)))
+
+    def _add_camera(self, f, seg: int) -> None:
+        if self.camera_count >= self.camera_budget:
+            self._decimate_cameras()
+        if self.camera_count >= self._cam_capacity:
+            self._alloc_cameras(min(2 * self._cam_capacity, self.camera_budget), keep=self.camera_count)
+        i = self.camera_count
+        self.cam_frustum[i] = np.asarray(f.frustum, np.float32)[:5]
+        self.cam_center[i] = np.asarray(f.c2w, np.float32)[:3, 3]
+        self.cam_segment[i] = seg
+        self.cam_keyframe[i] = bool(f.is_keyframe)
+        self.cam_index[i] = int(f.index)
+        self.camera_count += 1
+
+    def _decimate_cameras(self) -> None:
+        """Halve the older cameras (non-keyframes first) so the camera layers stay bounded."""
+        n = self.camera_count
+        old = n - RECENT_CAMERAS
+        keep = np.ones(n, bool)
+        nk = np.flatnonzero(~self.cam_keyframe[:old])
+        keep[nk[1::2]] = False                   # every other old non-keyframe
+        if keep.sum() > 0.75 * self.camera_budget:
+            k = np.flatnonzero(keep[:old])
+            keep[k[1::2]] = False                # then every other old camera
+        idx = np.flatnonzero(keep)
+        for name in ("cam_frustum", "cam_center", "cam_segment", "cam_keyframe", "cam_index"):
+            a = getattr(self, name)
+            a[: len(idx)] = a[idx]
+        self.camera_count = len(idx)
+        self._dirty_cameras = 0
+
+    def set_segment_transform(self, segment: int, matrix) -> None:
+        """Place segment `segment` with an absolute similarity (4x4); its points stay as stored."""
+        self.segments[int(segment)] = np.asarray(matrix, np.float64).reshape(4, 4)
+
+    # -- thinning -----------------------------------------------------------------------------
+    def _make_room(self, n: int) -> None:
+        if self.count + n <= self.point_budget:
+            return
+        self.thinning_passes += 1
+        recent = int(self.point_budget * RECENT_FRACTION)
+        self._thin_aged(max(self.thinned, self.count - recent))
+        while self.thinned > self.point_budget * OLD_FRACTION or self.count + n > self.point_budget:
+            if self.thinned > 0.02 * self.point_budget or self.thinned == self.count:
+                self._coarsen()
+            else:   # budget lowered below the recent window: thin more of it
+                self._thin_aged(max(self.thinned, self.count - recent // 2))
+                recent //= 2
+
+    def _voxel_hash(self, rows: slice, voxel: float, bits: int) -> np.ndarray:
+        """Top `bits` bits of a mixed key of (voxel of each row, segment, keyframe)."""
+        kf = self.keyframe[rows]
+        inv = np.where(kf, np.float32(1.0 / (voxel * KEYFRAME_VOXEL_RATIO)), np.float32(1.0 / voxel))
+        pos = self.positions[rows]
+        key = np.zeros(len(kf), np.int64)
+        for axis in range(3):                     # per column: fewer and smaller temporaries
+            q = pos[:, axis] * inv
+            np.floor(q, out=q)
+            key |= (q.astype(np.int64) & _MASK20) << (20 * axis)
+        tag = (self.segment[rows].astype(np.int64) * 2 + kf).view(np.uint64) + np.uint64(1)
+        key = key.view(np.uint64)
+        with np.errstate(over="ignore"):
+            tag *= _GOLDEN
+            key ^= tag
+            key *= _GOLDEN
+        key >>= np.uint64(64 - bits)
+        return key
+
+    def _one_per_voxel(self, lo: int, hi: int, voxel: float):
+        """Rows lo..hi-1 → (sorted hashes of their voxels, the earliest row of each voxel);
+        the kept row's confidence becomes the highest confidence in its voxel."""
+        n = hi - lo
+        ib = np.uint64(_INDEX_BITS)
+        h = self._voxel_hash(slice(lo, hi), voxel, _HASH_BITS)
+        s = np.sort((h << ib) | np.arange(n, dtype=np.uint64))    # by voxel, then by row
+        hs = s >> ib
+        idx = (s & np.uint64((1 << _INDEX_BITS) - 1)).astype(np.int64)
+        start = np.flatnonzero(np.r_[True, hs[1:] != hs[:-1]])
+        rows = idx[start] + lo                    # the earliest row of each voxel
+        if n:
+            self.conf[rows] = np.maximum.reduceat(self.conf[lo:hi][idx], start)
+        return hs[start], rows
+
+    def _initial_voxel(self, lo: int, hi: int) -> float:
+        p = self.positions[lo:hi:max(1, (hi - lo) // 20000)]
+        ext = float(np.linalg.norm(np.percentile(p, 95, axis=0) - np.percentile(p, 5, axis=0)))
+        return max(ext, 1e-6) / 1024.0
+
+    def _thin_aged(self, r0: int) -> None:
+        """Reduce rows [thinned, r0) to one point per voxel not yet held by the thinned part;
+        move the tail [r0, count) down behind them."""
+        t = self.thinned
+        if r0 <= t:
+            return
+        if self.voxel is None:
+            self.voxel = self._initial_voxel(t, r0)
+        keys, rows = self._one_per_voxel(t, r0, self.voxel)
+        if len(self._vkeys):                          # voxels the thinned part already holds
+            pos = np.minimum(np.searchsorted(self._vkeys, keys), len(self._vkeys) - 1)
+            new = self._vkeys[pos] != keys
+            keys, rows = keys[new], rows[new]
+        rows = np.sort(rows)                          # keep the time order of the kept rows
+        self._compact(t, rows, r0)
+        self._vkeys = np.insert(self._vkeys, np.searchsorted(self._vkeys, keys), keys)
+        self.thinned = t + len(rows)
+
+    def _coarsen(self) -> None:
+        """Double the grid and re-grid the whole thinned part."""
+        self.coarsenings += 1
+        self.voxel = (self.voxel or 1e-3) * 2.0
+        t = self.thinned
+        keys, rows = self._one_per_voxel(0, t, self.voxel)
+        self._compact(0, np.sort(rows), t)
+        self._vkeys = keys
+        self.thinned = len(rows)
+
+    def _compact(self, dst: int, rows: np.ndarray, tail: int) -> None:
+        """Write `rows` at dst.., then the rows [tail, count) right behind them."""
+        k = len(rows)
+        m = self.count - tail
+        for name in ("positions", "colors", "conf", "depth", "segment", "frame", "keyframe"):
+            a = getattr(self, name)
+            a[dst:dst + k] = a[rows]                  # fancy indexing copies: safe in place
+            a[dst + k:dst + k + m] = a[tail:self.count]   # numpy handles the overlap
+        self.count = dst + k + m
+        self.rows_rewritten += k + m
+        self._dirty_points = min(self._dirty_points, dst)
+
+    # -- queries ------------------------------------------------------------------------------
+    def world_positions(self, rows: slice = slice(None)) -> np.ndarray:
+        """Positions of rows (default all) with their segment transforms applied."""
+        p = self.positions[: self.count][rows].astype(np.float64)
+        s = self.segment[: self.count][rows]
+        out = p.copy()
+        for seg, m in self.segments.items():
+            if np.allclose(m, np.eye(4)):
+                continue
+            sel = s == seg
+            out[sel] = p[sel] @ m[:3, :3].T + m[:3, 3]
+        return out
+
+    def sample(self, max_points: int = 20000) -> np.ndarray:
+        """About `max_points` world positions spread over the scene (for framing the view)."""
+        step = max(1, self.count // max(1, max_points))
+        return self.world_positions(slice(None, None, step))
+
+
+def _clamp_budget(n) -> int:
+    return int(min(MAX_POINT_BUDGET, max(MIN_POINT_BUDGET, int(n))))
+
+
+def _bench(budget: int, frames: int, points: int) -> None:
+    """Benchmark (prints figures): `python -m engine.scene [--budget N] [--frames F] [--points P]`.
+    Synthetic frames of P points on a cylinder wall seen by a turning camera, 1 keyframe in 5."""
+    import platform
+    import time
+    from types import SimpleNamespace
+    rng = np.random.default_rng(0)
+    m = SceneModel(budget)
+    add, worst, passes = 0.0, [], []
+    for i in range(frames):
+        u = rng.random((points, 2))
+        a = 0.01 * i + 0.8 * u[:, 0]
+        pts = np.stack([3 * np.cos(a), 2.5 * u[:, 1], 3 * np.sin(a)], 1).astype(np.float32)
+        f = SimpleNamespace(index=i, segment=0, is_keyframe=i % 5 == 0, points=pts,
+                            colors=rng.integers(0, 255, (points, 3), dtype=np.uint8),
+                            conf=rng.random(points).astype(np.float32), depth=np.full(points, 2.0, np.float32),
+                            c2w=np.eye(4), frustum=np.zeros((5, 3), np.float32))
+        n0 = m.thinning_passes
+        t0 = time.perf_counter()
+        m.add_frame(f)
+        m.take_changes()
+        dt = time.perf_counter() - t0
+        add += dt
+        (passes if m.thinning_passes != n0 else worst).append(dt * 1e3)
+    print(f"machine: {platform.machine()} {platform.processor()}, numpy {np.__version__}")
+    print(f"budget {budget:,} points, {frames} frames x {points:,} points ({m.points_added:,} offered)")
+    print(f"points kept {m.count:,} (thinned part {m.thinned:,}, voxel {m.voxel or 0:.4f}), "
+          f"host arrays {m.host_bytes / 2**20:.0f} MiB")
+    print(f"append without a pass: median {np.median(worst):.2f} ms, max {max(worst):.2f} ms")
+    if passes:
+        print(f"thinning passes: {len(passes)} ({m.coarsenings} coarsenings), median {np.median(passes):.0f} ms, "
+              f"max {max(passes):.0f} ms; rows rewritten / points appended {m.rows_rewritten / m.points_added:.2f}")
+    print(f"total add_frame time {add:.1f} s ({add / frames * 1e3:.1f} ms/frame)")
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="SceneModel append/thinning benchmark")
+    ap.add_argument("--budget", type=int, default=DEFAULT_POINT_BUDGET)
+    ap.add_argument("--frames", type=int, default=700)
+    ap.add_argument("--points", type=int, default=50_000)
+    a = ap.parse_args()
+    _bench(a.budget, a.frames, a.points)

@@ -1,0 +1,153 @@
+"""engine.scene.SceneModel: the point budget holds, thinning keeps old geometry recognisable
+(coverage per segment, keyframes denser, recent frames dense), appends cost O(new points) and
+thinning is amortised, segment transforms re-place stored points."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from engine.scene import MIN_POINT_BUDGET, RECENT_CAMERAS, SceneModel
+
+BUDGET = MIN_POINT_BUDGET          # 100k: small enough for fast tests
+
+
+def _frame(i, n=5000, segment=0, kf=True, x0=0.0, seed=None, conf=None):
+    """n points on a 1 x 1 patch of the plane z = 2, starting at x = x0."""
+    rng = np.random.default_rng(i if seed is None else seed)
+    u = rng.random((n, 2))
+    pts = np.stack([x0 + u[:, 0], u[:, 1], np.full(n, 2.0)], 1).astype(np.float32)
+    return SimpleNamespace(
+        index=i, segment=segment, is_keyframe=kf, points=pts,
+        colors=rng.integers(0, 255, (n, 3), dtype=np.uint8),
+        conf=(rng.random(n).astype(np.float32) if conf is None else np.full(n, conf, np.float32)),
+        depth=np.full(n, 2.0, np.float32), c2w=np.eye(4),
+        frustum=np.zeros((5, 3), np.float32))
+
+
+def _cells(points, size=0.1):
+    return {tuple(c) for c in np.floor(points[:, :2] / size).astype(int)}
+
+
+def test_budget_is_never_exceeded_and_the_newest_frame_is_whole():
+    m = SceneModel(BUDGET)
+    for i in range(120):                     # 600k points offered over a sweep of 12 m
+        m.add_frame(_frame(i, x0=0.1 * i))
+        assert m.count <= BUDGET and m.capacity <= BUDGET
+        assert (m.frame[: m.count] == i).sum() == 5000      # recent frames stay dense
+    assert m.thinning_passes >= 2 and m.points_added == 120 * 5000
+
+
+def test_thinning_keeps_coverage_of_old_segments():
+    m = SceneModel(BUDGET)
+    for i in range(40):                      # segment 0: x in [0, 5)
+        m.add_frame(_frame(i, segment=0, x0=0.1 * i))
+    before = _cells(m.positions[: m.count][m.segment[: m.count] == 0])
+    for i in range(40, 200):                 # segment 1 elsewhere, 800k points
+        m.add_frame(_frame(i, segment=1, x0=10 + 0.05 * i))
+    assert m.thinning_passes >= 3
+    seg0 = m.positions[: m.count][m.segment[: m.count] == 0]
+    assert 0 < len(seg0) < 40 * 5000
+    after = _cells(seg0)
+    assert len(after & before) >= 0.95 * len(before)   # the old segment is still all there
+
+
+def test_keyframes_are_kept_denser():
+    m = SceneModel(BUDGET)
+    for i in range(100):                     # the same patch again and again
+        m.add_frame(_frame(i, kf=i % 2 == 0))
+    assert m.thinning_passes >= 1
+    old = m.frame[: m.thinned]
+    kf = m.keyframe[: m.thinned]
+    assert kf.sum() > 2 * (~kf).sum()        # a grid twice as fine keeps ~4x the points
+    assert len(np.unique(old)) > 1
+
+
+def test_append_is_o_new_and_thinning_is_amortised():
+    m = SceneModel(BUDGET)
+    m.add_frame(_frame(0))
+    m.take_changes()
+    m.add_frame(_frame(1))
+    ch = m.take_changes()
+    assert (ch.points_from, m.count) == (5000, 10000)   # only the new rows to upload
+    rewrites = []
+    for i in range(2, 400):
+        keep = m.positions[: m.thinned].copy()
+        passes = m.thinning_passes
+        m.add_frame(_frame(i, x0=0.02 * i))
+        ch = m.take_changes()
+        if m.thinning_passes == passes:
+            assert ch.points_from == m.count - 5000
+        else:
+            # rows before the first rewritten row are untouched (the view keeps them on the GPU)
+            assert np.array_equal(m.positions[: ch.points_from], keep[: ch.points_from])
+            rewrites.append(m.count - ch.points_from)
+    assert len(rewrites) >= 5
+    # total thinning work stays a small multiple of what was appended (not O(total) per frame)
+    assert m.rows_rewritten <= 4 * m.points_added
+
+
+def test_voxel_keeps_its_best_confidence():
+    m = SceneModel(BUDGET)
+    m.add_frame(_frame(0, seed=1, conf=9.0))          # the same points, high confidence
+    for i in range(1, 40):
+        m.add_frame(_frame(i, seed=1, conf=1.0))      # ... then low confidence
+    assert m.thinning_passes >= 1
+    assert np.all(m.conf[: m.thinned] == 9.0)
+    assert m.count < 40 * 5000
+
+
+def test_segment_transforms_replace_and_survive_thinning():
+    m = SceneModel(BUDGET)
+    for i in range(30):
+        m.add_frame(_frame(i, segment=i % 2, x0=0.1 * i))
+    T = np.eye(4)
+    T[:3, :3] *= 2.0
+    T[1, 3] = 5.0
+    m.set_segment_transform(1, T)
+    m.set_segment_transform(1, T)                     # absolute: the same, not twice
+    stored = m.positions[: m.count].copy()
+    w = m.world_positions()
+    s1 = m.segment[: m.count] == 1
+    assert np.allclose(w[~s1], stored[~s1])
+    assert np.allclose(w[s1], stored[s1] * 2 + [0, 5, 0], atol=1e-5)
+    for i in range(30, 60):
+        m.add_frame(_frame(i, segment=1, x0=0.1 * i))
+    s1 = m.segment[: m.count] == 1
+    assert np.allclose(m.world_positions()[s1], m.positions[: m.count][s1] * 2 + [0, 5, 0], atol=1e-5)
+
+
+def test_lower_budget_applies_at_the_next_frame():
+    m = SceneModel(400_000)
+    for i in range(60):
+        m.add_frame(_frame(i, x0=0.1 * i))
+    assert m.count == 300_000
+    m.set_point_budget(BUDGET)
+    m.add_frame(_frame(60, x0=6.0))
+    assert m.count <= BUDGET
+
+
+def test_cameras_are_bounded_newest_kept():
+    m = SceneModel(BUDGET, camera_budget=2 * RECENT_CAMERAS)
+    for i in range(2000):
+        f = _frame(i, n=0, kf=i % 10 == 0)
+        f.c2w = np.eye(4)
+        f.c2w[0, 3] = i
+        m.add_frame(f)
+        assert m.camera_count <= 2 * RECENT_CAMERAS
+    idx = m.cam_index[: m.camera_count]
+    assert np.all(np.diff(idx) > 0)
+    assert np.array_equal(idx[-RECENT_CAMERAS + 1:], np.arange(2000 - RECENT_CAMERAS + 1, 2000))
+    assert idx[0] == 0                                # the start of the path is still there
+    old = m.cam_keyframe[: m.camera_count - RECENT_CAMERAS]
+    assert old.mean() > 0.1                          # keyframes kept before other cameras
+
+
+def test_clear_reuses_the_arrays():
+    m = SceneModel(BUDGET)
+    for i in range(30):
+        m.add_frame(_frame(i))
+    cap = m.capacity
+    m.clear()
+    assert m.count == 0 and m.capacity == cap and m.camera_count == 0
+    ch = m.take_changes()
+    assert not ch.capacity_changed and ch.points_from == 0
