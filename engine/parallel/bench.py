@@ -1,0 +1,304 @@
+"""Benchmarks of issue #13 on GPUs (figures go to docs/benchmarks.md).
+
+    python -m engine.parallel.bench --out DIR [--ring-frames 32,64,128,256] [--scale-sizes 8,32,64,128]
+                                    [--streams 4] [--frames 40]
+
+With 2+ GPUs it spawns 2 processes (one per GPU, NCCL; NVLink multicast stays off) and measures
+1. ring attention alone: N frames x 1005 tokens (518x378), 16 heads x 64, bf16, one GPU (one
+   fused flash-attention call) against the ring over 2 GPUs; outputs compared;
+2. LingBot-Map's scale phase (full-size model, recipe-scaled random weights, bf16, SDPA) of S
+   frames through a session: one GPU against `sequence_parallel="ring"` on 2 GPUs; pose/depth
+   compared, peak memory per GPU;
+then on GPU 0 alone
+3. the stream scheduler: 1 stream, 4 streams batched, 4 streams one at a time (max_batch 1) at
+   518x378, aggregate FPS over `--frames` streamed frames per stream and memory per stream.
+Writes DIR/parallel_bench.json and prints a summary. Needs CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ[_k] = _v          # NVLink multicast must stay off on the shared hosts
+
+W, H = 518, 378
+TOKENS = 6 + (W // 14) * (H // 14)        # 1005 per frame
+MODEL, DEV, HEADS, HEAD_DIM = "lingbot-map", "cuda", 16, 64
+
+
+def _smoke():
+    """--smoke: the same code on the CPU (gloo, lingbot-map-tiny, 70x56), to check it runs."""
+    global W, H, TOKENS, MODEL, DEV, HEADS, HEAD_DIM
+    W, H, MODEL, DEV, HEADS, HEAD_DIM = 70, 56, "lingbot-map-tiny", "cpu", 4, 16
+    TOKENS = 6 + (W // 14) * (H // 14)
+
+
+class _Mem:
+    """torch.cuda memory counters; zeros on the CPU."""
+    cuda = property(lambda self: DEV == "cuda")
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def allocated(self):
+        return torch.cuda.memory_allocated() if self.cuda else 0
+
+    def reset_peak(self):
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak(self):
+        return torch.cuda.max_memory_allocated() if self.cuda else 0
+
+    def empty(self):
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+
+mem = _Mem()
+
+
+def _sync_time(fn, reps: int = 3):
+    fn()
+    mem.sync()
+    ts = []
+    for _ in range(reps):
+        mem.sync()
+        t0 = time.perf_counter()
+        fn()
+        mem.sync()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def _model(device):
+    from ..bench import random_init_
+    from ..models import build_model
+    with torch.device(device):
+        model = build_model(MODEL)
+    random_init_(model, 0)
+    return model
+
+
+def _cfg(**kw):
+    from ..api import SessionConfig
+    base = dict(engine="lingbot-map", device=DEV, dtype="bf16" if DEV == "cuda" else "fp32", backend="sdpa",
+                image_width=W, model=MODEL)
+    base.update(kw)
+    return SessionConfig(**base)
+
+
+def _frames(n, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (H, W, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def _ring_attention_part(rank, world, args, log):
+    import torch.distributed as dist
+    from .lingbot_ring import gather_frames
+    from .ring_attention import attention_lse, ring_attention, split_lengths
+    rows = []
+    for n in args.ring_frames:
+        L = n * TOKENS
+        g = torch.Generator(device=DEV).manual_seed(n)
+        dt = torch.bfloat16 if DEV == "cuda" else torch.float32
+        q, k, v = (torch.randn(1, HEADS, L, HEAD_DIM, generator=g, device=DEV, dtype=dt) for _ in range(3))
+        lens = split_lengths(L, world)
+        a = sum(lens[:rank])
+        sl = slice(a, a + lens[rank])
+        ql, kl, vl = (x[:, :, sl].contiguous() for x in (q, k, v))
+        row = {"frames": n, "tokens": L}
+        if rank == 0:
+            row["one_gpu_ms"] = _sync_time(lambda: attention_lse(q, k, v)) * 1e3
+            ref = attention_lse(q, k, v)[0]
+        dist.barrier()
+
+        def ring():
+            return ring_attention(ql, kl, vl, lengths=lens)
+        out = ring()
+        mem.sync()
+        dist.barrier()
+        ts = []
+        for _ in range(3):
+            dist.barrier()
+            mem.sync()
+            t0 = time.perf_counter()
+            ring()
+            mem.sync()
+            ts.append(time.perf_counter() - t0)
+        row["ring_ms"] = float(np.median(ts)) * 1e3
+        full = gather_frames(out[0].transpose(0, 1).contiguous(), lens)          # [L, heads, D]
+        if rank == 0:
+            r = ref[0].transpose(0, 1).float()
+            d = (full.float() - r).abs()
+            row.update(max_abs_diff=float(d.max()), mean_abs_diff=float(d.mean()),
+                       ref_mean_abs=float(r.abs().mean()))
+            row["speedup"] = row["one_gpu_ms"] / row["ring_ms"]
+            log(f"ring attention {n} frames ({L} tokens): one GPU {row['one_gpu_ms']:.1f} ms, ring x{world} "
+                f"{row['ring_ms']:.1f} ms (x{row['speedup']:.2f}); max |diff| {row['max_abs_diff']:.2e}")
+            rows.append(row)
+        del q, k, v, ql, kl, vl, out, full
+        mem.empty()
+    return rows
+
+
+def _scale_phase_part(rank, world, model, args, log):
+    import torch.distributed as dist
+    from ..streaming import LingBotMapSession
+    rows = []
+
+    def run(S, ring):
+        cfg = _cfg(scale_frames=S, window=64, special_cap=max(1024, S + 64),
+                   sequence_parallel="ring" if ring else "off")
+        s = LingBotMapSession(cfg, model)
+        frames = _frames(S, S)
+        for f in frames[:-1]:
+            s.push(f)
+        mem.sync()
+        mem.reset_peak()
+        base = mem.allocated()
+        t0 = time.perf_counter()
+        res = s.push(frames[-1])
+        mem.sync()
+        dt = time.perf_counter() - t0
+        peak = mem.peak() - base
+        out = (np.stack([r.pose_enc for r in res]), np.stack([r.depth for r in res]))
+        s.close()
+        mem.empty()
+        return dt, peak, out
+
+    if rank == 0:
+        run(4, False)                                     # warm-up (cuBLAS, kernels)
+    dist.barrier()
+    run(4, True)
+    for S in args.scale_sizes:
+        row = {"scale_frames": S, "tokens": S * TOKENS}
+        if rank == 0:
+            row["one_gpu_s"], row["one_gpu_peak_bytes"], ref = run(S, False)
+        dist.barrier()
+        dt, peak, out = run(S, True)
+        peaks = [torch.zeros(1, dtype=torch.float64, device=DEV) for _ in range(world)]
+        dist.all_gather(peaks, torch.tensor([float(peak)], dtype=torch.float64, device=DEV))
+        if rank == 0:
+            row["ring_s"] = dt
+            row["ring_peak_bytes_per_gpu"] = [int(p.item()) for p in peaks]
+            pe = np.abs(out[0] - ref[0]).max()
+            dep = float(np.median(np.abs(out[1] - ref[1]) / np.maximum(np.abs(ref[1]), 1e-6)))
+            row.update(pose_max_abs_diff=float(pe), depth_median_rel_diff=dep, speedup=row["one_gpu_s"] / dt)
+            log(f"scale phase {S} frames: one GPU {row['one_gpu_s']*1e3:.0f} ms (peak +{row['one_gpu_peak_bytes']/2**30:.2f} GiB), "
+                f"ring x{world} {dt*1e3:.0f} ms (x{row['speedup']:.2f}; peak +{max(row['ring_peak_bytes_per_gpu'])/2**30:.2f} GiB/GPU); "
+                f"pose max |diff| {pe:.2e}, depth median rel diff {dep:.2e}")
+            rows.append(row)
+    return rows
+
+
+def _scheduler_part(model, args, log):
+    from ..scheduler import StreamScheduler, stream_cache_bytes
+    rows = []
+    for n, max_batch in ((1, 1), (args.streams, args.streams), (args.streams, 1)):
+        mem.sync()
+        mem.empty()
+        base = mem.allocated()
+        sched = StreamScheduler(model, max_batch=max_batch)
+        streams = [sched.open_stream(_cfg(), name=f"s{i}", frame_size=(W, H)) for i in range(n)]
+        frames = _frames(8 + 5 + args.frames, 1)
+        for st in streams:                                 # scale phases + 5 warm-up frames each
+            for f in frames[:13]:
+                sched.submit(st, f)
+        while sched.pending():
+            sched.step()
+        mem.sync()
+        mem_streams = mem.allocated() - base
+        for s in streams:
+            s.latencies.clear()                            # latency of the timed frames only
+        mem.reset_peak()
+        t0 = time.perf_counter()
+        for f in frames[13:]:
+            for st in streams:
+                sched.submit(st, f)
+            while sched.pending():
+                sched.step()
+        mem.sync()
+        dt = time.perf_counter() - t0
+        est = stream_cache_bytes(model, _cfg(), (W, H))
+        st = sched.stats()
+        row = {"streams": n, "max_batch": max_batch, "frames_per_stream": args.frames, "seconds": dt,
+               "aggregate_fps": n * args.frames / dt, "per_stream_fps": args.frames / dt,
+               "memory_per_stream_bytes": mem_streams / n, "cache_estimate_bytes": est["total"],
+               "peak_during_timed_bytes": mem.peak() - base,
+               "largest_batch": st["largest_batch"],
+               "latency_p50_ms": [s["latency_p50_ms"] for s in st["streams"]]}
+        log(f"scheduler {n} stream(s), max_batch {max_batch}: {row['aggregate_fps']:.1f} FPS together "
+            f"({row['per_stream_fps']:.1f} each), {mem_streams / n / 2**30:.2f} GiB per stream "
+            f"(caches {est['total'] / 2**30:.2f} GiB), p50 latency {row['latency_p50_ms'][0]:.0f} ms")
+        for s in streams:
+            sched.close_stream(s)
+        rows.append(row)
+    return rows
+
+
+def _rank(rank, world, args, rdzv):
+    if args.smoke:
+        _smoke()
+        torch.set_num_threads(1)
+    log = (lambda m: print(m, flush=True)) if rank == 0 else (lambda m: None)
+    cuda = DEV == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    res = {"gpu": torch.cuda.get_device_name(rank) if cuda else "cpu", "gpus": world, "torch": torch.__version__,
+           "model": MODEL, "resolution": [W, H]}
+    model = _model(torch.device("cuda", rank) if cuda else torch.device("cpu"))
+    if world > 1:
+        import torch.distributed as dist
+        if cuda:
+            dist.init_process_group("nccl", init_method=f"file://{rdzv}", rank=rank, world_size=world,
+                                    device_id=torch.device("cuda", rank))
+        else:
+            dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world)
+        if args.ring_frames:
+            res["ring_attention"] = _ring_attention_part(rank, world, args, log)
+        if args.scale_sizes:
+            res["scale_phase"] = _scale_phase_part(rank, world, model, args, log)
+        dist.barrier()
+        dist.destroy_process_group()
+        if rank != 0:
+            return
+    if args.streams:
+        res["scheduler"] = _scheduler_part(model, args, log)
+    with open(os.path.join(args.out, "parallel_bench.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ints = lambda s: [int(x) for x in s.split(",") if x]
+    p.add_argument("--out", default=".")
+    p.add_argument("--ring-frames", type=ints, default=[32, 64, 128, 256])
+    p.add_argument("--scale-sizes", type=ints, default=[8, 32, 64, 128])
+    p.add_argument("--streams", type=int, default=4)
+    p.add_argument("--frames", type=int, default=40)
+    p.add_argument("--smoke", action="store_true", help="run the same code on 2 CPU processes, tiny model")
+    args = p.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("parallel bench: needs CUDA (or --smoke)")
+    os.makedirs(args.out, exist_ok=True)
+    world = 2 if args.smoke else min(2, torch.cuda.device_count())
+    if world > 1:
+        import torch.multiprocessing as mp
+        rdzv = os.path.join(tempfile.mkdtemp(), "rdzv")
+        mp.spawn(_rank, args=(world, args, rdzv), nprocs=world, join=True)
+    else:
+        _rank(0, 1, args, None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
