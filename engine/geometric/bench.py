@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -34,19 +33,20 @@ def _rolled(img, deg):
 def _run(seq, frames, order, cfg, roll=None):
     """Push frames[order[k]] (black where order[k] < 0), rolled by roll[k] degrees if given."""
     from ..api import open_session
-    s = open_session(cfg)
-    res = []
-    t0 = time.perf_counter()
-    for k, i in enumerate(order):
+    from ..run_driver import CollectSink, RunDriver, SequenceSource
+
+    def image(k):
+        i = order[k]
         img = np.zeros_like(frames[0]) if i < 0 else frames[i]
-        if roll is not None and roll[k]:
-            img = _rolled(img, roll[k])
-        res += s.push(img, k / 30.0)
-    res += s.flush()
-    wall = time.perf_counter() - t0
-    st, ev = s.stats(), s.poll_events()
+        return _rolled(img, roll[k]) if roll is not None and roll[k] else img
+
+    s = open_session(cfg)
+    out = CollectSink()          # the one run loop (engine.run_driver); frames already decoded
+    summary = RunDriver(SequenceSource(range(len(order)), [k / 30.0 for k in range(len(order))], load=image),
+                        s, [out], stats_hz=0).run()
+    st = summary.stats
     s.close()
-    return res, st, ev, wall
+    return out.results, st, out.events, summary.wall_s
 
 
 def speed_and_accuracy(seq, frames, cfg) -> dict:
