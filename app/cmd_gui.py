@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-frames", type=int, metavar="N", help="stop after N input frames")
     p.add_argument("--loop", action="store_true",
                    help="files: start again at the end (a soak test; stop with --max-frames or the window)")
+    p.add_argument("--stop-after", type=float, metavar="SECONDS",
+                   help="stop the run after this many seconds (with --loop: a timed soak test)")
     p.add_argument("--stats-csv", metavar="FILE",
                    help="write one row of run statistics per second: frames, engine_fps, viewer_fps, rss_mb, "
                         "gpu_allocated_mb, viewer_points, viewer_buffer_bytes, loop_gap_p99_ms, dropped")
@@ -79,6 +81,8 @@ def main(args: argparse.Namespace) -> int:
     if args.loop:
         win.loop.setChecked(True)
     stats_csv = _start_stats_csv(win, args.stats_csv) if args.stats_csv else None
+    if args.stop_after:              # a timed soak: the run (started at once) stops, then the app exits
+        QtCore.QTimer.singleShot(int(args.stop_after * 1000), win.stop_run)
     if args.size:
         try:
             w, h = (int(v) for v in args.size.lower().split("x"))
