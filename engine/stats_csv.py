@@ -106,3 +106,47 @@ class StatsCsvSink(Sink):
         if self._last:
             self.csv.row(self._last)
         self.csv.close()
+
+
+def summarise(path: Union[str, Path], at: tuple = (2000, 10000)) -> dict:
+    """Figures of a soak run from its CSV: rows, the last row, and for each frame count in `at`
+    the first row at or past it (RSS, viewer buffer bytes, ...), plus the relative change of RSS
+    and buffer bytes between the first and the last of those rows."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+
+    def num(r, k):
+        try:
+            return float(r[k])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    out = {"rows": len(rows), "last": rows[-1] if rows else None, "at": {}}
+    for n in at:
+        r = next((r for r in rows if (num(r, "frames") or 0) >= n), None)
+        if r is not None:
+            out["at"][n] = r
+    if len(out["at"]) >= 2:
+        a, b = out["at"][min(out["at"])], out["at"][max(out["at"])]
+        for k in ("rss_mb", "viewer_buffer_bytes", "viewer_points"):
+            va, vb = num(a, k), num(b, k)
+            out[f"{k}_change"] = (vb - va) / va if va and vb is not None else None
+    gaps = [num(r, "loop_gap_p99_ms") for r in rows]
+    gaps = [g for g in gaps if g is not None]
+    fps = [num(r, "engine_fps") for r in rows]
+    fps = [v for v in fps if v]
+    out["engine_fps_median"] = sorted(fps)[len(fps) // 2] if fps else None
+    out["loop_gap_p99_ms_median"] = sorted(gaps)[len(gaps) // 2] if gaps else None
+    rss = [num(r, "rss_mb") for r in rows if num(r, "rss_mb") is not None]
+    out["rss_mb_max"] = max(rss) if rss else None
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+    ap = argparse.ArgumentParser(description="summarise a --stats-csv file (soak figures)")
+    ap.add_argument("csv")
+    ap.add_argument("--at", type=int, nargs="*", default=[2000, 10000], help="frame counts to compare")
+    a = ap.parse_args()
+    print(json.dumps(summarise(a.csv, tuple(a.at)), indent=1))
