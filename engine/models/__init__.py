@@ -13,6 +13,9 @@ Names:
   32, out channels (16, 32, 64, 64), img_size 112 (pos-embed grid 8x8); 1.26 M parameters. Any
   input size that is a multiple of 14 works (e.g. 56x70 -> 4x5 patches, 26 tokens per frame).
 
+- "vggt-1b" / "vggt-tiny": VGGT (engine/vggt/model.py, `VGGTConfig` overrides), built from the
+  same layers; state dict = `shared/fixtures/vggt_keys.tsv` (1797 keys).
+
 Keyword overrides are `LingBotMapConfig` fields applied on top of the named configuration, e.g.
 `build_model("lingbot-map-tiny", depth=6, intermediate_layers=(1, 2, 4, 5))`. The heads read 4
 aggregator layers, so `intermediate_layers` must hold 4 indices < depth; a bad option raises
@@ -29,10 +32,17 @@ TINY = dict(img_size=112, embed_dim=64, depth=4, num_heads=4, patch_embed_depth=
 MODELS = {"lingbot-map": {}, "lingbot-map-tiny": TINY}
 
 
+# VGGT (engine/vggt/model.py) is built from these same layers; its names are listed here too.
+VGGT_MODELS = ("vggt-1b", "vggt-tiny")
+
+
 def build_model(name: str = "lingbot-map", **overrides) -> LingBotMap:
     from ..api import EngineError
+    if name in VGGT_MODELS:
+        from ..vggt.model import build_vggt
+        return build_vggt(name, **overrides)
     if name not in MODELS:
-        raise EngineError(f"unknown model {name!r}; available: {', '.join(MODELS)}")
+        raise EngineError(f"unknown model {name!r}; available: {', '.join((*MODELS, *VGGT_MODELS))}")
     params = {**MODELS[name], **overrides}
     try:
         cfg = LingBotMapConfig(**params)
