@@ -269,6 +269,9 @@ class StreamScheduler:
         from .streaming import LingBotMapSession
         session = LingBotMapSession(config, self.model)
         self._key = key
+        # batched streamed steps replay CUDA graphs too (one per batch size), when graphs are on
+        agg = self.model.aggregator
+        agg.graph_batch = max(getattr(agg, "graph_batch", 1), self.max_batch)
         budget = None if latency_budget_ms is None else float(latency_budget_ms) / 1e3
         if budget is not None and budget <= 0:
             raise EngineError(f"latency budget must be positive (got {latency_budget_ms} ms)")

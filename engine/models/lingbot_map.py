@@ -89,10 +89,12 @@ class Aggregator(nn.Module):
         self.rope3d = VideoRope3D(head_dim, cfg.rope3d_theta, cfg.rope3d_split)
         self.timer = None
         self.graphs = None      # engine.models.graphs.GraphCache: replay fixed-shape parts (CUDA)
+        self.graph_batch = 1    # steps of up to this many frames use the graphs (engine/scheduler.py raises it)
 
     def _graphed(self, name, fn, *inputs):
-        """fn(*inputs), through a CUDA graph when graphs are on and this is a one-frame step."""
-        if self.graphs is None or inputs[0].shape[0] != 1:
+        """fn(*inputs), through a CUDA graph when graphs are on and the step holds at most
+        `graph_batch` frames (one graph per batch size; a scale phase stays eager)."""
+        if self.graphs is None or inputs[0].shape[0] > self.graph_batch:
             return fn(*inputs)
         return self.graphs.run(name, fn, *inputs)
 

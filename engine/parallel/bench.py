@@ -221,11 +221,14 @@ def _scheduler_part(model, args, log):
             s.latencies.clear()                            # latency of the timed frames only
         mem.reset_peak()
         t0 = time.perf_counter()
+        last = {}
         for f in frames[13:]:
             for st in streams:
                 sched.submit(st, f)
             while sched.pending():
-                sched.step()
+                for st, res in sched.step():
+                    if res:
+                        last[st.name] = (res[-1].pose_enc, res[-1].depth)
         mem.sync()
         dt = time.perf_counter() - t0
         est = stream_cache_bytes(model, _cfg(), (W, H))
@@ -236,12 +239,23 @@ def _scheduler_part(model, args, log):
                "peak_during_timed_bytes": mem.peak() - base,
                "largest_batch": st["largest_batch"],
                "latency_p50_ms": [s["latency_p50_ms"] for s in st["streams"]]}
+        # every stream got the same frames: its last result must match the single stream's
+        if rows:
+            p0, d0 = rows[0]["_last"]
+            row["pose_max_abs_diff_vs_one_stream"] = float(max(np.abs(p - p0).max() for p, _ in last.values()))
+            row["depth_max_rel_diff_vs_one_stream"] = float(max(
+                np.median(np.abs(d - d0) / np.maximum(np.abs(d0), 1e-6)) for _, d in last.values()))
+        row["_last"] = last["s0"]
         log(f"scheduler {n} stream(s), max_batch {max_batch}: {row['aggregate_fps']:.1f} FPS together "
             f"({row['per_stream_fps']:.1f} each), {mem_streams / n / 2**30:.2f} GiB per stream "
-            f"(caches {est['total'] / 2**30:.2f} GiB), p50 latency {row['latency_p50_ms'][0]:.0f} ms")
+            f"(caches {est['total'] / 2**30:.2f} GiB), p50 latency {row['latency_p50_ms'][0]:.0f} ms"
+            + (f"; vs one stream: pose max |diff| {row['pose_max_abs_diff_vs_one_stream']:.2e}, depth median rel "
+               f"{row['depth_max_rel_diff_vs_one_stream']:.2e}" if len(rows) else ""))
         for s in streams:
             sched.close_stream(s)
         rows.append(row)
+    for r in rows:
+        r.pop("_last", None)
     return rows
 
 
