@@ -84,8 +84,9 @@ def stream_cache_bytes(model, config: SessionConfig, frame_size: Optional[tuple]
 
 
 def _available_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cuda":   # free on the device + what PyTorch's allocator holds unused
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0] + cached)
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
@@ -266,15 +267,15 @@ class StreamScheduler:
                 f"{_gib(est['camera'])}) but only {_gib(max(free, 0))} of {where} is free with {open_n} "
                 f"stream(s) open. Lower the window or the image width, use bf16, close a stream, or raise "
                 f"the memory budget")
+        budget = None if latency_budget_ms is None else float(latency_budget_ms) / 1e3
+        if budget is not None and budget <= 0:
+            raise EngineError(f"latency budget must be positive (got {latency_budget_ms} ms)")
         from .streaming import LingBotMapSession
         session = LingBotMapSession(config, self.model)
         self._key = key
         # batched streamed steps replay CUDA graphs too (one per batch size), when graphs are on
         agg = self.model.aggregator
         agg.graph_batch = max(getattr(agg, "graph_batch", 1), self.max_batch)
-        budget = None if latency_budget_ms is None else float(latency_budget_ms) / 1e3
-        if budget is not None and budget <= 0:
-            raise EngineError(f"latency budget must be positive (got {latency_budget_ms} ms)")
         st = Stream(name=name, session=session, latency_budget_s=budget, live=bool(live), estimate=est)
         self.streams.append(st)
         return st

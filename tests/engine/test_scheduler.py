@@ -167,3 +167,19 @@ def test_a_bad_frame_fails_only_its_stream(tiny):
     assert len(served["b"]) == 1 and st["b"].error is None
     with pytest.raises(EngineError, match="closed"):
         sched.close_stream(st["a"]) or sched.submit(st["a"], _frames(12, 1)[0])
+
+
+def test_a_stream_shorter_than_its_scale_phase_runs_it_at_close(tiny):
+    frames = _frames(13, 2)
+    ref = _alone(tiny, dict(scale_frames=3), frames)
+    sched = StreamScheduler(tiny)
+    st = sched.open_stream(_cfg(scale_frames=3), name="short")
+    for f in frames:
+        sched.submit(st, f)
+    assert [r for _, res in sched.step() for r in res] == []        # still buffering
+    got = sched.close_stream(st)
+    assert [r.index for r in got] == [0, 1] and st.closed and st.session.kv is None
+    np.testing.assert_allclose(np.stack([r.pose_enc for r in got]), np.stack([r.pose_enc for r in ref]),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(EngineError, match="positive"):
+        sched.open_stream(_cfg(), latency_budget_ms=0)
