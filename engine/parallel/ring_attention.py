@@ -26,8 +26,9 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-# query rows per chunk of the float32 math fallback (bounds its [chunk, Lk] score matrix)
-_MATH_CHUNK = 4096
+# the float32 math fallback takes queries in chunks whose score matrix stays under this many bytes
+_MATH_BYTES = 1 << 28
+_MATH_CHUNK = None          # fixed rows per chunk (tests); None = from _MATH_BYTES
 
 
 def _math_attention_lse(q, k, v, scale):
@@ -39,8 +40,10 @@ def _math_attention_lse(q, k, v, scale):
         return q.new_zeros(B, H, Lq, v.shape[-1], dtype=torch.float32), q.new_full((B, H, Lq), -math.inf, dtype=torch.float32)
     if q.shape[2] == 0:
         return q.new_zeros(*q.shape[:3], v.shape[-1], dtype=torch.float32), q.new_zeros(q.shape[:3], dtype=torch.float32)
-    for i in range(0, q.shape[2], _MATH_CHUNK):
-        s = torch.matmul(q[:, :, i:i + _MATH_CHUNK].float(), kf.transpose(-1, -2)) * scale
+    B, H, _, _ = q.shape
+    rows = _MATH_CHUNK or max(1, _MATH_BYTES // (4 * B * H * k.shape[2]))
+    for i in range(0, q.shape[2], rows):
+        s = torch.matmul(q[:, :, i:i + rows].float(), kf.transpose(-1, -2)) * scale
         lse = torch.logsumexp(s, dim=-1)
         outs.append(torch.matmul(torch.exp(s - lse[..., None]), vf))
         lses.append(lse)
