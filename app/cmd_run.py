@@ -202,6 +202,9 @@ def main(args) -> int:
     except (EngineError, _BadInput) as exc:
         print(f"reconstudio run: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:     # a second Ctrl-C: aborted at once (the store keeps what it wrote)
+        print("reconstudio run: aborted; the session folder keeps the frames written so far", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _run(args) -> int:
