@@ -288,7 +288,10 @@ class EngineEvent:
 
     kind: "realign" — segment `segment` is placed by the 4x4 similarity `transform` (absolute:
                       applied to the segment's results as produced; the latest event for a
-                      segment replaces earlier ones)
+                      segment replaces earlier ones). With `frames=(first, last)` (input indices,
+                      inclusive) it applies only to the segment's results in that range (e.g. one
+                      keyframe's stretch after a loop closure); for each result the latest event
+                      of its segment whose range contains it wins (no range = the whole segment).
           "segment" — a new segment starts (tracking lost / window restart); `message` says why
           "info" / "warning" — text for the status bar
     """
@@ -297,6 +300,7 @@ class EngineEvent:
     segment: int = 0
     transform: Optional[np.ndarray] = None
     message: str = ""
+    frames: Optional[tuple] = None      # (first, last) input indices a "realign" applies to; None = all
 
 
 class Session(Protocol):

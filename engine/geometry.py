@@ -110,11 +110,45 @@ def split_similarity(T: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
 
 
 def segment_transforms(events: Iterable) -> dict[int, np.ndarray]:
-    """segment -> 4x4 similarity from the "realign" events (the last one per segment wins)."""
+    """segment -> 4x4 similarity from the whole-segment "realign" events (the last one per segment
+    wins). Events limited to a frame range (`frames`) are not included: see `result_transforms`."""
     out: dict[int, np.ndarray] = {}
     for e in events:
-        if getattr(e, "kind", None) == "realign" and e.transform is not None:
+        if getattr(e, "kind", None) == "realign" and e.transform is not None \
+                and getattr(e, "frames", None) is None:
             out[int(e.segment)] = np.asarray(e.transform, dtype=np.float64).reshape(4, 4)
+    return out
+
+
+def result_transforms(keys: Sequence[tuple[int, int]], events: Iterable) -> list:
+    """For results given as (segment, index) pairs: the 4x4 similarity each one is placed by (None
+    = none), replaying the "realign" events in order — a later event replaces an earlier one on
+    the results it covers (its whole segment, or its `frames=(first, last)` range)."""
+    keys = list(keys)
+    out: list = [None] * len(keys)
+    by_seg: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for seg in {k[0] for k in keys}:
+        pos = np.array([p for p, k in enumerate(keys) if k[0] == seg], dtype=np.int64)
+        idx = np.array([keys[p][1] for p in pos], dtype=np.int64)
+        order = np.argsort(idx, kind="stable")
+        by_seg[seg] = (idx[order], pos[order])
+    mats: list = []
+    which = np.full(len(keys), -1, dtype=np.int64)
+    for e in events:
+        if getattr(e, "kind", None) != "realign" or e.transform is None or int(e.segment) not in by_seg:
+            continue
+        idx, pos = by_seg[int(e.segment)]
+        frames = getattr(e, "frames", None)
+        if frames is None:
+            sel = pos
+        else:
+            first, last = int(frames[0]), int(frames[1])
+            sel = pos[np.searchsorted(idx, first, "left"):np.searchsorted(idx, last, "right")]
+        if len(sel):
+            mats.append(np.asarray(e.transform, dtype=np.float64).reshape(4, 4))
+            which[sel] = len(mats) - 1
+    for p in np.flatnonzero(which >= 0):
+        out[p] = mats[which[p]]
     return out
 
 
@@ -131,8 +165,11 @@ def apply_similarity(r, T: np.ndarray):
 
 
 def apply_realignments(results: Sequence, events: Iterable) -> list:
-    """Results with every segment's latest re-alignment applied (others returned unchanged)."""
-    transforms = segment_transforms(events)
-    if not transforms:
-        return list(results)
-    return [apply_similarity(r, transforms[r.segment]) if r.segment in transforms else r for r in results]
+    """Results with their latest re-alignment applied (whole segment or frame range; results no
+    event covers are returned unchanged)."""
+    results = list(results)
+    events = [e for e in events if getattr(e, "kind", None) == "realign"]
+    if not events:
+        return results
+    Ts = result_transforms([(int(r.segment), int(r.index)) for r in results], events)
+    return [r if T is None else apply_similarity(r, T) for r, T in zip(results, Ts)]

@@ -28,11 +28,17 @@ from typing import Any, Optional
 import cv2
 import numpy as np
 
+from ..align import sim3_inverse, sim3_split
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from ..intrinsics import resolve_intrinsics
 from .depth import DepthView, choose_neighbours, choose_sweep_neighbours, keyframe_depth
 from .frontend import KLTFrontend
+from .loop import LoopCloser, LoopParams
 from .tracker import MonoTracker, TrackerParams
+
+
+def _flag(v) -> bool:
+    return str(v).lower() not in ("false", "0", "no", "off")
 
 
 class FrameError(EngineError):
@@ -65,7 +71,8 @@ def to_rgb_uint8(frame: Any) -> np.ndarray:
 
 
 class _Pending:
-    __slots__ = ("fid", "timestamp", "image", "c2w", "is_kf", "segment", "future", "dropped", "deferred")
+    __slots__ = ("fid", "timestamp", "image", "c2w", "is_kf", "segment", "future", "dropped", "deferred",
+                 "world_scale", "depth_scale")
 
     def __init__(self, fid, timestamp, image):
         self.fid, self.timestamp, self.image = fid, timestamp, image
@@ -75,6 +82,8 @@ class _Pending:
         self.future: Optional[Future] = None
         self.dropped = False
         self.deferred = False     # keyframe waiting for a neighbour keyframe with enough baseline
+        self.world_scale = 1.0    # the tracker's world scale when this frame was posed
+        self.depth_scale = 1.0    # depth computed in a later (re-anchored) world → this frame's world
 
 
 class GeometricSession:
@@ -113,7 +122,17 @@ class GeometricSession:
         self._depth_cpu: collections.deque = collections.deque(maxlen=50)
         self._depth_times: collections.deque = collections.deque(maxlen=50)
         self._depth_wait = 0.0
+        self._loop_wait = 0.0
         self._closed = False
+        self.loop_enabled = _flag(extra.get("loop_closure", True))
+        self._loop: Optional[LoopCloser] = None
+        self._loop_pool = None
+        self._loop_jobs: collections.deque = collections.deque()   # (keyframe fid, Future)
+        self._T_cur: dict[int, np.ndarray] = {}        # keyframe fid → current pose (similarity, node → world)
+        self._anchors: dict[int, list] = {}            # segment → [(first fid, keyframe fid, pose as produced)]
+        self._sent: dict[tuple, np.ndarray] = {}       # (segment, first fid) → last correction sent
+        self._epoch = 0                                # loop solutions applied
+        self._loops_closed = 0
         self.tracker: Optional[MonoTracker] = None
         self.intrinsics_note = ""
 
@@ -131,6 +150,9 @@ class GeometricSession:
         self.frontend = KLTFrontend(*self.work_size, max_features=self.max_features)
         params = dataclasses.replace(self._params, px=px)
         self.tracker = MonoTracker(self.K, params)
+        if self.loop_enabled:
+            self._loop = LoopCloser(self.K, LoopParams(), px=px)
+            self._loop_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geom-loop")
         self._input_size = (w_in, h_in)
         self.intrinsics_note = note
         self._events.append(EngineEvent("info", 0, message=f"geometric engine: {self.work_size[0]}×{self.work_size[1]}, "
@@ -159,6 +181,7 @@ class GeometricSession:
         self._queue.append(rec)
         self._by_fid[fid] = rec
 
+        self._loop_poll(fid)
         ids, uv = self.frontend.track(gray)
         try:
             step = self.tracker.process(fid, ids, uv)
@@ -182,6 +205,7 @@ class GeometricSession:
         if self.tracker is None:
             return []
         self._apply(self.tracker.finish(), None)
+        self._loop_poll(None)
         return self._drain(block_older_than=None, all_=True)
 
     def poll_events(self) -> list[EngineEvent]:
@@ -211,9 +235,15 @@ class GeometricSession:
             "depth_wait_s": self._depth_wait, "map_points": self.tracker.n_points if self.tracker else 0,
             "resolution": list(self.work_size) if self._input_size else None,
             "intrinsics": self.intrinsics_note or None,
+            "loops_closed": self._loops_closed, "loop_wait_s": self._loop_wait,
+            "loop_cpu_ms": (1e3 * float(np.mean(self._loop.detect_cpu[-50:]))
+                            if self._loop is not None and self._loop.detect_cpu else None),
         }
 
     def close(self) -> None:
+        if self._loop_pool is not None:
+            self._loop_pool.shutdown(wait=True, cancel_futures=True)
+            self._loop_pool = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -235,6 +265,7 @@ class GeometricSession:
             if rec is None:
                 continue
             rec.c2w, rec.is_kf, rec.segment = pf.c2w, pf.is_keyframe, pf.segment
+            rec.world_scale = self.tracker.world_scale
             if pf.is_keyframe:
                 new_kfs.append(rec)
         # register every new keyframe first, so the two keyframes of a fresh map pair up
@@ -242,6 +273,8 @@ class GeometricSession:
             small = cv2.cvtColor(cv2.resize(rec.image, self.depth_size, interpolation=cv2.INTER_AREA),
                                  cv2.COLOR_RGB2GRAY)
             self._kf_views.append(DepthView(rec.fid, small, rec.c2w.copy(), rec.segment))
+        for rec in new_kfs:
+            self._loop_add(rec)
         if new_kfs:
             # keyframes that had no usable neighbour may pair with the new ones
             for rec in [r for r in self._queue if r.deferred and not r.dropped] + new_kfs:
@@ -271,8 +304,78 @@ class GeometricSession:
             nbrs = choose_sweep_neighbours(view, cands, self.tracker.median_depth)
             sweep = bool(nbrs)
         rec.deferred = not nbrs
+        rec.depth_scale = rec.world_scale / self.tracker.world_scale
         if nbrs:
             rec.future = self._pool.submit(self._depth_job, view, nbrs, uv * sd, z, sweep)
+
+    # --- loop closure ------------------------------------------------------------------------
+    def _loop_add(self, rec: _Pending) -> None:
+        """Register a new keyframe with the loop closer and queue its detection job."""
+        seg = rec.segment
+        T = np.array(rec.c2w, np.float64)
+        self._T_cur[rec.fid] = T
+        self._anchors.setdefault(seg, []).append((rec.fid, rec.fid, T))
+        if self._loop is None:
+            return
+        data = self.tracker.keyframe_data(rec.fid)
+        if data is None:
+            return
+        uv, P, cov = data
+        gray = cv2.cvtColor(rec.image, cv2.COLOR_RGB2GRAY)
+        self._loop.add_keyframe(rec.fid, seg, T, self._T_cur.__getitem__, uv, P, gray, cov, self._epoch)
+        self._loop_jobs.append((rec.fid, self._loop_pool.submit(self._loop.detect, rec.fid)))
+
+    def _loop_poll(self, fid: Optional[int]) -> None:
+        """Apply the loop closer's answers for keyframes at least `lag` frames old (all of them when
+        fid is None), waiting for them if needed: results never depend on the worker's speed."""
+        while self._loop_jobs and (fid is None or self._loop_jobs[0][0] + self._loop.p.lag <= fid):
+            kfid, fut = self._loop_jobs.popleft()
+            t0 = time.perf_counter()
+            try:
+                sol = fut.result()
+            except Exception as exc:   # a failed detection must not end the session
+                self._events.append(EngineEvent("warning", 0, message=f"loop detection at keyframe {kfid} failed: {exc}"))
+                sol = None
+            self._loop_wait += time.perf_counter() - t0
+            if sol is not None:
+                self._apply_loop(sol, fid)
+
+    def _apply_loop(self, sol, fid: Optional[int]) -> None:
+        seg = sol.segment
+        m = sol.query_fid
+        C_m = sol.poses[m] @ sim3_inverse(self._T_cur[m])
+        seg_fids = [f for f, a, _ in self._anchors.get(seg, []) if f == a]
+        for f in seg_fids:
+            if f in sol.poses:
+                self._T_cur[f] = sol.poses[f]
+            elif f > m:
+                self._T_cur[f] = C_m @ self._T_cur[f]
+        self._epoch += 1
+        self._loops_closed += 1
+        if fid is not None and self.tracker.initialised and self.tracker.segment == seg and seg_fids:
+            # tracking goes on in the corrected world from this frame on
+            self.tracker.transform_world(C_m)
+            self._anchors[seg].append((fid, seg_fids[-1], self._T_cur[seg_fids[-1]].copy()))
+        s_m = sim3_split(C_m)[0]
+        self._events.append(EngineEvent("info", seg, message=(
+            f"Loop closed: keyframe {m} matches keyframe {sol.match_fid} ({sol.inliers} points, loop scale "
+            f"{sol.scale:.3f}); {len(sol.poses)} keyframes corrected (latest moved by scale {s_m:.3f})")))
+        self._send_corrections(seg)
+
+    def _send_corrections(self, seg: int) -> None:
+        """One absolute "realign" event per frame range of the segment whose correction changed."""
+        anchors = sorted(self._anchors.get(seg, []), key=lambda a: a[0])
+        last_fid = self._frames_in - 1
+        for k, (first, node, T_ref) in enumerate(anchors):
+            last = anchors[k + 1][0] - 1 if k + 1 < len(anchors) else last_fid
+            if last < first:
+                continue
+            C = self._T_cur[node] @ sim3_inverse(T_ref)
+            prev = self._sent.get((seg, first), np.eye(4))
+            if np.abs(C - prev).max() < 1e-9:
+                continue
+            self._sent[(seg, first)] = C
+            self._events.append(EngineEvent("realign", seg, C, frames=(first, last)))
 
     def _depth_job(self, view, nbrs, uv, z, sweep=False):
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -320,6 +423,8 @@ class GeometricSession:
                     res = None
                 if res is not None:
                     depth, conf = res
+                    if depth is not None and rec.depth_scale != 1.0:
+                        depth = depth * np.float32(rec.depth_scale)
         self._n_out += 1
         return FrameResult(index=rec.fid, timestamp=rec.timestamp, is_keyframe=rec.is_kf,
                            c2w=np.array(c2w, np.float64), K=self.K.copy(), image=rec.image,

@@ -83,6 +83,7 @@ class MonoTracker:
         self.origin = np.eye(4)            # c2w of the first frame of the segment
         self.target_depth = 1.0            # median scene depth the initial map is scaled to
         self.lost_count = 0
+        self.world_scale = 1.0             # product of the scales of every re-anchoring (transform_world)
         self._reset_map()
 
     # --- state -------------------------------------------------------------------------------
@@ -120,6 +121,46 @@ class MonoTracker:
                 _, z = project(self.K, kf.R, kf.t, X)
                 return uv, z
         return np.zeros((0, 2)), np.zeros(0)
+
+    def keyframe_data(self, fid: int):
+        """(uv N×2, points in the keyframe's camera frame N×3, {other keyframe fid: shared points})
+        of keyframe `fid` (for loop closure), or None if it is no longer in the map."""
+        for kf in reversed(self.keyframes):
+            if kf.fid == fid:
+                ids = [i for i in kf.obs if i in self.points]
+                if not ids:
+                    return np.zeros((0, 2)), np.zeros((0, 3)), {}
+                X = np.array([self.points[i] for i in ids])
+                idset = set(ids)
+                cov = {k.fid: sum(1 for i in k.obs if i in idset) for k in self.keyframes if k.fid != fid}
+                return np.array([kf.obs[i] for i in ids]), X @ kf.R.T + kf.t, cov
+        return None
+
+    def transform_world(self, S: np.ndarray) -> None:
+        """Re-anchor the whole map (keyframes, points, frame poses, segment origin) by the
+        similarity S (x → s·R·x + t), e.g. after a loop-closure correction: tracking goes on in
+        the corrected world and the scale of the map follows."""
+        S = np.asarray(S, np.float64)
+        A = S[:3, :3]
+        s = float(np.cbrt(np.linalg.det(A)))
+        Rs, ts = A / s, S[:3, 3]
+
+        def move(R, t):
+            c2w = c2w_from_rt(R, t)
+            c2w[:3, 3] = s * Rs @ c2w[:3, 3] + ts
+            c2w[:3, :3] = Rs @ c2w[:3, :3]
+            return rt_from_c2w(c2w)
+
+        for kf in self.keyframes:
+            kf.R, kf.t = move(kf.R, kf.t)
+            kf.median_depth *= s
+        self.poses = {f: move(R, t) for f, (R, t) in self.poses.items()}
+        self.points = {i: s * Rs @ x + ts for i, x in self.points.items()}
+        R0, t0 = move(*rt_from_c2w(self.origin))
+        self.origin = c2w_from_rt(R0, t0)
+        self.median_depth *= s
+        self.target_depth *= s
+        self.world_scale *= s
 
     def add_tracks(self, fid: int, ids, uv) -> None:
         """Register new tracks first seen in frame `fid` (detected after `process`)."""

@@ -131,15 +131,20 @@ def _event_to_json(e: EngineEvent) -> dict:
             # not a 4x4 matrix (e.g. text passed positionally): keep the text, never fail the run
             message = message or str(transform)
             transform = None
-    return {"kind": str(e.kind), "segment": int(e.segment), "transform": transform,
-            "message": message, "time": time.time()}
+    d = {"kind": str(e.kind), "segment": int(e.segment), "transform": transform,
+         "message": message, "time": time.time()}
+    frames = getattr(e, "frames", None)
+    if frames is not None:   # a "realign" limited to a frame range (engine.api.EngineEvent)
+        d["frames"] = [int(frames[0]), int(frames[1])]
+    return d
 
 
 def _event_from_json(d: dict) -> EngineEvent:
     t = d.get("transform")
     return EngineEvent(kind=str(d["kind"]), segment=int(d.get("segment", 0)),
                        transform=None if t is None else np.asarray(t, dtype=np.float64).reshape(4, 4),
-                       message=str(d.get("message", "")))
+                       message=str(d.get("message", "")),
+                       frames=None if d.get("frames") is None else (int(d["frames"][0]), int(d["frames"][1])))
 
 
 def _encode_jpeg(image: np.ndarray) -> np.ndarray:

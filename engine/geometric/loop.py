@@ -1,0 +1,366 @@
+"""Loop closure for the geometric engine: place recognition over keyframes, geometric
+verification, and a Sim(3) pose-graph correction of every keyframe of the segment.
+
+Pieces (all OpenCV + numpy; the heavy part runs on a worker thread):
+- **Keyframe features**: ORB (up to 800 corners) for place recognition, and ORB descriptors at the
+  keyframe's own map-point observations (orientation from the intensity centroid), each tied to
+  the point's position in that keyframe's camera frame — the 3-D side of verification.
+- **Place recognition**: a bag of binary words. The vocabulary (256 words) is learned online by
+  k-means over the bits of the first keyframes' descriptors; keyframes are tf-idf vectors scored with
+  the L1 score of DBoW2. Candidates are keyframes at least `min_gap` keyframes older than the query
+  whose score beats a fraction of the query's score against its immediate predecessor.
+- **Verification**: descriptor matches between the two keyframes' map points (ratio test) give 3-D
+  ↔ 3-D pairs in the two camera frames; RANSAC over minimal Umeyama fits with a two-way
+  reprojection test, then `engine.align.irls_sim3` on the inliers. Accepted with ≥ `min_inliers`.
+- **Correction**: `engine.align.Sim3PoseGraph` over all keyframes of the segment: odometry edges
+  between consecutive keyframes and covisibility edges (from the poses as produced), every loop
+  edge found so far (Huber kernel); the oldest keyframe is the fixed gauge.
+
+Coordinates: node n is keyframe n's camera frame in the units of the world it was produced in;
+its pose T_n (4×4 similarity, node → world) starts as the c2w the client received. Corrections
+are C_n = T_n(new) · T_n(as produced)⁻¹ — what the session sends as "realign" events.
+
+Determinism: the session waits for the worker's answer for keyframe q when frame q + `lag` is
+pushed (back-pressure, as for depth), so results do not depend on the worker's speed.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import cv2
+import numpy as np
+
+from ..align import Sim3PoseGraph, sim3_exp, sim3_inverse, sim3_matrix, sim3_split
+
+
+@dataclass
+class LoopParams:
+    min_gap: int = 10             # a candidate is at least this many keyframes older than the query
+    vocab_words: int = 256
+    vocab_min_descriptors: int = 3000
+    n_candidates: int = 3
+    min_score_ratio: float = 0.6  # candidate score ≥ ratio × score(query, its predecessor)
+    min_matches: int = 30
+    min_inliers: int = 30
+    ransac_iters: int = 200
+    reproj_px: float = 4.0        # two-way reprojection threshold of verification (640-wide pixels)
+    odo_information: float = 1.0
+    covis_min_points: int = 100   # extra odometry edges to earlier keyframes sharing this many points ...
+    covis_max_edges: int = 4      # ... the strongest few (an essential graph, as in ORB-SLAM)
+    loop_information: float = 1.0
+    loop_huber: float = 0.5       # on the whitened loop residual (≈ rad / relative units)
+    lag: int = 30                 # frames after the query keyframe when its answer is applied
+
+
+@dataclass
+class KeyframeNode:
+    fid: int
+    segment: int
+    index: int                   # node index in the graph of its segment
+    T_produced: np.ndarray       # c2w as sent to the client (rigid)
+    uv: np.ndarray               # map-point observations, N×2
+    P_cam: np.ndarray            # the same points in this keyframe's camera frame (produced units)
+    gray: Optional[np.ndarray] = None
+    desc: Optional[np.ndarray] = None         # ORB descriptors for place recognition
+    a_desc: Optional[np.ndarray] = None       # ORB descriptors at the map points
+    a_uv: Optional[np.ndarray] = None
+    a_P: Optional[np.ndarray] = None
+    bow: Optional[np.ndarray] = None
+
+
+@dataclass
+class LoopSolution:
+    """A closed loop: new poses for the nodes 0..query of one segment (node → world)."""
+    segment: int
+    query_fid: int
+    match_fid: int
+    inliers: int
+    scale: float                 # the loop's relative scale (drift measured by the loop)
+    poses: dict = field(default_factory=dict)      # fid → 4×4 similarity
+    solve_s: float = 0.0
+
+
+class LoopCloser:
+    """Owns the keyframe database and the pose graph of each segment. `add_keyframe` is called by
+    the tracking thread; `detect(fid)` by the worker (one job at a time, in keyframe order)."""
+
+    def __init__(self, K: np.ndarray, params: Optional[LoopParams] = None, px: float = 1.0):
+        self.K = np.asarray(K, np.float64)
+        self.p = params or LoopParams()
+        self.px = px
+        self.orb = cv2.ORB_create(800)
+        self.nodes: dict[int, KeyframeNode] = {}             # fid → node
+        self.by_segment: dict[int, list[int]] = {}           # segment → fids in order
+        self.edges: dict[int, list] = {}                     # segment → [(fid_i, fid_j, Z, info, huber)]
+        self.T_est: dict[int, np.ndarray] = {}               # worker's current pose of each node
+        self._lock = threading.Lock()
+        self._arrivals: list = []                            # (fid, session epoch) not yet seen by the worker
+        self._corrections: list = []                         # (segment, C_last) of every solution, in order
+        self.vocab: Optional[np.ndarray] = None              # words × 32 uint8
+        self._vocab_bits: Optional[np.ndarray] = None
+        self._df: Optional[np.ndarray] = None
+        self._n_docs = 0
+        self.loops: list[LoopSolution] = []
+        self.detect_cpu: list[float] = []
+
+    # --- tracking thread ------------------------------------------------------------------------
+    def add_keyframe(self, fid: int, segment: int, c2w_produced: np.ndarray, T_current_of, uv: np.ndarray,
+                     P_cam: np.ndarray, gray: np.ndarray, covisible: dict, epoch: int) -> None:
+        """Register a keyframe. T_current_of(fid) gives the session's current pose (node → world)
+        of an earlier node; odometry / covisibility edges are taken from those poses, which are in
+        the same world as this keyframe's produced pose. covisible: earlier fid → shared points.
+        epoch: how many of this closer's solutions the session had applied (its world)."""
+        with self._lock:
+            fids = self.by_segment.setdefault(segment, [])
+            node = KeyframeNode(fid, segment, len(fids), np.array(c2w_produced, np.float64),
+                                np.asarray(uv, np.float64).reshape(-1, 2), np.asarray(P_cam, np.float64).reshape(-1, 3),
+                                gray=gray)
+            edges = self.edges.setdefault(segment, [])
+            linked = set()
+            if fids:
+                prev = fids[-1]
+                edges.append((prev, fid, sim3_inverse(T_current_of(prev)) @ node.T_produced,
+                              self.p.odo_information, None))
+                linked.add(prev)
+            strong = sorted(((n, f) for f, n in covisible.items() if n >= self.p.covis_min_points), reverse=True)
+            for n, f in strong[: self.p.covis_max_edges]:
+                if f in linked or f not in self.nodes or self.nodes[f].segment != segment:
+                    continue
+                w = self.p.odo_information * min(n, 150) / 100.0
+                edges.append((f, fid, sim3_inverse(T_current_of(f)) @ node.T_produced, w, None))
+            fids.append(fid)
+            self.nodes[fid] = node
+            self._arrivals.append((fid, epoch))
+
+    # --- worker ---------------------------------------------------------------------------------
+    def detect(self, fid: int) -> Optional[LoopSolution]:
+        """Features, place recognition, verification and (on a loop) the pose-graph solve for
+        keyframe `fid`. Runs on the worker thread, one call at a time, in keyframe order."""
+        c0 = time.thread_time()
+        try:
+            return self._detect(fid)
+        finally:
+            self.detect_cpu.append(time.thread_time() - c0)
+
+    def _bring_estimates(self):
+        """Initial values of new nodes in the worker's world: a node produced before the session
+        applied our later solutions lives in the session's older world, so it moves with the
+        corrections of those solutions (only initial values: the optimum depends on the edges)."""
+        with self._lock:
+            arr, self._arrivals = self._arrivals, []
+        for f, epoch in arr:
+            T = self.nodes[f].T_produced
+            for seg, C in self._corrections[epoch:]:
+                if seg == self.nodes[f].segment:
+                    T = C @ T
+            self.T_est[f] = T
+
+    def _detect(self, fid: int) -> Optional[LoopSolution]:
+        node = self.nodes[fid]
+        self._bring_estimates()
+        self._features(node)
+        node.gray = None
+        self._update_vocab()
+        if self.vocab is None or node.bow is None:
+            return None
+        fids = self.by_segment[node.segment]
+        k = node.index
+        if k <= self.p.min_gap:
+            return None
+        older = [f for f in fids[:k - self.p.min_gap] if self.nodes[f].bow is not None]
+        if not older:
+            return None
+        prev = self.nodes[fids[k - 1]]
+        ref = self._score(node.bow, prev.bow) if prev.bow is not None else 0.0
+        scores = np.array([self._score(node.bow, self.nodes[f].bow) for f in older])
+        order = np.argsort(-scores)[: self.p.n_candidates]
+        best = None
+        for o in order:
+            if scores[o] < self.p.min_score_ratio * ref:
+                break
+            cand = self.nodes[older[o]]
+            res = self._verify(node, cand)
+            if res is not None and (best is None or res[1] > best[1]):
+                best = (cand, res[1], res[0])
+        if best is None:
+            return None
+        cand, n_inl, S = best
+        # S maps query camera frame → candidate camera frame: T_q ≈ T_c · S
+        with self._lock:
+            self.edges[node.segment].append((cand.fid, fid, S, self.p.loop_information, self.p.loop_huber))
+        return self._solve(node, cand, n_inl, S)
+
+    def _solve(self, node, cand, n_inl, S) -> LoopSolution:
+        t0 = time.perf_counter()
+        seg = node.segment
+        with self._lock:
+            fids = list(self.by_segment[seg][: node.index + 1])
+            edges = list(self.edges[seg])
+        slot = {f: i for i, f in enumerate(fids)}
+        g = Sim3PoseGraph()
+        for i, f in enumerate(fids):
+            g.add_node(self.T_est[f], fixed=(i == 0))
+        for fi, fj, Z, info, hub in edges:
+            if fi in slot and fj in slot:
+                g.add_edge(slot[fi], slot[fj], Z, information=info, huber=hub)
+        g.optimize(iterations=30)
+        new = {f: g.pose(i) for i, f in enumerate(fids)}
+        C_last = new[fids[-1]] @ sim3_inverse(self.T_est[fids[-1]])
+        for f in list(self.T_est):
+            if f not in new and self.nodes[f].segment == seg:
+                self.T_est[f] = C_last @ self.T_est[f]   # later nodes already handed to us
+        self.T_est.update(new)
+        self._corrections.append((seg, C_last))
+        sol = LoopSolution(seg, node.fid, cand.fid, n_inl, sim3_split(S)[0], new, time.perf_counter() - t0)
+        self.loops.append(sol)
+        return sol
+
+    # --- features and words ---------------------------------------------------------------------
+    def _features(self, node: KeyframeNode) -> None:
+        gray = node.gray
+        kps, desc = self.orb.detectAndCompute(gray, None)
+        node.desc = desc if desc is not None and len(desc) else None
+        if len(node.uv):
+            ang = _centroid_angles(gray, node.uv)
+            kp = [cv2.KeyPoint(float(u), float(v), 31, float(a)) for (u, v), a in zip(node.uv, ang)]
+            idx_of = {}
+            for i, q in enumerate(kp):
+                idx_of[(round(q.pt[0], 3), round(q.pt[1], 3))] = i
+            kp2, ad = self.orb.compute(gray, kp)
+            if ad is not None and len(kp2):
+                keep = [idx_of.get((round(q.pt[0], 3), round(q.pt[1], 3)), -1) for q in kp2]
+                ok = np.array([k >= 0 for k in keep])
+                keep = np.array(keep)[ok]
+                node.a_desc = ad[ok]
+                node.a_uv = node.uv[keep]
+                node.a_P = node.P_cam[keep]
+        if self.vocab is not None and node.desc is not None:
+            node.bow = self._bow(node.desc)
+
+    def _update_vocab(self):
+        if self.vocab is not None:
+            return
+        descs = [n.desc for n in self.nodes.values() if n.desc is not None]
+        total = sum(len(d) for d in descs)
+        if total < self.p.vocab_min_descriptors:
+            return
+        D = np.concatenate(descs)
+        D = D[np.random.default_rng(0).permutation(len(D))[: self.p.vocab_min_descriptors]]
+        bits = np.unpackbits(D, axis=1).astype(np.float32)
+        crit = (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_MAX_ITER, 10, 1e-3)
+        cv2.setRNGSeed(0)
+        _, _, centers = cv2.kmeans(bits, self.p.vocab_words, None, crit, 1, cv2.KMEANS_PP_CENTERS)
+        self.vocab = np.packbits((centers > 0.5).astype(np.uint8), axis=1)
+        self._df = np.zeros(self.p.vocab_words)
+        self._matcher = cv2.BFMatcher(cv2.NORM_HAMMING)
+        for n in self.nodes.values():
+            if n.desc is not None:
+                n.bow = self._bow(n.desc)
+
+    def _words(self, desc):
+        m = self._matcher.match(desc, self.vocab)
+        return np.array([x.trainIdx for x in m], int)
+
+    def _bow(self, desc) -> np.ndarray:
+        w = self._words(desc)
+        tf = np.bincount(w, minlength=self.p.vocab_words).astype(np.float64)
+        self._df += tf > 0
+        self._n_docs += 1
+        return tf
+
+    def _score(self, a, b) -> float:
+        idf = np.log((self._n_docs + 1.0) / (self._df + 1.0))
+        va, vb = a * idf, b * idf
+        na, nb = np.abs(va).sum(), np.abs(vb).sum()
+        if na <= 0 or nb <= 0:
+            return 0.0
+        return float(1.0 - 0.5 * np.abs(va / na - vb / nb).sum())
+
+    # --- verification ---------------------------------------------------------------------------
+    def _verify(self, q: KeyframeNode, c: KeyframeNode):
+        if q.a_desc is None or c.a_desc is None or len(q.a_desc) < self.p.min_matches or len(c.a_desc) < 2:
+            return None
+        knn = cv2.BFMatcher(cv2.NORM_HAMMING).knnMatch(q.a_desc, c.a_desc, k=2)
+        pairs = [(m[0].queryIdx, m[0].trainIdx) for m in knn
+                 if len(m) == 2 and m[0].distance < 0.8 * m[1].distance and m[0].distance < 64]
+        if len(pairs) < self.p.min_matches:
+            return None
+        qi, ci = np.array(pairs).T
+        Pq, Pc = q.a_P[qi], c.a_P[ci]
+        uq, uc = q.a_uv[qi], c.a_uv[ci]
+        thr = self.p.reproj_px * self.px
+        # the candidate's points seen in the query image: PnP gives the rigid part precisely
+        ok, rvec, tvec, inl = cv2.solvePnPRansac(Pc, uq, self.K, None, iterationsCount=self.p.ransac_iters,
+                                                 reprojectionError=thr * 0.5, confidence=0.999,
+                                                 flags=cv2.SOLVEPNP_EPNP)
+        if not ok or inl is None or len(inl) < self.p.min_inliers:
+            return None
+        inl = inl.ravel()
+        R_qc, _ = cv2.Rodrigues(rvec)
+        t_qc = tvec.ravel()
+        # scale: the same points in the query's own (drifted) units
+        zq = Pq[inl, 2]
+        xq = Pc[inl] @ R_qc.T + t_qc
+        good = (zq > 1e-9) & (xq[:, 2] > 1e-9)
+        if good.sum() < self.p.min_inliers:
+            return None
+        sig = float(np.median(xq[good, 2] / zq[good]))
+        S = sim3_matrix(sig, R_qc.T, -R_qc.T @ t_qc)
+        S = self._refine(S, Pq, Pc, uq, uc, thr)
+        s, R, t = sim3_split(S)
+        inl = self._two_way(s, R, t, Pq, Pc, uq, uc, thr)
+        if inl.sum() < self.p.min_inliers:
+            return None
+        S = self._refine(S, Pq[inl], Pc[inl], uq[inl], uc[inl], thr)
+        s, R, t = sim3_split(S)
+        inl = self._two_way(s, R, t, Pq, Pc, uq, uc, thr)
+        if inl.sum() < self.p.min_inliers:
+            return None
+        return S, int(inl.sum())
+
+    def _refine(self, S, Pq, Pc, uq, uc, thr):
+        """Sim(3) that minimises the two-way reprojection errors (Huber), from S."""
+        from scipy.optimize import least_squares
+        K = self.K
+
+        def proj(X):
+            z = np.maximum(X[:, 2], 1e-6)
+            return np.stack([K[0, 0] * X[:, 0] / z + K[0, 2], K[1, 1] * X[:, 1] / z + K[1, 2]], 1)
+
+        def res(x):
+            s, R, t = sim3_split(S @ sim3_exp(x))
+            X = s * Pq @ R.T + t
+            Y = (Pc - t) @ R / s
+            return np.concatenate([(proj(X) - uc).ravel(), (proj(Y) - uq).ravel()])
+
+        sol = least_squares(res, np.zeros(7), loss="huber", f_scale=thr / 2, max_nfev=30, method="trf")
+        return S @ sim3_exp(sol.x)
+
+    def _two_way(self, s, R, t, Pq, Pc, uq, uc, thr):
+        X = s * Pq @ R.T + t                       # query points in the candidate frame
+        Y = (Pc - t) @ R / s                       # candidate points in the query frame
+        ok = (X[:, 2] > 1e-6) & (Y[:, 2] > 1e-6)
+        K = self.K
+        e1 = np.hypot(K[0, 0] * X[:, 0] / np.maximum(X[:, 2], 1e-6) + K[0, 2] - uc[:, 0],
+                      K[1, 1] * X[:, 1] / np.maximum(X[:, 2], 1e-6) + K[1, 2] - uc[:, 1])
+        e2 = np.hypot(K[0, 0] * Y[:, 0] / np.maximum(Y[:, 2], 1e-6) + K[0, 2] - uq[:, 0],
+                      K[1, 1] * Y[:, 1] / np.maximum(Y[:, 2], 1e-6) + K[1, 2] - uq[:, 1])
+        return ok & (e1 < thr) & (e2 < thr)
+
+
+def _centroid_angles(gray: np.ndarray, uv: np.ndarray, r: int = 15) -> np.ndarray:
+    """ORB-style orientation (degrees) of patches around `uv` from the intensity centroid."""
+    h, w = gray.shape
+    yy, xx = np.mgrid[-r:r + 1, -r:r + 1]
+    disk = (xx ** 2 + yy ** 2) <= r * r
+    pad = cv2.copyMakeBorder(gray, r, r, r, r, cv2.BORDER_REFLECT).astype(np.float32)
+    out = np.zeros(len(uv))
+    for k, (u, v) in enumerate(np.round(uv).astype(int)):
+        u = min(max(u, 0), w - 1)
+        v = min(max(v, 0), h - 1)
+        patch = pad[v:v + 2 * r + 1, u:u + 2 * r + 1] * disk
+        out[k] = np.degrees(np.arctan2((patch * yy).sum(), (patch * xx).sum())) % 360.0
+    return out
