@@ -100,6 +100,26 @@ class SessionConfig:
                         choices=("streaming", "windowed"),
                         tooltip="streaming keeps one KV cache; windowed restarts it every window and aligns "
                                 "the pieces (bounded memory for very long videos, small seams).")
+    window_size: int = setting(256, label="Window size", group="Windowed", engines=("lingbot-map", "vggt-1b"),
+                               range=(2, 1_000_000),
+                               tooltip="Windowed mode: frames per window. Every window_size frames the session "
+                                       "restarts with `overlap` frames shared and the new window is aligned "
+                                       "to the previous one by a robust Sim(3). Larger = fewer seams, longer "
+                                       "attention context (memory is bounded by the engine's own window).")
+    overlap: int = setting(4, label="Overlap", group="Windowed", engines=("lingbot-map", "vggt-1b"),
+                           range=(1, 100_000),
+                           tooltip="Frames shared by consecutive windows (windowed mode) or VGGT chunks, used "
+                                   "to align them (confidence-weighted IRLS Sim(3)). More = steadier seams, "
+                                   "more repeated work.")
+    chunk_size: int = setting(16, label="Chunk size", group="VGGT", engines=("vggt-1b",), range=(2, 4096),
+                              tooltip="VGGT: frames processed together in one bidirectional pass; results "
+                                      "arrive chunk by chunk. Larger = more context per pass, more memory.")
+    sliding_window_num: int = setting(4, label="Chunks in window", group="VGGT", engines=("vggt-1b",),
+                                      range=(1, 4096),
+                                      tooltip="VGGT: chunks whose keys/values stay cached; a chunk attends to "
+                                              "itself and the previous sliding_window_num - 1 chunks. Peak "
+                                              "memory ~ sliding_window_num x chunk_size frames; 1 = independent "
+                                              "chunks (VGGT-Long).")
     # -- streaming / KV cache ------------------------------------------------------------------
     scale_frames: int = setting(8, label="Scale frames", group="Streaming", engines=_NEURAL, range=(1, 1024),
                                 tooltip="Frames of the first, bidirectional pass; they fix the scene scale and "
@@ -329,7 +349,7 @@ def register_engine(name: str, factory: Callable[[SessionConfig, Any], Session],
 # Built-in engines and the module that registers each; imported on demand so opening the
 # geometric engine never pays for importing torch.
 _BUILTIN_MODULES = {"geometric": "engine.geometric", "lingbot-map": "engine.lingbot_engine",
-                    "synthetic": "engine.synthetic"}
+                    "synthetic": "engine.synthetic", "vggt-1b": "engine.vggt"}
 
 
 def _ensure_builtin_engines(name: Optional[str] = None) -> None:

@@ -13,11 +13,12 @@ CAPABILITIES = {
     "devices": ["cpu", "cuda"],
     "dtypes": ["fp32", "bf16", "fp16"],
     "backends": ["auto", "sdpa", "flashinfer"],
-    "modes": ["streaming"],
+    "modes": ["streaming", "windowed"],
     "kv_compression": ["none"],
     "kv_dtypes": ["auto", "fp32", "bf16", "fp16"],
     "fields": ["checkpoint", "device", "dtype", "backend", "image_width", "scale_frames", "window",
-               "keyframe_interval", "camera_iterations", "special_cap", "kv_dtype", "fps"],
+               "keyframe_interval", "camera_iterations", "special_cap", "kv_dtype", "fps", "mode",
+               "window_size", "overlap"],
     "tooltips": {
         "scale_frames": "frames of the first, bidirectional pass; they anchor scale and stay cached. "
                         "More = steadier scale, longer wait before the first result",
@@ -36,6 +37,9 @@ CAPABILITIES = {
 
 
 def _factory(config: SessionConfig, model: Any):
+    if config.mode == "windowed":            # restart every window_size frames, align (engine/windowed.py)
+        from .windowed import WindowedSession
+        return WindowedSession(config, model)
     from .streaming import LingBotMapSession
     return LingBotMapSession(config, model)
 

@@ -155,7 +155,7 @@ def test_position_limit_policy(frames):
 
 
 def test_settings_and_input_errors(tiny, frames):
-    for bad in (dict(dtype="int8"), dict(mode="windowed"), dict(special_cap=3), dict(window=0),
+    for bad in (dict(dtype="int8"), dict(mode="bogus"), dict(special_cap=3), dict(window=0),
                 dict(backend="xformers"), dict(image_width=100), dict(device="cuda:7" if torch.cuda.is_available() else "cuda"),
                 dict(kv_compression="token_merge")):
         with pytest.raises(EngineError):
