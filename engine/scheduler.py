@@ -171,13 +171,17 @@ class _BatchCameraCache:
     def __init__(self, parts):
         self.parts = parts
 
-    def attend_fn(self, iteration: int, block: int):
-        fns = [c.attend_fn(iteration, block) for c in self.parts]
+    def attend_fn(self, iteration: int, block: int, *args):
+        fns = [c.attend_fn(iteration, block, *args) for c in self.parts]
 
         def attend(q, k, v):               # [1, B, H, D]
             return torch.cat([f(q[:, b:b + 1], k[:, b:b + 1], v[:, b:b + 1]) for b, f in enumerate(fns)], dim=1)
 
         return attend
+
+    def build_static_mask(self) -> None:     # the camera head's static (graph) mode, per cache
+        for c in self.parts:
+            c.build_static_mask()
 
 
 @dataclass(eq=False)
@@ -379,10 +383,12 @@ class StreamScheduler:
                 begun.append(s)
             dev = items[0][0].session.device
             images = torch.stack([it[1].tensor for it in items]).to(dev, non_blocking=True)
+            if len(parts) == 1:     # exactly the session's own call (its per-cache CUDA graphs apply)
+                kv, cam = parts[0][0], parts[0][1]
+            else:                   # fresh adapters each round: the model must not graph them (S > 1)
+                kv, cam = _BatchKV([p[0] for p in parts]), _BatchCameraCache([p[1] for p in parts])
             res = self.model.forward_step(images, time_index=[p[2] for p in parts], first_frame=False,
-                                          scale_phase=False, kv=_BatchKV([p[0] for p in parts]),
-                                          camera_cache=_BatchCameraCache([p[1] for p in parts]),
-                                          iterations=iterations)
+                                          scale_phase=False, kv=kv, camera_cache=cam, iterations=iterations)
         except BaseException as exc:
             for s in begun:
                 _SessionOps.abort(s.session)
