@@ -222,6 +222,9 @@ class StreamScheduler:
         if max_batch < 1:
             raise EngineError(f"max_batch must be >= 1 (got {max_batch})")
         self.model = model
+        import inspect
+        # results need pose, depth and confidence only (newer models skip the rest on request)
+        self._fwd_kw = {"extras": False} if "extras" in inspect.signature(model.forward_step).parameters else {}
         self.memory_budget_bytes = memory_budget_bytes
         self.reserve_bytes = reserve_bytes
         self.max_batch = int(max_batch)
@@ -388,7 +391,8 @@ class StreamScheduler:
             else:                   # fresh adapters each round: the model must not graph them (S > 1)
                 kv, cam = _BatchKV([p[0] for p in parts]), _BatchCameraCache([p[1] for p in parts])
             res = self.model.forward_step(images, time_index=[p[2] for p in parts], first_frame=False,
-                                          scale_phase=False, kv=kv, camera_cache=cam, iterations=iterations)
+                                          scale_phase=False, kv=kv, camera_cache=cam, iterations=iterations,
+                                          **self._fwd_kw)
         except BaseException as exc:
             for s in begun:
                 _SessionOps.abort(s.session)
