@@ -83,6 +83,18 @@ class LoopSolution:
     solve_s: float = 0.0
 
 
+@dataclass
+class SegmentLink:
+    """Relocalisation: keyframe `query_fid` of segment `segment` sees the map of the earlier
+    segment `target` (keyframe `match_fid`); S maps the query camera frame → the match's."""
+    segment: int
+    target: int
+    query_fid: int
+    match_fid: int
+    inliers: int
+    S: np.ndarray
+
+
 class LoopCloser:
     """Owns the keyframe database and the pose graph of each segment. `add_keyframe` is called by
     the tracking thread; `detect(fid)` by the worker (one job at a time, in keyframe order)."""
@@ -99,6 +111,7 @@ class LoopCloser:
         self._lock = threading.Lock()
         self._arrivals: list = []                            # (fid, session epoch) not yet seen by the worker
         self._corrections: list = []                         # (segment, C_last) of every solution, in order
+        self._linked: dict[int, int] = {}                    # segment → the earlier segment it was placed in
         self.vocab: Optional[np.ndarray] = None              # words × 32 uint8
         self._vocab_bits: Optional[np.ndarray] = None
         self._df: Optional[np.ndarray] = None
@@ -136,9 +149,10 @@ class LoopCloser:
             self._arrivals.append((fid, epoch))
 
     # --- worker ---------------------------------------------------------------------------------
-    def detect(self, fid: int) -> Optional[LoopSolution]:
+    def detect(self, fid: int) -> list:
         """Features, place recognition, verification and (on a loop) the pose-graph solve for
-        keyframe `fid`. Runs on the worker thread, one call at a time, in keyframe order."""
+        keyframe `fid`; returns the `SegmentLink` / `LoopSolution`s found (usually none). Runs on
+        the worker thread, one call at a time, in keyframe order."""
         c0 = time.thread_time()
         try:
             return self._detect(fid)
@@ -158,40 +172,54 @@ class LoopCloser:
                     T = C @ T
             self.T_est[f] = T
 
-    def _detect(self, fid: int) -> Optional[LoopSolution]:
+    def _detect(self, fid: int) -> list:
         node = self.nodes[fid]
         self._bring_estimates()
         self._features(node)
         node.gray = None
         self._update_vocab()
         if self.vocab is None or node.bow is None:
-            return None
+            return []
+        out = []
         fids = self.by_segment[node.segment]
         k = node.index
+        prev = self.nodes[fids[k - 1]] if k > 0 else None
+        ref = self._score(node.bow, prev.bow) if prev is not None and prev.bow is not None else 0.0
+        if node.segment not in self._linked:
+            # relocalisation: is this place in the map of an earlier segment?
+            others = [f for f, n in self.nodes.items() if n.segment < node.segment and n.bow is not None]
+            best = self._best_match(node, others, ref)
+            if best is not None:
+                cand, n_inl, S = best
+                self._linked[node.segment] = cand.segment
+                out.append(SegmentLink(node.segment, cand.segment, fid, cand.fid, n_inl, S))
         if k <= self.p.min_gap:
-            return None
+            return out
         older = [f for f in fids[:k - self.p.min_gap] if self.nodes[f].bow is not None]
-        if not older:
-            return None
-        prev = self.nodes[fids[k - 1]]
-        ref = self._score(node.bow, prev.bow) if prev.bow is not None else 0.0
-        scores = np.array([self._score(node.bow, self.nodes[f].bow) for f in older])
-        order = np.argsort(-scores)[: self.p.n_candidates]
-        best = None
-        for o in order:
-            if scores[o] < self.p.min_score_ratio * ref:
-                break
-            cand = self.nodes[older[o]]
-            res = self._verify(node, cand)
-            if res is not None and (best is None or res[1] > best[1]):
-                best = (cand, res[1], res[0])
+        best = self._best_match(node, older, ref)
         if best is None:
-            return None
+            return out
         cand, n_inl, S = best
         # S maps query camera frame → candidate camera frame: T_q ≈ T_c · S
         with self._lock:
             self.edges[node.segment].append((cand.fid, fid, S, self.p.loop_information, self.p.loop_huber))
-        return self._solve(node, cand, n_inl, S)
+        out.append(self._solve(node, cand, n_inl, S))
+        return out
+
+    def _best_match(self, node, fids, ref):
+        """The verified candidate among keyframes `fids` with the most inliers: (node, inliers, S)."""
+        if not fids:
+            return None
+        scores = np.array([self._score(node.bow, self.nodes[f].bow) for f in fids])
+        best = None
+        for o in np.argsort(-scores)[: self.p.n_candidates]:
+            if scores[o] < self.p.min_score_ratio * ref:
+                break
+            cand = self.nodes[fids[o]]
+            res = self._verify(node, cand)
+            if res is not None and (best is None or res[1] > best[1]):
+                best = (cand, res[1], res[0])
+        return best
 
     def _solve(self, node, cand, n_inl, S) -> LoopSolution:
         t0 = time.perf_counter()

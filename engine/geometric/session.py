@@ -33,7 +33,7 @@ from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from ..intrinsics import resolve_intrinsics
 from .depth import DepthView, choose_neighbours, choose_sweep_neighbours, keyframe_depth
 from .frontend import KLTFrontend
-from .loop import LoopCloser, LoopParams
+from .loop import LoopCloser, LoopParams, SegmentLink
 from .tracker import MonoTracker, TrackerParams
 
 
@@ -131,6 +131,7 @@ class GeometricSession:
         self._T_cur: dict[int, np.ndarray] = {}        # keyframe fid → current pose (similarity, node → world)
         self._anchors: dict[int, list] = {}            # segment → [(first fid, keyframe fid, pose as produced)]
         self._sent: dict[tuple, np.ndarray] = {}       # (segment, first fid) → last correction sent
+        self._links: dict[int, tuple] = {}             # segment → (earlier segment, similarity into its world)
         self._epoch = 0                                # loop solutions applied
         self._loops_closed = 0
         self.tracker: Optional[MonoTracker] = None
@@ -235,7 +236,7 @@ class GeometricSession:
             "depth_wait_s": self._depth_wait, "map_points": self.tracker.n_points if self.tracker else 0,
             "resolution": list(self.work_size) if self._input_size else None,
             "intrinsics": self.intrinsics_note or None,
-            "loops_closed": self._loops_closed, "loop_wait_s": self._loop_wait,
+            "loops_closed": self._loops_closed, "segments_relocalised": len(self._links), "loop_wait_s": self._loop_wait,
             "loop_cpu_ms": (1e3 * float(np.mean(self._loop.detect_cpu[-50:]))
                             if self._loop is not None and self._loop.detect_cpu else None),
         }
@@ -337,8 +338,11 @@ class GeometricSession:
                 self._events.append(EngineEvent("warning", 0, message=f"loop detection at keyframe {kfid} failed: {exc}"))
                 sol = None
             self._loop_wait += time.perf_counter() - t0
-            if sol is not None:
-                self._apply_loop(sol, fid)
+            for item in sol or []:
+                if isinstance(item, SegmentLink):
+                    self._apply_link(item)
+                else:
+                    self._apply_loop(item, fid)
 
     def _apply_loop(self, sol, fid: Optional[int]) -> None:
         seg = sol.segment
@@ -362,16 +366,53 @@ class GeometricSession:
             f"{sol.scale:.3f}); {len(sol.poses)} keyframes corrected (latest moved by scale {s_m:.3f})")))
         self._send_corrections(seg)
 
-    def _send_corrections(self, seg: int) -> None:
-        """One absolute "realign" event per frame range of the segment whose correction changed."""
+    def _placement(self, seg: int, depth: int = 0) -> np.ndarray:
+        """Similarity placing segment `seg`'s world in the world of the first segment it is linked
+        to (through relocalisation); identity for an unlinked segment."""
+        if seg not in self._links or depth > 100:
+            return np.eye(4)
+        target, L = self._links[seg]
+        return self._placement(target, depth + 1) @ L
+
+    def _apply_link(self, link) -> None:
+        """Relocalisation: a keyframe of a new segment was recognised in an earlier segment's map.
+        The new segment is placed in that world by a whole-segment "realign" event (and its
+        frame-range corrections are re-sent composed with the placement)."""
+        if link.segment in self._links or link.query_fid not in self._T_cur or link.match_fid not in self._T_cur:
+            return
+        L = self._T_cur[link.match_fid] @ link.S @ sim3_inverse(self._T_cur[link.query_fid])
+        self._links[link.segment] = (link.target, L)
+        self._events.append(EngineEvent("info", link.segment, message=(
+            f"Relocalised: segment {link.segment} is placed in the map of segment {link.target} "
+            f"(keyframe {link.query_fid} matches keyframe {link.match_fid}, {link.inliers} points)")))
+        for seg in sorted(self._anchors):
+            if seg == link.segment or self._links_to(seg, link.segment):
+                P = self._placement(seg)
+                self._events.append(EngineEvent("realign", seg, P))
+                self._send_corrections(seg, force=True)
+
+    def _links_to(self, seg: int, target: int) -> bool:
+        seen = set()
+        while seg in self._links and seg not in seen:
+            seen.add(seg)
+            seg = self._links[seg][0]
+            if seg == target:
+                return True
+        return False
+
+    def _send_corrections(self, seg: int, force: bool = False) -> None:
+        """One absolute "realign" event per frame range of the segment whose correction changed
+        (composed with the segment's placement when it was relocalised in an earlier map)."""
         anchors = sorted(self._anchors.get(seg, []), key=lambda a: a[0])
         last_fid = self._frames_in - 1
+        P = self._placement(seg)
         for k, (first, node, T_ref) in enumerate(anchors):
             last = anchors[k + 1][0] - 1 if k + 1 < len(anchors) else last_fid
             if last < first:
                 continue
-            C = self._T_cur[node] @ sim3_inverse(T_ref)
-            prev = self._sent.get((seg, first), np.eye(4))
+            C = P @ self._T_cur[node] @ sim3_inverse(T_ref)
+            # after a new whole-segment event every range must be re-sent (the latest event wins)
+            prev = P if force else self._sent.get((seg, first), P)
             if np.abs(C - prev).max() < 1e-9:
                 continue
             self._sent[(seg, first)] = C

@@ -354,7 +354,7 @@ class MonoTracker:
         self.lost_count += 1
         out.events.append(("segment", self.segment,
                            f"Tracking lost at frame {fid} ({reason}); re-initialising as segment "
-                           f"{self.segment} (its scale and position are not linked to the previous segment)"))
+                           f"{self.segment} (placed in the existing map if the camera returns to a known place)"))
         self._reset_map()
         out.reset_tracks = True
         self._new_reference(fid, np.zeros(0, np.int64), np.zeros((0, 2)), out)

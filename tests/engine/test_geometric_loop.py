@@ -130,3 +130,18 @@ def test_frame_range_realignment_semantics():
     assert xs == [1, 1, 1, 2, 2, 3, 3, 1, 1, 1, 0]
     Ts = result_transforms([(0, 4), (1, 10), (0, 99)], events)
     assert Ts[0][0, 3] == 2 and Ts[1] is None and Ts[2][0, 3] == 1
+
+
+def test_relocalisation_places_a_new_segment_in_the_existing_map(icl):
+    """A cut back to an earlier place (frames 0-120, then 30-199) loses tracking; the new segment
+    is recognised in the first segment's map and placed there by a whole-segment realign event, so
+    the whole trajectory is consistent under one Sim(3)."""
+    seq, frames = icl
+    order = list(range(0, 121)) + list(range(30, 200))
+    res, ev, st = _run(seq, frames, order)
+    assert len(res) == len(order) and {r.segment for r in res} == {0, 1}
+    assert st["segments_relocalised"] == 1
+    assert any(e.kind == "info" and "Relocalised" in e.message for e in ev)
+    assert any(e.kind == "realign" and e.segment == 1 and e.frames is None for e in ev)
+    raw, corrected = _ate(res, seq, order), _ate(apply_realignments(res, ev), seq, order)
+    assert raw > 0.05 and corrected < 0.02
