@@ -108,7 +108,7 @@ class StatsCsvSink(Sink):
         self.csv.close()
 
 
-def summarise(path: Union[str, Path], at: tuple = (2000, 10000)) -> dict:
+def summarise(path: Union[str, Path], at: tuple = (2000, 10000), window: int = 500) -> dict:
     """Figures of a soak run from its CSV: rows, the last row, and for each frame count in `at`
     the first row at or past it (RSS, viewer buffer bytes, ...), plus the relative change of RSS
     and buffer bytes between the first and the last of those rows."""
@@ -131,6 +131,14 @@ def summarise(path: Union[str, Path], at: tuple = (2000, 10000)) -> dict:
         for k in ("rss_mb", "viewer_buffer_bytes", "viewer_points"):
             va, vb = num(a, k), num(b, k)
             out[f"{k}_change"] = (vb - va) / va if va and vb is not None else None
+    # single rows are noisy (a display batch or a thinning pass in flight): medians over the
+    # `window` frames before each count as well
+    for n in at:
+        near = [num(r, "rss_mb") for r in rows if n - window <= (num(r, "frames") or 0) <= n]
+        near = sorted(v for v in near if v is not None)
+        out[f"rss_mb_median_{n}"] = near[len(near) // 2] if near else None
+    if len(at) >= 2 and out.get(f"rss_mb_median_{min(at)}") and out.get(f"rss_mb_median_{max(at)}"):
+        out["rss_mb_median_change"] = out[f"rss_mb_median_{max(at)}"] / out[f"rss_mb_median_{min(at)}"] - 1
     gaps = [num(r, "loop_gap_p99_ms") for r in rows]
     gaps = [g for g in gaps if g is not None]
     fps = [num(r, "engine_fps") for r in rows]
