@@ -1,6 +1,6 @@
 """I/O benchmark (figures, not tests): frame decoding, session-store writes, reload, exports.
 
-    python -m engine.io.bench [--data ../shared/data] [--frames 200] [--json OUT]
+    python -m engine.io.bench [--data ../shared/data] [--frames 200] [--json OUT] [--density]
 
 Uses the real ICL-NUIM clip and frames for decoding, and real 7-Scenes depth maps (with the
 matching colour frames) as dense engine results for the store and the exporters.
@@ -106,13 +106,49 @@ def run(data: Path, frames: int) -> dict:
     return res
 
 
+def density(data: Path, frames: int) -> dict:
+    """Store size against export density: every layout of the session store, on dense engine
+    results (every frame with depth, as a neural engine gives), points exported at stride 2 of the
+    RESULT resolution against the points the viewer draws from the live results (stride 2)."""
+    from ..geometry import collect_points
+    from .export import plan_export
+    from .store import SessionStore, load_session
+
+    res: dict = {}
+    for label, size in (("518x378", (518, 378)), ("640x480", (640, 480))):
+        rs = _dense_results(data, frames, size)
+        live = len(collect_points(rs, 0.0, 2)[0])
+        res[f"density_{label}_live_points_stride2"] = live
+        layouts = (("v1_256px_f32_raw", dict(max_side=256, depth_dtype="float32", image_codec="raw")),
+                   ("full_f32_raw", dict(depth_dtype="float32", image_codec="raw")),
+                   ("full_f16_raw", dict(image_codec="raw")),
+                   ("full_f16_jpeg_default", dict()))
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, kw in layouts:
+                folder = Path(tmp) / name
+                store = SessionStore(folder, SessionConfig(), "bench", **kw)
+                t, _ = _timeit(lambda: [store.write(r) for r in rs])
+                store.close()
+                kb = sum(p.stat().st_size for p in (folder / "frames").glob("*.npz")) / len(rs) / 1024
+                tl, loaded = _timeit(lambda: load_session(folder))
+                plan = plan_export(loaded, stride=2, result_width=size[0])
+                key = f"density_{label}_{name}"
+                res[key + "_kb_per_frame"] = round(kb, 1)
+                res[key + "_write_ms_per_frame"] = round(1000 * t / len(rs), 2)
+                res[key + "_load_ms"] = round(1000 * tl, 1)
+                res[key + "_export_points_pct_of_live"] = round(100.0 * plan["points"] / max(live, 1), 1)
+    return res
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[3] / "shared" / "data"))
     p.add_argument("--frames", type=int, default=200)
     p.add_argument("--json", help="also write the figures to this JSON file")
+    p.add_argument("--density", action="store_true",
+                   help="only the store size vs export density table (every store layout)")
     args = p.parse_args(argv)
-    res = run(Path(args.data), args.frames)
+    res = density(Path(args.data), args.frames) if args.density else run(Path(args.data), args.frames)
     for k, v in res.items():
         print(f"{k:45s} {v}")
     if args.json:
