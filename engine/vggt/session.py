@@ -216,13 +216,16 @@ class VGGTChunkedSession:
     def _run_chunk(self) -> list[FrameResult]:
         items = self._carry + self._pending
         n = len(items)
+        forward = self.model.forward_chunk
+        if self.config.sequence_parallel != "off":         # ring attention over the ranks
+            from ..parallel.vggt_ring import chunk_forward_fn
+            forward = chunk_forward_fn(self.model, self.config)
         self._ensure_cache()
         images = torch.stack([p.tensor for _, _, p in items]).to(self.device, non_blocking=True)
         self.kv.begin_step(n, scale=False, keyframe=True)
         try:
-            out = self.model.forward_chunk(images, first_frame=True, kv=_KVAdapter(self.kv),
-                                           heads=("camera", "depth"),
-                                           camera_iterations=self.config.camera_iterations)
+            out = forward(images, first_frame=True, kv=_KVAdapter(self.kv), heads=("camera", "depth"),
+                          camera_iterations=self.config.camera_iterations)
         except BaseException as exc:
             self.kv.abort_step()
             if isinstance(exc, torch.OutOfMemoryError):

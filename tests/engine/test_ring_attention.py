@@ -155,3 +155,52 @@ def test_ring_setting_without_a_process_group_is_a_clear_error():
     from engine import EngineError
     with pytest.raises(EngineError, match="torch.distributed"):
         _run_session(_session_cfg(sequence_parallel="ring"))
+
+
+# -- VGGT chunks over the ring (engine/parallel/vggt_ring.py) ------------------------------------
+
+def _run_vggt(**kw):
+    import numpy as np
+    from engine import SessionConfig, build_model, open_session
+    from engine.models.recipe import fill_recipe
+    model = fill_recipe(build_model("vggt-tiny"))
+    seen = []
+    model.aggregator.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
+    cfg = SessionConfig(**{**dict(engine="vggt-1b", image_width=70, chunk_size=4, overlap=1, backend="sdpa",
+                                  camera_iterations=2), **kw})
+    s = open_session(cfg, model=model)
+    g = torch.Generator().manual_seed(21)
+    res = [r for _ in range(9) for r in s.push(torch.rand(3, 56, 70, generator=g))] + s.flush()
+    s.close()
+    return (np.stack([r.pose_enc for r in res]), np.stack([r.depth for r in res]),
+            np.stack([r.c2w for r in res]), seen)
+
+
+def _vggt_worker(rank: int, world: int, tmp: str):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rdzv", rank=rank, world_size=world)
+    try:
+        out = [_run_vggt(sliding_window_num=w, sequence_parallel="ring") for w in (1, 2)]
+        torch.save(out, os.path.join(tmp, f"vggt{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_vggt_chunks_over_two_gloo_ranks_equal_one_process(tmp_path):
+    import numpy as np
+    mp.spawn(_vggt_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
+    refs = [_run_vggt(sliding_window_num=w) for w in (1, 2)]
+    for rank in range(2):
+        got = torch.load(tmp_path / f"vggt{rank}.pt", weights_only=False)
+        for g, ref in zip(got, refs):
+            np.testing.assert_allclose(g[0], ref[0], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(g[1], ref[1], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(g[2], ref[2], rtol=1e-5, atol=1e-5)
+        # chunks of 4, 4, 3 frames. A chunk that sees only itself is split 2 + 2; a chunk that also
+        # sees cached frames runs whole on every rank: with a window of 2 chunks every chunk after
+        # the first, with independent chunks the short last one (its 3 frames evict only 3 of the
+        # 4 cached ones, so one earlier frame stays visible)
+        assert got[0][3] == [2, 2, 3] and refs[0][3] == [4, 4, 3]
+        assert got[1][3] == [2, 4, 3]
