@@ -254,7 +254,12 @@ class WindowedSession:
         new = [self._cur_overlap[i] for i in idx if i in self._prev_overlap]
         if not prev:
             raise EngineError("windowed mode: the overlap frames of the previous window were not kept")
-        S, info = overlap_similarity(prev, new)
+        try:
+            S, info = overlap_similarity(prev, new)
+        except EngineError as exc:            # keep streaming; the segment stays where the last one was
+            S, info = np.eye(4), {"scale": 1.0, "points": 0, "inliers": 0.0, "rms": float("nan")}
+            self._events.append(EngineEvent("warning", segment=self.window,
+                                            message=f"window {self.window}: {exc}; placed without alignment"))
         self._placement = self._placement @ S
         info.update(window=self.window, frames=(idx[0], idx[-1]))
         self.alignments.append(info)

@@ -246,8 +246,12 @@ class VGGTChunkedSession:
         if n_old:
             from ..windowed import overlap_similarity
             prev = [self._placed[idx] for idx, _, _ in self._carry]
-            S, info = overlap_similarity(prev, raw[:n_old])
-            self._last_align = dict(info, chunk=self._chunks)
+            try:
+                S, info = overlap_similarity(prev, raw[:n_old])
+                self._last_align = dict(info, chunk=self._chunks)
+            except EngineError as exc:        # e.g. no finite depth: keep going, unaligned, and say so
+                self._events.append(EngineEvent("warning", message=f"VGGT chunk {self._chunks}: {exc}; "
+                                                                   f"placed without alignment"))
         from ..align import apply_to_c2w
         results, placed = [], {}
         for i, (idx, ts, prep) in enumerate(items):
