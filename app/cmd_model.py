@@ -31,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                    "0 fits, 1 does not fit, 2 unreadable or refused (e.g. a pickle that would "
                                    "run code).")
     p.add_argument("path", help="checkpoint file (.pt / .pth / .safetensors)")
-    p.add_argument("--arch", default="lingbot-map", help="architecture to compare with (default: lingbot-map)")
+    p.add_argument("--arch", default=None,
+                   help="architecture to compare with (default: vggt-1b for a file with a track head and no "
+                        "scale token, else lingbot-map)")
     p.add_argument("--limit", type=int, default=10, metavar="N", help="names listed per problem kind (default 10)")
     p.add_argument("--keys", action="store_true", help="also list every tensor with its shape and dtype")
 
@@ -104,6 +106,8 @@ def _inspect(args) -> int:
         for name, (shape, dtype) in info.tensors.items():
             print(f"  {name}\t{list(shape)}\t{dtype}")
 
+    if args.arch is None:
+        args.arch = _detect_arch(info.tensors)
     try:
         expected = architecture_shapes(args.arch)
     except EngineError as exc:
@@ -129,6 +133,14 @@ def _inspect(args) -> int:
     if ignored:
         print(f"  - {ignored}")
     return 1
+
+
+def _detect_arch(names) -> str:
+    """VGGT files carry a track head and no scale token; LingBot-Map files have the scale token."""
+    names = set(names)
+    if "aggregator.scale_token" not in names and any(n.startswith("track_head.") for n in names):
+        return "vggt-1b"
+    return "lingbot-map"
 
 
 # --- list / download -------------------------------------------------------------------------

@@ -75,3 +75,13 @@ def test_model_inspect_cli_accepts_vggt(tiny, tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "FITS" in res.stdout
+
+
+def test_model_inspect_detects_a_vggt_file(tiny, tmp_path):
+    """Without --arch a file with a track head and no scale token is compared with vggt-1b."""
+    path = tmp_path / "model.pt"
+    torch.save({"model": tiny.state_dict()}, path)
+    res = subprocess.run([sys.executable, "-m", "app.cli", "model", "inspect", str(path)],
+                         capture_output=True, text=True, timeout=300)
+    assert "architecture: vggt-1b" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 1            # tiny shapes do not fit the released architecture
