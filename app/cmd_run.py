@@ -233,6 +233,7 @@ def _run(args) -> int:
         return _export_only(args, outputs)
     source = open_source(args.input, fps=args.fps, max_side=args.resize, loop=args.loop)
     session = store = driver = None
+    last_warning: list = []               # the engine's last warning, repeated with a "no results" error
     try:
         if args.start:
             source.seek(args.start)
@@ -264,6 +265,8 @@ def _run(args) -> int:
             bar.refresh()
 
         def on_event(e):
+            if e.kind == "warning" and e.message:
+                last_warning[:] = [e.message]    # said again with a "no results" error, even with --quiet
             if e.kind in ("warning", "segment") and e.message:
                 log(f"{e.kind}: {e.message}")
 
@@ -289,8 +292,9 @@ def _run(args) -> int:
     interrupted = bool(summary.interrupted)
     folder = driver.sinks[0].store.folder
     if summary.results == 0:
+        why = f": {last_warning[0]}" if last_warning else ""
         print(f"reconstudio run: error: the engine produced no results from {summary.frames_in} frames "
-              "(no session was kept)", file=sys.stderr)
+              f"(no session was kept){why}", file=sys.stderr)
         return EXIT_INTERRUPTED if interrupted else EXIT_BAD_INPUT
     if interrupted:
         print(f"interrupted ({summary.interrupted}): the session keeps the {summary.results} results done; "

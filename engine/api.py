@@ -190,6 +190,25 @@ class SessionConfig:
                                          "dropped from depth (keeps the engine live).")
     max_features: int = setting(400, label="Max features", group="Geometric", engines=_GEOMETRIC,
                                 range=(20, 5000), tooltip="Corners tracked per frame: more = steadier tracking, slower.")
+    loop_closure: bool = setting(True, label="Loop closure", group="Geometric", engines=_GEOMETRIC,
+                                 tooltip="Recognise places seen before, correct the drift of every keyframe "
+                                         "(Sim(3) pose graph) and place a segment started after a tracking loss "
+                                         "in the existing map. Runs on a worker thread.")
+    init_max_frames: int = setting(300, label="Start-up window", group="Geometric", engines=_GEOMETRIC,
+                                   range=(10, 100_000),
+                                   tooltip="Frames held while waiting for enough sideways motion to start "
+                                           "tracking; they are all posed once it starts. Raise it for very slow "
+                                           "motions (memory: one frame each); beyond it the oldest are given up.")
+    init_min_parallax_deg: float = setting(1.0, label="Start-up parallax", group="Geometric", engines=_GEOMETRIC,
+                                           range=(0.1, 10.0),
+                                           tooltip="Median angle (degrees) between the two views of the "
+                                                   "first map's points. Lower starts sooner on slow or far "
+                                                   "scenes, with a less accurate first map.")
+    max_depth_ratio: float = setting(8.0, label="Max depth", group="Geometric", engines=_GEOMETRIC,
+                                     range=(1.5, 1000.0),
+                                     tooltip="Keyframe depth farther than this multiple of the median scene "
+                                             "depth is dropped (far, low-parallax depth is unreliable and "
+                                             "draws as streaks, e.g. the sky or a distant background).")
     # -- synthetic engine (soak tests: engine/synthetic.py) -------------------------------------
     synthetic_fps: float = setting(0.0, label="Synthetic rate", group="Synthetic", engines=("synthetic",),
                                    range=(0.0, 1000.0), tooltip="Frames per second the synthetic engine "

@@ -62,7 +62,8 @@ def _disparity_range(sgn_d: np.ndarray, range_lo: float = 0.6, range_hi: float =
 
 def pair_depth(ref: DepthView, nbr: DepthView, K: np.ndarray, sparse_uv: np.ndarray, sparse_z: np.ndarray,
                block: int = 5, alpha: float = -1.0, upscale: float = 1.0,
-               min_texture: float = 4.0, uniqueness: int = 10, range_lo: float = 0.4, range_hi: float = 2.5) -> tuple[np.ndarray, np.ndarray]:
+               min_texture: float = 4.0, uniqueness: int = 10, range_lo: float = 0.4, range_hi: float = 2.5,
+               min_disparity: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Depth (float32, 0 = none) and disparity (in depth-resolution pixels) on ref's grid."""
     h, w = ref.gray.shape
     Rr, Rn = ref.c2w[:3, :3].T, nbr.c2w[:3, :3].T
@@ -108,7 +109,8 @@ def pair_depth(ref: DepthView, nbr: DepthView, K: np.ndarray, sparse_uv: np.ndar
     if vertical:
         raw = raw.T
     disp = np.ascontiguousarray(raw)
-    disp[disp < max(lo, 0.5)] = 0   # invalid pixels come back as lo-1
+    # invalid pixels come back as lo-1; below ~1 px the depth is too uncertain (far, low parallax)
+    disp[disp < max(lo, min_disparity)] = 0
 
     # back to the keyframe's grid: pixel → rectified ray → sample disparity
     uu, vv = np.meshgrid(np.arange(w, dtype=np.float64), np.arange(h, dtype=np.float64))
@@ -244,3 +246,20 @@ def sweep_depth(ref: DepthView, neighbours: list, K: np.ndarray, sparse_z: np.nd
     good = (s0 > min_score) & (s0 - second > 0.05) & (sd >= min_texture) & (best > 0) & (best < planes - 1)
     depth = np.where(good, 1.0 / np.maximum(q, 1e-9), 0).astype(np.float32)
     return depth, np.where(good, s0, 0).astype(np.float32)
+
+
+def limit_depth(depth: np.ndarray, conf: np.ndarray, sparse_z: np.ndarray, max_ratio: float):
+    """Depth sanity: drop depth beyond `max_ratio` × the median depth of the keyframe's map points
+    (far, low-parallax depth such as sky or a distant background draws as long streaks). Returns
+    (depth, conf, fraction dropped)."""
+    z = np.asarray(sparse_z, np.float64)
+    z = z[np.isfinite(z) & (z > 0)]
+    if depth is None or len(z) < 5:
+        return depth, conf, 0.0
+    far = depth > max_ratio * float(np.median(z))
+    n_valid = int((depth > 0).sum())
+    if not far.any():
+        return depth, conf, 0.0
+    depth = np.where(far, 0.0, depth).astype(np.float32)
+    conf = np.where(far, 0.0, conf).astype(np.float32)
+    return depth, conf, float(far.sum()) / max(n_valid, 1)

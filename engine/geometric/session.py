@@ -31,14 +31,10 @@ import numpy as np
 from ..align import sim3_inverse, sim3_split
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from ..intrinsics import resolve_intrinsics
-from .depth import DepthView, choose_neighbours, choose_sweep_neighbours, keyframe_depth
+from .depth import DepthView, choose_neighbours, choose_sweep_neighbours, keyframe_depth, limit_depth
 from .frontend import KLTFrontend
 from .loop import LoopCloser, LoopParams, SegmentLink
 from .tracker import MonoTracker, TrackerParams
-
-
-def _flag(v) -> bool:
-    return str(v).lower() not in ("false", "0", "no", "off")
 
 
 class FrameError(EngineError):
@@ -96,7 +92,9 @@ class GeometricSession:
             self.depth_max_lag = int(config.depth_max_lag)
             self.depth_enabled = bool(config.depth)
             self.max_features = int(config.max_features)
-            self._params = TrackerParams()
+            self.max_depth_ratio = float(getattr(config, "max_depth_ratio", 8.0))
+            self._params = TrackerParams(max_init_frames=int(getattr(config, "init_max_frames", 300)),
+                                         min_init_angle_deg=float(getattr(config, "init_min_parallax_deg", 1.0)))
             for k, v in extra.items():
                 if k.startswith("tracker_"):
                     if not hasattr(self._params, k[8:]):
@@ -106,6 +104,9 @@ class GeometricSession:
             raise EngineError(f"invalid geometric engine setting: {exc}") from None
         if self.max_side < 64:
             raise EngineError(f"max_side must be at least 64 pixels, got {config.max_side}")
+        if self._params.max_init_frames < 3 or not (0.0 < self._params.min_init_angle_deg < 45.0) \
+                or not self.max_depth_ratio > 1.0:
+            raise EngineError("init_max_frames must be ≥ 3, init_min_parallax_deg in (0, 45) and max_depth_ratio > 1")
         if self.depth_width < 64 or self.max_features < 20 or self.depth_max_lag < 0:
             raise EngineError("depth_width must be ≥ 64, max_features ≥ 20 and depth_max_lag ≥ 0")
         self._input_size: Optional[tuple[int, int]] = None
@@ -124,7 +125,7 @@ class GeometricSession:
         self._depth_wait = 0.0
         self._loop_wait = 0.0
         self._closed = False
-        self.loop_enabled = _flag(extra.get("loop_closure", True))
+        self.loop_enabled = bool(getattr(config, "loop_closure", True))
         self._loop: Optional[LoopCloser] = None
         self._loop_pool = None
         self._loop_jobs: collections.deque = collections.deque()   # (keyframe fid, Future)
@@ -158,6 +159,10 @@ class GeometricSession:
         self.intrinsics_note = note
         self._events.append(EngineEvent("info", 0, message=f"geometric engine: {self.work_size[0]}×{self.work_size[1]}, "
                                                    f"intrinsics {note}; scale is arbitrary (monocular)"))
+        if self.work_size != (w_in, h_in):
+            self._events.append(EngineEvent("info", 0, message=(
+                f"Input of {w_in}×{h_in} pixels is processed at a working size of {self.work_size[0]}×"
+                f"{self.work_size[1]} (max_side {self.max_side}); results, depth and exports are at that size")))
 
     # --- contract ----------------------------------------------------------------------------
     def push(self, frame: Any, timestamp: Optional[float] = None) -> list[FrameResult]:
@@ -421,7 +426,11 @@ class GeometricSession:
     def _depth_job(self, view, nbrs, uv, z, sweep=False):
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            return keyframe_depth(view, nbrs, self.K_depth, uv, z, self.work_size, sweep=sweep)
+            res = keyframe_depth(view, nbrs, self.K_depth, uv, z, self.work_size, sweep=sweep)
+            if res is not None:
+                d, c, _ = limit_depth(res[0], res[1], z, self.max_depth_ratio)
+                res = (d, c)
+            return res
         finally:
             self._depth_times.append(time.perf_counter() - t0)
             self._depth_cpu.append(time.thread_time() - c0)

@@ -29,7 +29,7 @@ class TrackerParams:
     min_init_parallax_px: float = 12.0
     min_init_angle_deg: float = 1.0    # median triangulation angle to accept an initial map
     min_init_points: int = 40
-    max_init_frames: int = 60          # frames waiting for initialisation before the reference moves on
+    max_init_frames: int = 300         # frames held waiting for initialisation (memory bound) before the oldest are given up
     min_tri_angle_deg: float = 1.0
     ransac_px: float = 2.0
     min_inliers: int = 15
@@ -84,6 +84,8 @@ class MonoTracker:
         self.target_depth = 1.0            # median scene depth the initial map is scaled to
         self.lost_count = 0
         self.world_scale = 1.0             # product of the scales of every re-anchoring (transform_world)
+        self.ever_initialised = False
+        self.untracked_total = 0           # frames given up (never posed) over the session
         self._reset_map()
 
     # --- state -------------------------------------------------------------------------------
@@ -98,6 +100,7 @@ class MonoTracker:
         self.last_fids: list[int] = []
         self.median_depth = self.target_depth
         self._asked_for_motion = False
+        self._warned_window = False
 
     @property
     def n_points(self) -> int:
@@ -183,10 +186,12 @@ class MonoTracker:
             self._initialise(fid, ids, uv, out)
         else:
             self._track(fid, ids, uv, out)
+        self.untracked_total += len(out.untracked)
         return out
 
     def finish(self) -> StepResult:
-        """End of stream: frames still waiting for initialisation never get a pose."""
+        """End of stream: frames still waiting for initialisation never get a pose. The warning
+        counts every frame of the session that got none, and says why when nothing was posed."""
         out = StepResult()
         if not self.initialised and self.pending:
             out.untracked = [f for f, _, _ in self.pending]
@@ -194,7 +199,15 @@ class MonoTracker:
                 why = "the images have too little texture to track (blank, dark or blurred frames?)"
             else:
                 why = "the camera did not move enough to start tracking (monocular tracking needs sideways motion)"
-            out.events.append(("warning", self.segment, f"{len(self.pending)} frame(s) at the end got no pose: {why}"))
+            total = self.untracked_total + len(out.untracked)
+            if not self.ever_initialised:
+                out.events.append(("warning", self.segment, (
+                    f"No frame could be posed: the tracker never started ({total} frame(s) without a pose): "
+                    f"{why}. Try a clip with more sideways camera motion, exact intrinsics, or a longer "
+                    f"start-up window (init_max_frames, now {self.p.max_init_frames})")))
+            else:
+                out.events.append(("warning", self.segment, (
+                    f"{len(out.untracked)} frame(s) at the end got no pose ({total} in the whole run): {why}")))
             self.pending = []
         return out
 
@@ -214,12 +227,23 @@ class MonoTracker:
         self.pending.append((fid, ids, uv))
         common = [k for k, i in enumerate(ids.tolist()) if i in ref_obs]
         if len(common) < max(p.min_init_points, 0.3 * len(ref_obs)):
-            # the reference is gone from view (or there is nothing to track): start over here
+            # the reference is leaving the view: a last try with whatever parallax there is (a slow
+            # motion may never reach the flow gate), else start over here
+            if len(common) >= p.min_init_points and len(self.pending) > 2 \
+                    and self._attempt_init(fid, ids, uv, common, out, check_flow=False):
+                return
             self.pending.pop()
             self._new_reference(fid, ids, uv, out)
             out.reset_tracks = True
             return
         if len(self.pending) > p.max_init_frames:
+            # waiting frames are held in memory: beyond the start-up window the oldest are given up
+            if not self._warned_window:
+                self._warned_window = True
+                out.events.append(("warning", self.segment, (
+                    f"No start after {p.max_init_frames} frames: the camera has not moved sideways enough "
+                    "to measure depth; the oldest waiting frames are given up from now on (raise the "
+                    "start-up window, init_max_frames, for slow motions)")))
             out.untracked.append(self.pending.pop(0)[0])
             nf, nids, nuv = self.pending[0]
             self.ref = (nf, {int(i): q for i, q in zip(nids.tolist(), nuv)})
@@ -228,15 +252,21 @@ class MonoTracker:
             self._asked_for_motion = True
             out.events.append(("info", self.segment, "Waiting to start tracking: move the camera sideways "
                                                      "(a monocular camera needs parallax to measure depth)"))
+        self._attempt_init(fid, ids, uv, common, out)
+
+    def _attempt_init(self, fid, ids, uv, common, out: StepResult, check_flow: bool = True) -> bool:
+        """Try to build the initial map from the reference and frame `fid` (the last pending one)."""
+        p = self.p
+        ref_fid, ref_obs = self.ref
         c_ids = ids[common]
         p1 = uv[common]
         p0 = np.array([ref_obs[i] for i in c_ids.tolist()])
-        if np.median(np.linalg.norm(p1 - p0, axis=1)) < p.min_init_parallax_px * p.px:
-            return
+        if check_flow and np.median(np.linalg.norm(p1 - p0, axis=1)) < p.min_init_parallax_px * p.px:
+            return False
         E, mask = cv2.findEssentialMat(p0, p1, self.K, method=cv2.RANSAC, prob=0.999,
                                        threshold=p.ransac_px * p.px * 0.5)
         if E is None or E.shape != (3, 3):
-            return
+            return False
         inl = mask.ravel() > 0
         # recoverPose only picks the (R, t) of the four; its own mask also drops points beyond
         # 50 baselines, i.e. nearly all of them at the small baselines we start from
@@ -248,7 +278,7 @@ class MonoTracker:
         err = np.maximum(np.linalg.norm(uv0 - p0, axis=1), np.linalg.norm(uv1 - p1, axis=1))
         good = inl & (z0 > 0) & (z1 > 0) & (err < 2 * p.ransac_px * p.px) & (ang > 0.25 * p.min_init_angle_deg)
         if good.sum() < p.min_init_points or np.median(ang[good]) < p.min_init_angle_deg:
-            return
+            return False
         # scale: median depth of the initial map = target depth; place the reference at the origin
         s = self.target_depth / np.median(z0[good])
         R0, t0 = rt_from_c2w(self.origin)
@@ -288,6 +318,8 @@ class MonoTracker:
         kf1.median_depth = kf0.median_depth = self.median_depth
         out.keyframe = True
         out.need_features = True
+        self.ever_initialised = True
+        return True
 
     def _rescale_initial_map(self):
         kf0, kf1 = self.keyframes
@@ -343,6 +375,7 @@ class MonoTracker:
         session reports it and carries on instead of crashing)."""
         out = StepResult()
         self._lose(fid, None, None, reason, out)
+        self.untracked_total += len(out.untracked)
         return out
 
     def _lose(self, fid, ids, uv, reason, out: StepResult):
