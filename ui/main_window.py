@@ -74,6 +74,16 @@ class _ImageLabel(QtWidgets.QLabel):
         self.setStyleSheet("background: #141518; color: #777;")
         self.setText(title)
         self._img: Optional[QtGui.QImage] = None
+        # which frame this pane shows (the two panes may show different frames)
+        self.caption = QtWidgets.QLabel(self)
+        self.caption.setStyleSheet("background: rgba(20, 21, 24, 190); color: #d8dce2; padding: 1px 4px;")
+        self.caption.hide()
+
+    def set_caption(self, text: str) -> None:
+        self.caption.setText(text)
+        self.caption.adjustSize()
+        self.caption.move(2, 2)
+        self.caption.setVisible(bool(text))
 
     def set_rgb(self, rgb: np.ndarray) -> None:
         rgb = np.ascontiguousarray(rgb[:, :, :3], dtype=np.uint8)
@@ -117,10 +127,14 @@ class ImagePreview(QtWidgets.QWidget):
         self.shown_index = None
         self.depth_shown_index = None
 
-    def show_frame(self, f) -> None:
+    def show_frame(self, f, note: str = "") -> None:
+        """Show a DisplayFrame: its image in the top pane and, when it has one, its depth map in
+        the bottom pane; each pane's caption names the frame it shows (a frame without depth
+        leaves the last depth map on screen, captioned with its own frame)."""
         if f.image is not None:
             self.rgb.set_rgb(f.image)
             self.shown_index = f.index
+            self.rgb.set_caption(f"frame {f.index}" + (" · keyframe" if f.is_keyframe else "") + note)
         if f.depth_map is not None:
             d = np.asarray(f.depth_map, np.float32)
             ok = np.isfinite(d) & (d > 0)
@@ -132,10 +146,17 @@ class ImagePreview(QtWidgets.QWidget):
             rgb[~ok] = 0                           # no depth: black
             self.depth.set_rgb(rgb)
             self.depth_shown_index = f.index
+        if self.depth_shown_index is not None:
+            same = self.depth_shown_index == self.shown_index
+            self.depth.set_caption(f"depth · frame {self.depth_shown_index}")
+            self.depth.caption.setToolTip("" if same else "the newest frame with depth "
+                                          "(the engine computes depth on keyframes only)")
 
     def clear(self) -> None:
         self.rgb.clear_image("input frame")
         self.depth.clear_image("depth")
+        self.rgb.set_caption("")
+        self.depth.set_caption("")
         self.shown_index = None
         self.depth_shown_index = None
 
@@ -190,6 +211,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.session_folder: Optional[str] = None
         self.messages: list[tuple[str, str]] = []     # (level, text), newest last
         self._handle: Optional[WorkerHandle] = None
+        self._noted_next_run: set = set()              # settings already said to apply next run
         self.last_handle: Optional[WorkerHandle] = None
         self.last_summary: Optional[dict] = None
         self.last_stats: dict = {}
@@ -240,9 +262,10 @@ class MainWindow(QtWidgets.QMainWindow):
         mon.setWidget(self.monitors)
         mon.setFeatures(QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetMovable
                         | QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetFloatable)
-        self.monitors.setMinimumHeight(150)
+        self.monitors.setMinimumHeight(110)
         self.monitors.setMaximumHeight(260)
         self.addDockWidget(QtCore.Qt.DockWidgetArea.BottomDockWidgetArea, mon)
+        self.resizeDocks([mon], [150], QtCore.Qt.Orientation.Vertical)   # the 3D view gets the room at 1280x720
         self._build_menus()
         self._build_status()
 
@@ -334,6 +357,9 @@ class MainWindow(QtWidgets.QMainWindow):
         g.addWidget(self.show_frustums, 0, 0)
         g.addWidget(self.show_traj, 0, 1)
         g.addWidget(self.follow, 1, 0)
+        self.all_frustums = QtWidgets.QCheckBox("Every frame")
+        self.all_frustums.setToolTip("Draw a frustum for every frame, not only the keyframes")
+        g.addWidget(self.all_frustums, 1, 1)
         form.addRow(checks)
         btns = QtWidgets.QWidget()
         h = QtWidgets.QHBoxLayout(btns)
@@ -381,6 +407,9 @@ class MainWindow(QtWidgets.QMainWindow):
         self.color_mode.currentIndexChanged.connect(lambda i: self.viewer.set_color_mode(COLOR_MODES[i]))
         self.show_frustums.toggled.connect(self.viewer.set_show_frustums)
         self.show_traj.toggled.connect(self.viewer.set_show_trajectory)
+        self.all_frustums.toggled.connect(self.viewer.set_all_frustums)
+        self.stride.valueChanged.connect(lambda *_: self._note_next_run("Subsample", "exports use it now"))
+        self.settings_panel.changed.connect(lambda *_: self._note_next_run("Engine settings"))
         self.follow.toggled.connect(self.viewer.set_follow)
         self.point_budget.valueChanged.connect(lambda v: self.viewer.set_point_budget(int(v * 1e6)))
 
@@ -455,6 +484,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.stride.setValue(int(s.get("display/stride", dv.get("stride", 2))))
         self.set_conf_threshold(float(s.get("display/conf_threshold", dv.get("conf_threshold", 0.0)) or 0.0))
         self.show_frustums.setChecked(bool(s.get("display/frustums", dv.get("show_frustums", True))))
+        self.all_frustums.setChecked(bool(s.get("display/all_frustums", False)))
         self.show_traj.setChecked(bool(s.get("display/trajectory", dv.get("show_trajectory", True))))
         self.follow.setChecked(bool(s.get("display/follow", dv.get("follow_camera", False))))
         self.point_budget.setValue(float(s.get("display/point_budget", dv.get("point_budget", DEFAULT_POINT_BUDGET))) / 1e6)
@@ -482,6 +512,7 @@ class MainWindow(QtWidgets.QMainWindow):
         t = self.conf_threshold()
         s.set("display/conf_threshold", t if np.isfinite(t) else 0.0)
         s.set("display/frustums", self.show_frustums.isChecked())
+        s.set("display/all_frustums", self.all_frustums.isChecked())
         s.set("display/trajectory", self.show_traj.isChecked())
         s.set("display/follow", self.follow.isChecked())
         s.set("display/point_budget", int(round(self.point_budget.value() * 1e6)))
@@ -534,6 +565,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.preview.clear()
         self.conf_control.reset()
         self.monitors.reset()
+        self._noted_next_run = set()
         self.last_stats = {}
         self.last_summary = None
         self.session_folder = None
@@ -691,6 +723,21 @@ class MainWindow(QtWidgets.QMainWindow):
             dropped = s.get("dropped") or 0     # live frames the engine could not take (never a file's)
             self.progress_label.setText(f"{state}: frame {done}" + (f" / {n}" if n else "")
                                         + (f" · {dropped} dropped" if dropped else "") + " ")
+            if self.viewer.frame_count == 0 and done:
+                # nothing to draw yet: say what the engine is waiting for
+                self.viewer.hint.setText(
+                    f"Initialising: {done} frame{'s' if done != 1 else ''} read, no camera pose yet.\n"
+                    "The geometric engine needs some sideways camera motion before its first pose;\n"
+                    "neural engines return their first results after the scale frames.")
+                self.viewer.hint.show()
+
+    def _note_next_run(self, what: str, also: str = "") -> None:
+        """Say (once per run) that a changed setting takes effect at the next Start."""
+        if not self.running or what in self._noted_next_run:
+            return
+        self._noted_next_run.add(what)
+        self.show_message(f"{what} changed: this applies to the next run (press Start to restart with it)"
+                          + (f"; {also}" if also else "") + ".", "info")
 
     def _refresh_status(self) -> None:
         if self._status_dirty:

@@ -25,14 +25,22 @@ REFRESH_HZ = 1.0
 
 
 class _Series:
-    def __init__(self, plot: pg.PlotItem, name: str, colour: str):
+    """One curve. `optional` series (GPU memory) stay out of the legend until the engine
+    reports a value, so a CPU engine shows no empty GPU entries."""
+
+    def __init__(self, plot: pg.PlotItem, name: str, colour: str, optional: bool = False):
         self.t = collections.deque(maxlen=HISTORY)
         self.v = collections.deque(maxlen=HISTORY)
-        self.curve = plot.plot(name=name, pen=pg.mkPen(colour, width=2))
+        self.plot, self.name, self.optional = plot, name, optional
+        self.curve = plot.plot(name=None if optional else name, pen=pg.mkPen(colour, width=2))
+        self.in_legend = not optional
 
     def add(self, t: float, v) -> None:
         if v is None:
             return
+        if not self.in_legend and self.plot.legend is not None:
+            self.plot.legend.addItem(self.curve, self.name)
+            self.in_legend = True
         self.t.append(t)
         self.v.append(float(v))
         self.dirty = True
@@ -46,6 +54,9 @@ class _Series:
         self.t.clear()
         self.v.clear()
         self.curve.setData([], [])
+        if self.optional and self.in_legend and self.plot.legend is not None:
+            self.plot.legend.removeItem(self.curve)
+            self.in_legend = False
 
 
 def _fit_range(plot: pg.PlotItem, series) -> None:
@@ -80,8 +91,8 @@ class MonitorsPanel(QtWidgets.QWidget):
         self.mem_plot = self.plots.addPlot(title="Memory (MiB)")
         self.mem_plot.addLegend(offset=(5, 5))
         self.ram = _Series(self.mem_plot, "process RAM", "#c678dd")
-        self.gpu_alloc = _Series(self.mem_plot, "GPU allocated", "#56b6c2")
-        self.gpu_reserved = _Series(self.mem_plot, "GPU reserved", "#d19a66")
+        self.gpu_alloc = _Series(self.mem_plot, "GPU allocated", "#56b6c2", optional=True)
+        self.gpu_reserved = _Series(self.mem_plot, "GPU reserved", "#d19a66", optional=True)
         for p in (self.fps_plot, self.lat_plot, self.mem_plot):
             p.showGrid(x=True, y=True, alpha=0.2)
             p.setLabel("bottom", "s")
@@ -105,6 +116,8 @@ class MonitorsPanel(QtWidgets.QWidget):
         self.kv_legend.setWordWrap(True)
         kv_lay.addWidget(self.kv_legend)
         lay.addWidget(kv, 1)
+        self.kv_pane = kv            # shown only once the engine reports a page map
+        kv.hide()
 
         self._proc = None
         try:
@@ -150,6 +163,7 @@ class MonitorsPanel(QtWidgets.QWidget):
         self.kv_image.clear()
         self.page_map_shown = None
         self.kv_title.setText("KV cache pages")
+        self.kv_pane.hide()
 
     def _now(self) -> float:
         return self._t0.elapsed() / 1000.0
@@ -176,6 +190,7 @@ class MonitorsPanel(QtWidgets.QWidget):
                 self.kv_title.setText("KV cache pages — this engine has no KV cache")
             return
         self._pending_map = np.array(page_map, copy=True)
+        self.kv_pane.show()
 
     def _show_page_map(self, page_map) -> None:
         codes = np.clip(np.asarray(page_map, np.int64).ravel(), 0, len(PAGE_CODES) - 1)

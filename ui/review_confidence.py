@@ -53,7 +53,7 @@ class ConfidenceHistogramView(QtWidgets.QWidget):
         f = p.font()
         f.setPointSizeF(7.5)
         p.setFont(f)
-        for v in (SLIDER_MIN, 1.0, 10.0, 100.0, SLIDER_MAX):
+        for v in (1.0, 10.0, 100.0):            # the ends (0.1, 1000) are implied
             x = r.left() + r.width() * slider_from_threshold(v) / SLIDER_STEPS
             p.drawText(QtCore.QRectF(x - 20, r.bottom() + 1, 40, 11), QtCore.Qt.AlignmentFlag.AlignCenter, f"{v:g}")
         p.end()
@@ -86,7 +86,9 @@ class ConfidenceControl(QtWidgets.QWidget):
         lay.addWidget(self.slider, 0, 0)
         lay.addWidget(self.spin, 0, 1)
         lay.addWidget(self.view, 1, 0)
-        lay.addWidget(self.kept_label, 1, 1)
+        lay.addWidget(self.kept_label, 1, 1, QtCore.Qt.AlignmentFlag.AlignTop)
+        lay.setColumnStretch(0, 1)
+        self.spin.setMaximumWidth(80)
         self._threshold = -math.inf
         self.slider.valueChanged.connect(self._from_slider)
         self.spin.valueChanged.connect(self._from_spin)

@@ -355,6 +355,11 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.frustums = SegmentCloud(mode="lines", capacity=1 << 14, overlay=True, parent=self.view.scene)
         self.current = SegmentCloud(mode="lines", capacity=64, overlay=True, parent=self.view.scene)
         self.current.set_gl_state(depth_test=False)
+        # the trajectory is drawn last and over everything: frustums and points never hide it
+        self.trajectory.set_gl_state(depth_test=False)
+        self.trajectory.order = 10
+        self.current.order = 11
+        self.all_frustums = False      # keyframes only by default (every frame: set_all_frustums)
         self._layers = (self.cloud, self.trajectory, self.frustums, self.current)
         self.auto_fit = True
         self.canvas.events.mouse_press.connect(self._on_mouse_press)
@@ -487,7 +492,10 @@ class PointCloudViewer(QtWidgets.QWidget):
         kf = m.cam_keyframe[lo:hi]
         seg = m.cam_segment[lo:hi]
         apex, corners = fr[:, :1], fr[:, 1:5]
-        corners = np.where(kf[:, None, None], corners, apex + 0.5 * (corners - apex))
+        # non-keyframes: half size and grey, or collapsed to their apex (invisible) unless
+        # every frame's frustum is asked for; one 16-vertex block per camera either way
+        corners = np.where(kf[:, None, None], corners,
+                           apex + (0.5 if self.all_frustums else 0.0) * (corners - apex))
         lines = np.empty((hi - lo, 16, 3), np.float32)
         lines[:, 0:8:2] = apex
         lines[:, 1:8:2] = corners
@@ -553,6 +561,17 @@ class PointCloudViewer(QtWidgets.QWidget):
 
     def set_show_frustums(self, on: bool) -> None:
         self.frustums.visible = bool(on)
+        self.canvas.update()
+
+    def set_all_frustums(self, on: bool) -> None:
+        """Draw every frame's frustum (True) or the keyframes' only (False, the default)."""
+        if bool(on) == self.all_frustums:
+            return
+        self.all_frustums = bool(on)
+        self.frustums.clear()
+        self.trajectory.clear()
+        self._last_center = {}
+        self._append_cameras(0, self.scene.camera_count)
         self.canvas.update()
 
     def set_show_trajectory(self, on: bool) -> None:

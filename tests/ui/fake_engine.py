@@ -4,6 +4,7 @@ slides along x). `config.extra` tunes it:
   delay_s      seconds each push sleeps (keeps a run alive while a test drives the transport)
   realign_at   after this input index, emit a "realign" event moving segment 0 by +1 in y
   segment_every  start a new segment every N frames
+  hold         return nothing for the first `hold` pushes, then all of them (a scale phase)
 Registered as "ui-test" on import."""
 from __future__ import annotations
 
@@ -44,8 +45,14 @@ class FakeSession:
             T = np.eye(4)
             T[1, 3] = 1.0
             self.events.append(EngineEvent("realign", segment=0, transform=T))
-        return [FrameResult(index=i, timestamp=float(timestamp or 0.0), is_keyframe=(i % 2 == 0), c2w=c2w,
-                            K=K, image=small, depth=depth, conf=conf, segment=seg)]
+        r = FrameResult(index=i, timestamp=float(timestamp or 0.0), is_keyframe=(i % 2 == 0), c2w=c2w,
+                        K=K, image=small, depth=depth, conf=conf, segment=seg)
+        held = getattr(self, "_held", [])
+        if i < int(self.extra.get("hold", 0)):
+            self._held = held + [r]
+            return []
+        self._held = []
+        return held + [r]
 
     def flush(self):
         return []
