@@ -1,0 +1,103 @@
+"""Reviewing a run (no Qt): a session folder read frame by frame for a timeline, and the picking
+maths of the viewer's click tools.
+
+`SessionTimeline(folder)` reads a session store lazily — the frame files present now (a live run
+keeps adding them; `refresh()` rescans), one result at a time with a small LRU cache, and the
+events — so scrubbing a long or still-running session never loads it whole.
+
+`frames_up_to(indices, n, mode)` says which stored frames a timeline position shows:
+"accumulated" = every frame up to n; "current" = only frame n's points (the cameras up to n stay).
+
+`pick_nearest(screen_xy, depth, click, radius)`: the front-most of the projected points within
+`radius` pixels of a click (what a user means by clicking a point or a camera).
+"""
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from .io.store import FRAME_DIGITS, StoreError, _event_from_json, _result_from_npz
+
+MODES = ("accumulated", "current")
+
+
+class SessionTimeline:
+    """Lazy, refreshable access to a session folder's frames (see the module docstring)."""
+
+    def __init__(self, folder: Union[str, Path], cache_frames: int = 64):
+        self.folder = Path(folder).expanduser()
+        if not (self.folder / "frames").is_dir():
+            raise StoreError(f"{self.folder} is not a session folder (no frames/)")
+        self._cache: "collections.OrderedDict[int, object]" = collections.OrderedDict()
+        self.cache_frames = int(cache_frames)
+        self.indices: list[int] = []
+        self.refresh()
+
+    def refresh(self) -> list[int]:
+        """Rescan the frame files (a live run adds them); returns the sorted frame indices."""
+        out = []
+        for p in (self.folder / "frames").glob("*.npz"):
+            stem = p.stem
+            if len(stem) == FRAME_DIGITS and stem.isdigit():
+                out.append(int(stem))
+        self.indices = sorted(out)
+        return self.indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def result(self, index: int):
+        """The stored FrameResult of frame `index` (None if it is missing or unreadable)."""
+        if index in self._cache:
+            self._cache.move_to_end(index)
+            return self._cache[index]
+        p = self.folder / "frames" / f"{int(index):0{FRAME_DIGITS}d}.npz"
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                r = _result_from_npz(z)
+        except (OSError, ValueError, KeyError, EOFError):
+            return None
+        self._cache[index] = r
+        while len(self._cache) > self.cache_frames:
+            self._cache.popitem(last=False)
+        return r
+
+    def events(self) -> list:
+        """The engine events recorded so far (damaged lines skipped)."""
+        out = []
+        path = self.folder / "events.jsonl"
+        if path.exists():
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                try:
+                    out.append(_event_from_json(json.loads(line)))
+                except (ValueError, KeyError, TypeError):
+                    continue
+        return out
+
+
+def frames_up_to(indices: Sequence[int], n: int, mode: str = "accumulated") -> tuple[list[int], list[int]]:
+    """(frames whose cameras show, frames whose points show) at timeline frame `n`."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    cams = [i for i in indices if i <= n]
+    pts = cams if mode == "accumulated" else [i for i in cams if i == (cams[-1] if cams else None)]
+    return cams, pts
+
+
+def pick_nearest(screen_xy: np.ndarray, depth: np.ndarray, click: Sequence[float],
+                 radius: float = 8.0) -> Optional[int]:
+    """Index of the front-most (smallest `depth`, > 0) point whose screen position lies within
+    `radius` pixels of `click`; None if there is none."""
+    xy = np.asarray(screen_xy, np.float64).reshape(-1, 2)
+    d = np.asarray(depth, np.float64).reshape(-1)
+    if not len(xy):
+        return None
+    r2 = ((xy - np.asarray(click, np.float64)[None, :2]) ** 2).sum(axis=1)
+    ok = np.flatnonzero((r2 <= radius * radius) & (d > 0) & np.isfinite(d))
+    if not len(ok):
+        return None
+    return int(ok[np.argmin(d[ok])])
