@@ -1,8 +1,8 @@
 """Conformance of VGGT-1B with the upstream implementation (shared/fixtures/vggt_offline.npz).
 
-Full-size architecture built through the public API (`engine.build_model("vggt-1b")`), recipe
-weights (fixtures README §2), the stored 6 input frames and 4 query points, fp32 on the CPU, one
-bidirectional pass with all four heads. Camera, depth and point heads, the aggregator camera
+Full-size architecture through the public API (`engine.build_model("vggt-1b")`, a "vggt-1b"
+session whose one chunk covers the 6 stored frames, i.e. the offline pass), recipe weights
+(fixtures README §2), the stored 4 query points, fp32 on the CPU, all four heads. Camera, depth and point heads, the aggregator camera
 tokens and the DINOv2 tokens must match within 1e-4 absolute; the track head's first iteration
 within 1e-4 px, its later iterations, visibility and confidence loosely (the README measures the
 track refinement amplifying rounding 15-100x per iteration: 1 vs 2 threads differ by 7.9e-4,
@@ -19,7 +19,11 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def run():
-    from engine import build_model
+    """One aggregator pass, through the public API: the 6 frames pushed into a vggt-1b session
+    whose single chunk covers them all (= the offline pass). Its results give pose_enc, depth and
+    depth_conf; the aggregator output the session computed (read with a forward hook) feeds the
+    point and track heads and the camera head's per-iteration outputs."""
+    from engine import SessionConfig, build_model, open_session
     from engine.models.recipe import fill_recipe
     from tests.conftest import FIXTURES
     path = FIXTURES / "vggt_offline.npz"
@@ -29,12 +33,31 @@ def run():
     torch.set_num_threads(2)
     model = fill_recipe(build_model("vggt-1b"))
     images = torch.from_numpy(fx["images"])
+    S, _, H, W = images.shape
+    feats = []
+    hook = model.aggregator.register_forward_hook(lambda mod, inp, out: feats.extend(f.float() for f in out))
+    cfg = SessionConfig(engine="vggt-1b", device="cpu", dtype="fp32", backend="sdpa", image_width=W,
+                        chunk_size=S, overlap=1, sliding_window_num=1)
+    session = open_session(cfg, model=model)
+    results = [r for img in images for r in session.push(img)] + session.flush()
+    session.close()
+    hook.remove()
+    assert len(feats) == 4
+    n_sp = model.config.num_special
     with torch.no_grad():
-        out = model(images, query_points=torch.from_numpy(fx["query_points"]))
+        poses = model.camera_head(feats[-1][:, 0], 4)
+        points, points_conf = model.point_head(feats, (H, W), n_sp)
+        track, vis, conf = model.track_head(feats, (H, W), n_sp, torch.from_numpy(fx["query_points"]))
         agg = model.aggregator
         tokens = agg.patch_embed((images[:1] - agg._resnet_mean) / agg._resnet_std)
-    out = {k: v.numpy() for k, v in out.items()}
-    out["patch_embed_tokens_frame0"] = tokens[0].numpy()
+    out = {"pose_enc": np.stack([r.pose_enc for r in results]), "depth": np.stack([r.depth for r in results]),
+           "depth_conf": np.stack([r.conf for r in results]),
+           "pose_enc_list": torch.stack(poses, dim=1).numpy(), "world_points": points.numpy(),
+           "world_points_conf": points_conf.numpy(),
+           "camera_features": torch.stack([f[:, 0] for f in feats], dim=1).numpy(),
+           "patch_embed_tokens_frame0": tokens[0].numpy(), "track_iters": torch.stack(track).numpy(),
+           "track": track[-1].numpy(), "track_vis": vis.numpy(), "track_conf": conf.numpy()}
+    out["results"] = results
     del model
     return fx, out
 
@@ -61,6 +84,16 @@ def test_track_head_matches_upstream(run):
     np.testing.assert_array_equal(out["track"][0], fx["query_points"])     # frame 0 pinned to the queries
     assert np.abs(out["track_vis"] - fx["track_vis"]).max() <= 0.2
     assert np.abs(out["track_conf"] - fx["track_conf"]).max() <= 0.05
+
+
+def test_session_results_are_world_to_camera_inverted(run):
+    """VGGT's decoded [R|t] is world-to-camera: FrameResult.c2w is its inverse."""
+    from engine.pose import decode_pose
+    fx, out = run
+    assert [r.index for r in out["results"]] == list(range(6))
+    for r in out["results"]:
+        w2c, _ = decode_pose(r.pose_enc, r.depth.shape, convention="c2w")
+        np.testing.assert_allclose(r.c2w @ w2c, np.eye(4), atol=1e-9)
 
 
 def test_vggt_key_set_is_the_released_one():
