@@ -20,7 +20,7 @@ CAPABILITIES = {
     "modes": ["streaming", "windowed"],
     "kv_compression": ["none"],
     "kv_dtypes": ["auto", "fp32", "bf16", "fp16"],
-    "fields": ["checkpoint", "model", "device", "dtype", "backend", "image_width", "mode", "chunk_size",
+    "fields": ["checkpoint", "device", "dtype", "backend", "image_width", "mode", "chunk_size",
                "sliding_window_num", "overlap", "window_size", "camera_iterations", "kv_dtype", "fps"],
 }
 
