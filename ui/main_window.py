@@ -22,6 +22,7 @@ from engine.intrinsics import attach_found_intrinsics
 from engine.scene import DEFAULT_POINT_BUDGET, MAX_POINT_BUDGET, MIN_POINT_BUDGET
 
 from .monitors import MonitorsPanel
+from .review import ReviewBar
 from .review_confidence import ConfidenceControl
 from .settings_panel import SettingsPanel
 from .source_panel import SourcePanel
@@ -252,6 +253,8 @@ class MainWindow(QtWidgets.QMainWindow):
         v.setContentsMargins(4, 4, 4, 4)
         v.addWidget(self.banner)
         v.addWidget(split, 1)
+        self.review = ReviewBar(self)          # timeline, camera presets, click tools (ui/review.py)
+        v.addWidget(self.review)
         self.setCentralWidget(central)
 
         self._build_transport()
@@ -408,6 +411,8 @@ class MainWindow(QtWidgets.QMainWindow):
         self.show_frustums.toggled.connect(self.viewer.set_show_frustums)
         self.show_traj.toggled.connect(self.viewer.set_show_trajectory)
         self.all_frustums.toggled.connect(self.viewer.set_all_frustums)
+        self.follow.toggled.connect(lambda on: self.review.camera.setCurrentIndex(1 if on else 0)
+                                    if (self.review.camera.currentIndex() == 1) != on else None)
         self.stride.valueChanged.connect(lambda *_: self._note_next_run("Subsample", "exports use it now"))
         self.settings_panel.changed.connect(lambda *_: self._note_next_run("Engine settings"))
         self.follow.toggled.connect(self.viewer.set_follow)
@@ -565,6 +570,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.preview.clear()
         self.conf_control.reset()
         self.monitors.reset()
+        self.review.reset()
         self._noted_next_run = set()
         self.last_stats = {}
         self.last_summary = None
@@ -635,6 +641,7 @@ class MainWindow(QtWidgets.QMainWindow):
             return
         self.source_info = dict(info)
         self.session_folder = info.get("session")
+        self.review.set_session(self.session_folder)
         self.setWindowTitle(f"ReconStudio — {info.get('name', '')}")
         self._set_running(True)
 
@@ -642,9 +649,13 @@ class MainWindow(QtWidgets.QMainWindow):
         worker = self.sender()
         if not self._is_current():
             return
-        self.viewer.add_frames(batch)
         for f in batch:
             self.conf_control.add(f.conf)
+        if self.review.reviewing:           # the user is scrubbing the timeline: the run goes on
+            worker.ack()                    # into the store; "Live" draws it again
+            self._status_dirty = True
+            return
+        self.viewer.add_frames(batch)
         # previews repaint at most PREVIEW_HZ (colour-mapping a depth map costs ~10 ms)
         now = self._clock.elapsed()
         if now - self._last_preview >= 1000 / PREVIEW_HZ or self.preview.shown_index is None:
@@ -684,9 +695,11 @@ class MainWindow(QtWidgets.QMainWindow):
         if not self._is_current():
             return
         self.last_summary = dict(summary)
-        for f in self._preview_backlog:          # the last frames' previews
-            self.preview.show_frame(f)
+        if not self.review.reviewing:
+            for f in self._preview_backlog:          # the last frames' previews
+                self.preview.show_frame(f)
         self._preview_backlog = []
+        self.review._update_range(follow_end=not self.review.reviewing)
         h = self._handle
         h.thread.wait(5000)          # the run slot has returned; let the thread wind down
         self._handle = None
@@ -850,6 +863,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.preview.show_frame(frames[-1])
         self._apply_threshold()
         self.session_folder = str(loaded.folder)
+        self.review.set_session(self.session_folder)
         for p in loaded.problems:
             self.messages.append(("warning", p))
         note = f" — cut short: {loaded.cut_short}" if loaded.cut_short else ""

@@ -62,3 +62,86 @@ def test_initialisation_feedback_and_next_run_note(qtbot, make_window, shared_da
     w.stride.setValue(w.stride.value() + 1)             # said once per run
     assert len(w.messages) == n
     w.stop_run(wait=True)
+
+
+def _finished_run(qtbot, w, shared_data, frames=12):
+    _run(qtbot, w, shared_data, frames=frames)
+    s = wait_finished(qtbot, w)
+    assert s["results"] == frames
+    return s
+
+
+def test_timeline_scrub_modes_and_live(qtbot, make_window, shared_data):
+    w = make_window()
+    _finished_run(qtbot, w, shared_data)
+    v, rv = w.viewer, w.review
+    full = v.point_count
+    per_frame = full // 12
+    assert rv.slider.isEnabled() and rv.slider.maximum() == 11 and not rv.reviewing
+    rv.scrub_to(5)
+    assert rv.reviewing and rv.live.isEnabled()
+    assert v.frame_count == 6 and v.point_count == 6 * per_frame and v.trajectory_count == 6
+    assert w.preview.shown_index == 5 and "timeline" in w.preview.rgb.caption.text()
+    rv.scrub_to(8)                                   # forward: only the new frames are added
+    assert v.frame_count == 9 and v.point_count == 9 * per_frame
+    rv.scrub_to(8, mode="current")                   # that frame's points, the cameras up to it
+    assert v.frame_count == 9 and v.point_count == per_frame
+    assert rv.frame_label.text() == "frame 8 only"
+    rv.slider.setValue(2)                            # the slider itself (debounced)
+    qtbot.waitUntil(lambda: rv.shown_upto == 2, timeout=5000)
+    assert v.frame_count == 3 and v.point_count == per_frame
+    rv.go_live()
+    assert not rv.reviewing and v.frame_count == 12 and v.point_count == full
+    assert rv.current_mode() == "accumulated"
+
+
+def test_timeline_while_the_run_goes_on(qtbot, make_window, shared_data):
+    w = make_window()
+    _run(qtbot, w, shared_data, frames=30, delay_s=0.05)
+    qtbot.waitUntil(lambda: w.viewer.frame_count >= 6, timeout=20_000)
+    w.review.scrub_to(3)
+    assert w.review.reviewing and w.viewer.frame_count == 4
+    s = wait_finished(qtbot, w)
+    assert w.viewer.frame_count == 4                 # the run went on into the store only
+    w.review.go_live()
+    assert w.viewer.frame_count == s["results"] == 30
+
+
+def test_camera_presets_click_a_camera_and_measure(qtbot, make_window, shared_data):
+    from PySide6 import QtCore
+    from ui.review import project
+    w = make_window()
+    _finished_run(qtbot, w, shared_data)
+    rv, v = w.review, w.viewer
+    rv.set_camera_preset("Top")
+    assert v.view.camera.elevation == 90.0 and not w.follow.isChecked() and rv.camera.currentText() == "Top"
+    rv.set_camera_preset("Follow")
+    assert w.follow.isChecked()
+    w.follow.setChecked(False)                       # the checkbox and the preset agree
+    assert rv.camera.currentText() == "Free"
+    rv.set_camera_preset("Free")
+    v.reset_view()
+    qtbot.wait(100)
+    # a real click on the drawn centre of camera 4 shows that frame
+    xy, _ = project(v, v.scene.cam_center[4:5].astype(np.float64))
+    pos = QtCore.QPoint(int(round(xy[0, 0])), int(round(xy[0, 1])))
+    qtbot.mouseClick(v.canvas.native, QtCore.Qt.MouseButton.LeftButton, pos=pos)
+    assert rv.clicked_index is not None
+    assert w.preview.shown_index == rv.clicked_index and "clicked" in w.preview.rgb.caption.text()
+    assert abs(rv.clicked_index - 4) <= 1            # neighbouring cameras are 0.05 apart
+    # measure between two drawn points
+    rv.measure.setChecked(True)
+    world = v.scene.world_positions()
+    a, b = world[np.argmin(world[:, 0])], world[np.argmax(world[:, 0])]     # far apart
+    for p in (a, b):
+        xy, _ = project(v, p[None].astype(np.float64))
+        rv.click(xy[0])
+    assert rv.distance is not None and len(rv.measure_points) == 2
+    assert abs(rv.distance - np.linalg.norm(b - a)) < 0.1 * np.linalg.norm(b - a)
+    np.testing.assert_allclose(rv.distance, np.linalg.norm(rv.measure_points[1] - rv.measure_points[0]))
+    for p, target in zip(rv.measure_points, (a, b)):          # each pick lands where clicked
+        d = project(v, np.stack([p, target]).astype(np.float64))[0]
+        assert np.hypot(*(d[0] - d[1])) <= 8.5
+    assert rv.info.text().startswith("distance")
+    rv.measure.setChecked(False)
+    assert rv.distance is None and not rv.measure_points

@@ -1,0 +1,403 @@
+"""The review bar under the 3D view: scrub a live or finished session, camera presets, click
+tools. The data work is Qt-free (engine.review, engine.geometry via ui.display); this module
+only wires widgets to the viewer.
+
+- Timeline: a slider over the stored frames. Moving it shows the session up to that frame —
+  "Accumulated" (every point up to frame N) or "Current frame" (frame N's points; the cameras up
+  to N stay) — read from the session store, so it works while a run is still writing. While
+  reviewing a live run the view stops following it; "Live" returns to the whole session and
+  follows the run again.
+- Camera: Free (the user's), Follow (chase the newest camera), Top (look straight down on the scene).
+- Click a camera (its centre, within a few pixels) to show its frame and depth in the previews.
+- Measure: click two points; the distance is shown in scene units (monocular engines: arbitrary
+  scale, so it compares lengths within one run).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+from PySide6 import QtCore, QtWidgets
+from vispy import scene as vscene
+
+from engine.review import SessionTimeline, frames_up_to, pick_nearest
+
+from .display import FRUSTUM_FRACTION, make_display_frame
+
+CAMERA_PRESETS = ("Free", "Follow", "Top")
+CLICK_PX = 4          # a press and release closer than this is a click, not a drag
+CAMERA_PICK_PX = 14
+POINT_PICK_PX = 8
+
+
+def project(viewer, world: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Canvas pixel positions [N,2] and view depth [N] (homogeneous w; <= 0 = behind) of world
+    points, through the viewer's current camera."""
+    tr = viewer.view.scene.node_transform(viewer.canvas.scene)
+    p = np.asarray(tr.map(np.asarray(world, np.float64).reshape(-1, 3)), np.float64)
+    w = p[:, 3]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xy = p[:, :2] / w[:, None]
+    return xy, w
+
+
+class ReviewBar(QtWidgets.QWidget):
+    """See the module docstring. `window` is the MainWindow (viewer, preview, stride, threshold)."""
+
+    reviewChanged = QtCore.Signal(bool)       # True while the view shows a timeline position
+    measured = QtCore.Signal(float)           # a distance was measured
+
+    def __init__(self, window, parent=None):
+        super().__init__(parent)
+        self.window = window
+        self.viewer = window.viewer
+        self.timeline: Optional[SessionTimeline] = None
+        self.reviewing = False
+        self.shown_upto: Optional[int] = None     # timeline frame on screen (reviewing)
+        self._shown_mode = None
+        self._display_cache: dict = {}
+        self._frustum_depth: Optional[float] = None
+        self._press = None
+        self.measure_points: list[np.ndarray] = []
+        self.distance: Optional[float] = None
+        self.clicked_index: Optional[int] = None
+
+        lay = QtWidgets.QHBoxLayout(self)
+        lay.setContentsMargins(0, 2, 0, 0)
+        lay.setSpacing(6)
+        self.slider = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
+        self.slider.setRange(0, 0)
+        self.slider.setEnabled(False)
+        self.slider.setToolTip("Timeline: drag to show the session up to a frame (works during a run too)")
+        self.frame_label = QtWidgets.QLabel("—")
+        self.frame_label.setMinimumWidth(90)
+        self.mode = QtWidgets.QComboBox()
+        self.mode.addItems(["Accumulated", "Current frame"])
+        self.mode.setToolTip("Points of every frame up to the timeline position, or of that frame only")
+        self.live = QtWidgets.QPushButton("Live")
+        self.live.setToolTip("Back to the whole session (and follow a running reconstruction)")
+        self.live.setEnabled(False)
+        self.camera = QtWidgets.QComboBox()
+        self.camera.addItems(CAMERA_PRESETS)
+        self.camera.setToolTip("Free: your view · Follow: chase the newest camera · Top: look down on the scene")
+        self.measure = QtWidgets.QPushButton("Measure")
+        self.measure.setCheckable(True)
+        self.measure.setToolTip("Click two points in the view to measure their distance")
+        self.info = QtWidgets.QLabel("")
+        self.info.setStyleSheet("color: #8a8f98;")
+        self.info.setMinimumWidth(60)
+        for w in (QtWidgets.QLabel("Timeline"), self.slider, self.frame_label, self.mode, self.live,
+                  QtWidgets.QLabel("Camera"), self.camera, self.measure, self.info):
+            lay.addWidget(w)
+        lay.setStretchFactor(self.slider, 1)
+
+        self._debounce = QtCore.QTimer(self, singleShot=True, interval=120, timeout=self._apply_scrub)
+        self.slider.valueChanged.connect(self._on_slider)
+        self.mode.currentIndexChanged.connect(lambda *_: self.reviewing and self._apply_scrub())
+        self.live.clicked.connect(self.go_live)
+        self.camera.currentIndexChanged.connect(lambda i: self.set_camera_preset(CAMERA_PRESETS[i]))
+        self.measure.toggled.connect(self._on_measure_toggled)
+        self.viewer.canvas.events.mouse_press.connect(self._on_press)
+        self.viewer.canvas.events.mouse_release.connect(self._on_release)
+        # measure overlay: the two picks and the segment between them, drawn over everything
+        self._line = vscene.visuals.Line(color=(1.0, 0.3, 0.9, 1.0), width=2, parent=self.viewer.view.scene)
+        self._markers = vscene.visuals.Markers(parent=self.viewer.view.scene)
+        for v in (self._line, self._markers):
+            v.set_gl_state(depth_test=False)
+            v.order = 20
+            v.visible = False
+        window.framesShown.connect(self._on_frames_shown)
+
+    # -- session ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """A new run or session: forget the old timeline."""
+        self.timeline = None
+        self._display_cache.clear()
+        self._frustum_depth = None
+        self.shown_upto = None
+        self.clicked_index = None
+        self._set_reviewing(False)
+        self.slider.blockSignals(True)
+        self.slider.setRange(0, 0)
+        self.slider.blockSignals(False)
+        self.slider.setEnabled(False)
+        self.frame_label.setText("—")
+        self._clear_measure()
+
+    def set_session(self, folder: Optional[str]) -> None:
+        self.reset()
+        if not folder:
+            return
+        try:
+            self.timeline = SessionTimeline(folder)
+        except Exception:          # a folder that is not (yet) a session: timeline stays off
+            self.timeline = None
+            return
+        self._update_range(follow_end=True)
+
+    def _update_range(self, follow_end: bool) -> None:
+        if self.timeline is None:
+            return
+        idx = self.timeline.refresh()
+        if not idx:
+            return
+        self.slider.setEnabled(True)
+        self.slider.blockSignals(True)
+        self.slider.setRange(0, len(idx) - 1)
+        if follow_end:
+            self.slider.setValue(len(idx) - 1)
+        self.slider.blockSignals(False)
+        if not self.reviewing:
+            self.frame_label.setText(f"frame {idx[-1]}")
+
+    def _on_frames_shown(self, n: int) -> None:
+        if self.timeline is None and self.window.session_folder:
+            self.set_session(self.window.session_folder)
+        elif not self.reviewing and self.timeline is not None and n % 10 == 0:
+            self._update_range(follow_end=True)      # rescans the folder: not on every batch
+
+    # -- timeline -----------------------------------------------------------------------------
+    def _set_reviewing(self, on: bool) -> None:
+        if on != self.reviewing:
+            self.reviewing = on
+            self.live.setEnabled(on)
+            self.reviewChanged.emit(on)
+
+    def _on_slider(self, pos: int) -> None:
+        if self.timeline is None or not self.timeline.indices:
+            return
+        self._set_reviewing(True)
+        self.frame_label.setText(f"frame {self.timeline.indices[min(pos, len(self.timeline) - 1)]}")
+        self._debounce.start()
+
+    def scrub_to(self, frame_index: int, mode: Optional[str] = None) -> None:
+        """Show the session up to `frame_index` (the nearest stored frame at or before it) at once."""
+        if self.timeline is None:
+            self.set_session(self.window.session_folder)
+        if self.timeline is None:
+            return
+        idx = self.timeline.refresh()
+        if mode is not None:
+            self.mode.blockSignals(True)
+            self.mode.setCurrentIndex(0 if mode == "accumulated" else 1)
+            self.mode.blockSignals(False)
+        pos = max(0, int(np.searchsorted(idx, frame_index, side="right")) - 1)
+        self.slider.blockSignals(True)
+        self.slider.setRange(0, len(idx) - 1)
+        self.slider.setValue(pos)
+        self.slider.blockSignals(False)
+        self._set_reviewing(True)
+        self._apply_scrub()
+
+    def current_mode(self) -> str:
+        return "accumulated" if self.mode.currentIndex() == 0 else "current"
+
+    def _display(self, index: int, keep_images: bool):
+        """DisplayFrame of a stored frame at the window's Subsample (cached without images)."""
+        stride = int(self.window.stride.value())
+        key = (index, stride)
+        d = self._display_cache.get(key)
+        if d is not None and not keep_images:
+            return d
+        r = self.timeline.result(index)
+        if r is None:
+            return None
+        d = make_display_frame(r, stride, frustum_depth=self._frustum_depth, keep_images=keep_images)
+        if self._frustum_depth is None and len(d.depth):
+            self._frustum_depth = FRUSTUM_FRACTION * d.median_depth
+        if len(self._display_cache) > 4096:
+            self._display_cache.clear()
+        self._display_cache[key] = dataclasses.replace(d, image=None, depth_map=None, conf_map=None)
+        return d
+
+    def _apply_scrub(self) -> None:
+        if self.timeline is None or not self.timeline.indices:
+            return
+        idx = self.timeline.indices
+        n = idx[min(self.slider.value(), len(idx) - 1)]
+        mode = self.current_mode()
+        cams, pts = frames_up_to(idx, n, mode)
+        v = self.viewer
+        incremental = (self.shown_upto is not None and mode == "accumulated" == self._shown_mode
+                       and n > self.shown_upto)
+        frames = []
+        todo = [i for i in cams if i > self.shown_upto] if incremental else cams
+        pts_set = set(pts)
+        for i in todo:
+            d = self._display(i, keep_images=(i == n))
+            if d is None:
+                continue
+            if i not in pts_set:               # "current frame": cameras only for earlier frames
+                d = dataclasses.replace(d, points=d.points[:0], colors=d.colors[:0], conf=d.conf[:0],
+                                        depth=d.depth[:0])
+            frames.append(d)
+        cam = v.view.camera
+        state = (cam.center, cam.distance, cam.azimuth, cam.elevation)
+        if not incremental:
+            v.clear()
+            from engine.geometry import segment_transforms
+            for seg, T in segment_transforms(self.timeline.events()).items():
+                v.apply_realign(seg, T)
+        follow = v.follow
+        v.follow = False
+        if frames:
+            v.add_frames(frames)
+        v.follow = follow
+        if self.window.viewer.frame_count and v.auto_fit and self.shown_upto is None:
+            pass                                   # first review of a session: keep the fit
+        else:
+            cam.center, cam.distance, cam.azimuth, cam.elevation = state
+            v.auto_fit = False
+        self.shown_upto, self._shown_mode = n, mode
+        last = next((f for f in reversed(frames) if f.index == n), None)
+        if last is not None:
+            if last.depth_map is None:          # no depth on this frame: the newest one before it
+                for i in reversed([i for i in cams if i < n][-64:]):
+                    r = self.timeline.result(i)
+                    if r is not None and r.depth is not None:
+                        self.window.preview.show_frame(self._display(i, keep_images=True), note=" · timeline")
+                        break
+            self.window.preview.show_frame(last, note=" · timeline")
+        self.window._apply_threshold()
+        self.frame_label.setText(f"frame {n}" + (" only" if mode == "current" else ""))
+        v.canvas.update()
+
+    def go_live(self) -> None:
+        """Back to the whole session; a running reconstruction is drawn again as it comes."""
+        if self.timeline is not None and self.timeline.refresh():
+            self.slider.blockSignals(True)
+            self.slider.setRange(0, len(self.timeline) - 1)
+            self.slider.setValue(len(self.timeline) - 1)
+            self.slider.blockSignals(False)
+            self.mode.blockSignals(True)
+            self.mode.setCurrentIndex(0)
+            self.mode.blockSignals(False)
+            if self.shown_upto is not None:
+                self._apply_scrub()
+        self.shown_upto = None
+        self._set_reviewing(False)
+        if self.timeline is not None and self.timeline.indices:
+            self.frame_label.setText(f"frame {self.timeline.indices[-1]}")
+
+    # -- camera presets -----------------------------------------------------------------------
+    def set_camera_preset(self, name: str) -> None:
+        if name not in CAMERA_PRESETS:
+            raise ValueError(name)
+        i = CAMERA_PRESETS.index(name)
+        if self.camera.currentIndex() != i:
+            self.camera.blockSignals(True)
+            self.camera.setCurrentIndex(i)
+            self.camera.blockSignals(False)
+        self.window.follow.setChecked(name == "Follow")
+        if name == "Top":
+            v = self.viewer
+            v.reset_view()                  # frame the whole scene, then look straight down
+            v.view.camera.elevation = 90.0
+            v.view.camera.distance *= 1.3   # the 3/4 view's framing is tight from above
+            v.auto_fit = False
+            v.canvas.update()
+
+    # -- clicks -------------------------------------------------------------------------------
+    def _on_press(self, event) -> None:
+        self._press = np.asarray(event.pos[:2], np.float64)
+
+    def _on_release(self, event) -> None:
+        if self._press is None:
+            return
+        pos = np.asarray(event.pos[:2], np.float64)
+        if np.hypot(*(pos - self._press)) > CLICK_PX:
+            return                          # a drag (orbit / pan), not a click
+        self.click(pos)
+
+    def click(self, pos) -> None:
+        """What a click at canvas pixel `pos` does: a measure pick, else show the camera's frame."""
+        if self.measure.isChecked():
+            self._measure_pick(pos)
+        else:
+            self.pick_camera(pos)
+
+    def pick_camera(self, pos) -> Optional[int]:
+        """Show the frame of the camera drawn nearest the click (within CAMERA_PICK_PX)."""
+        m = self.viewer.scene
+        n = m.camera_count
+        if not n:
+            return None
+        world = np.array([_to_world(m, m.cam_center[i], int(m.cam_segment[i])) for i in range(n)])
+        xy, w = project(self.viewer, world)
+        k = pick_nearest(xy, w, pos, CAMERA_PICK_PX)
+        if k is None:
+            return None
+        index = int(m.cam_index[k])
+        self.show_frame(index)
+        return index
+
+    def show_frame(self, index: int) -> bool:
+        """The stored frame `index` in the previews (image and depth of that same frame)."""
+        if self.timeline is None and self.window.session_folder:
+            self.set_session(self.window.session_folder)
+        if self.timeline is None:
+            return False
+        d = self._display(index, keep_images=True)
+        if d is None:
+            return False
+        self.window.preview.show_frame(d, note=" · clicked")
+        self.clicked_index = index
+        self.info.setText(f"camera {index}")
+        return True
+
+    def _on_measure_toggled(self, on: bool) -> None:
+        self._clear_measure()
+        self.info.setText("click two points" if on else "")
+
+    def _clear_measure(self) -> None:
+        self.measure_points = []
+        self.distance = None
+        self._line.visible = False
+        self._markers.visible = False
+
+    def _measure_pick(self, pos) -> Optional[np.ndarray]:
+        m = self.viewer.scene
+        if not m.count:
+            return None
+        world = m.world_positions()
+        conf = m.conf[: m.count]
+        t = self.window.conf_threshold()
+        if np.isfinite(t):                       # only what is drawn can be picked
+            keep = conf >= t
+            world = world[keep]
+        xy, w = project(self.viewer, world)
+        k = pick_nearest(xy, w, pos, POINT_PICK_PX)
+        if k is None:
+            self.info.setText("no point there")
+            return None
+        p = np.asarray(world[k], np.float64)
+        self.add_measure_point(p)
+        return p
+
+    def add_measure_point(self, p) -> None:
+        if len(self.measure_points) >= 2:
+            self.measure_points = []
+        self.measure_points.append(np.asarray(p, np.float64))
+        pts = np.array(self.measure_points, np.float32)
+        self._markers.set_data(pts, face_color=(1.0, 0.3, 0.9, 1.0), size=9, edge_width=0)
+        self._markers.visible = True
+        if len(self.measure_points) == 2:
+            self.distance = float(np.linalg.norm(pts[1].astype(np.float64) - pts[0]))
+            self._line.set_data(pts)
+            self._line.visible = True
+            self.info.setText(f"distance {self.distance:.3g}")
+            self.info.setToolTip("scene units; a monocular engine's scale is arbitrary (compare lengths "
+                                 "within one run)")
+            self.measured.emit(self.distance)
+        else:
+            self._line.visible = False
+            self.distance = None
+            self.info.setText("click a second point")
+        self.viewer.canvas.update()
+
+
+def _to_world(m, p, seg: int) -> np.ndarray:
+    T = m.segments.get(seg)
+    p = np.asarray(p, np.float64)
+    return p if T is None else T[:3, :3] @ p + T[:3, 3]
