@@ -43,7 +43,7 @@ def backproject(c2w: np.ndarray, K: np.ndarray, depth: np.ndarray, step: int) ->
     return cam @ np.asarray(c2w)[:3, :3].T + np.asarray(c2w)[:3, 3], idx
 
 
-def overlap_correspondences(prev: list, new: list, points_per_frame: int = 1024):
+def overlap_correspondences(prev: list, new: list, points_per_frame: int = 4096):
     """3D correspondences of the same pixels of the overlap frames: `prev` and `new` are lists of
     (c2w, K, depth, conf) of the same frames in two reconstructions. Returns (src = new points,
     dst = prev points, weights = sqrt((conf_prev - 1)(conf_new - 1)), the confidences' excess over
@@ -66,7 +66,7 @@ def overlap_correspondences(prev: list, new: list, points_per_frame: int = 1024)
     return np.concatenate(src), np.concatenate(dst), np.concatenate(wts)
 
 
-def overlap_similarity(prev: list, new: list, points_per_frame: int = 1024) -> tuple[np.ndarray, dict]:
+def overlap_similarity(prev: list, new: list, points_per_frame: int = 4096) -> tuple[np.ndarray, dict]:
     """4x4 similarity S placing reconstruction `new` onto `prev` (x_prev ≈ S x_new) from their
     overlap frames (see `overlap_correspondences`), by confidence-weighted Huber IRLS
     (engine.align.irls_sim3) with rejection of residuals beyond 3 robust sigmas. Returns (S, info)
