@@ -36,6 +36,7 @@ allocated once.
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from typing import Any, Optional
@@ -151,6 +152,7 @@ class LingBotMapSession:
         self._rate = deque(maxlen=32)   # (results, seconds) of recent model runs
         self._last_latency: Optional[float] = None
         self._closed = False
+        self._pinned: dict = {}         # pinned host buffers of the outputs (CUDA), by shape
 
     # ------------------------------------------------------------------ contract
     def push(self, frame, timestamp: Optional[float] = None) -> list[FrameResult]:
@@ -208,11 +210,14 @@ class LingBotMapSession:
         return ev
 
     def close(self) -> None:
+        """Frees the session's GPU memory at once (KV pools, camera cache, CUDA graphs): nothing
+        else holds them and they are in no reference cycle, so refcounting alone releases them."""
         self._closed = True
         self.model.aggregator.graphs = None     # free the captured graphs' buffers
         self.kv = None
         self.camera_cache = None
         self._pending.clear()
+        self._pinned.clear()
 
     # ------------------------------------------------------------------ internals
     def _check_open(self) -> None:
@@ -243,7 +248,7 @@ class LingBotMapSession:
         self.camera_cache = self.model.new_camera_cache(cfg.camera_iterations, cfg.scale_frames, cfg.special_cap)
 
     def _step(self, images: torch.Tensor, n: int, scale: bool, keyframe: bool, first: bool) -> dict:
-        forward = self.model.forward_step
+        forward = functools.partial(self.model.forward_step, extras=False)   # only what results use
         if scale and self.config.sequence_parallel != "off":   # ring attention over the ranks
             from .parallel.lingbot_ring import ring_forward
             forward = ring_forward(self.model, self.config)
@@ -269,7 +274,27 @@ class LingBotMapSession:
         self.camera_cache.end_step()
         if keyframe:
             self._advance_time(n)
-        return {k: v.float().cpu().numpy() for k, v in out.items()}
+        return self._to_host(out)
+
+    _OUTPUTS = ("pose_enc", "depth", "conf")    # what FrameResult carries; nothing else is copied
+
+    def _to_host(self, out: dict) -> dict:
+        """The outputs results use, on the host as numpy. On CUDA: copied into pinned buffers kept
+        per shape (reused: `_result` copies out of them before the next step) with one
+        synchronisation for all of them, instead of one blocking copy each."""
+        if self.device.type != "cuda":
+            return {k: out[k].float().numpy() for k in self._OUTPUTS}
+        host = {}
+        for k in self._OUTPUTS:
+            t = out[k]
+            key = (k, tuple(t.shape))
+            buf = self._pinned.get(key)
+            if buf is None:
+                buf = self._pinned[key] = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
+            buf.copy_(t, non_blocking=True)
+            host[k] = buf.numpy()
+        torch.cuda.current_stream(self.device).synchronize()
+        return host
 
     def _run_scale(self) -> list[FrameResult]:
         items = list(self._pending)             # kept until the step succeeds

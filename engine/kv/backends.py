@@ -120,6 +120,11 @@ class SDPABackend(_CacheRef):
             # flash kernel has no per-shape set-up (full model on the H200: 63.6 vs 129.9 ms/frame).
             from torch.nn.attention import SDPBackend
             kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+            # RECONSTUDIO_SDPA_KERNELS=cudnn,flash,efficient,math: another priority (benchmarks)
+            names = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                     "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+            pick = [names[n] for n in os.environ.get("RECONSTUDIO_SDPA_KERNELS", "").split(",") if n in names]
+            kernels = pick or kernels
         return cls(cache, kernels=kernels)
 
     def plan(self, step: StepTable) -> None:

@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .layers import Block, Mlp, sdpa_bnhd
 
@@ -42,6 +43,11 @@ class CameraCache:
         self.scale_frames, self.cap = scale_frames, cap
         self.kv = torch.zeros(iterations, depth, 2, scale_frames + cap + 1, num_heads, head_dim,
                               device=device, dtype=dtype)
+        # static-shape attention (CUDA graphs): the write slot as a device tensor and the slot ids
+        slots = scale_frames + cap + 1
+        self._at = torch.zeros(1, dtype=torch.long, device=device)
+        self._slot_ids = torch.arange(slots, device=device)
+        self._mask = torch.zeros(1, 1, 1, slots, dtype=dtype, device=device)
         self.num_scale = 0        # scale slots in use (fixed after the scale phase)
         self.ring_count = 0       # committed ring entries
         self.ring_next = 0        # oldest ring entry (overwritten at the next commit once full)
@@ -61,8 +67,27 @@ class CameraCache:
         if not scale and (num_frames != 1 or not self.num_scale):
             raise ValueError("camera cache: streamed steps carry one frame, after the scale phase")
         self._step = (scale, keyframe or scale, num_frames)
+        if not scale:
+            self._at.fill_(self.visible)       # a kernel, no host sync
 
-    def attend_fn(self, iteration: int, block: int):
+    def build_static_mask(self) -> None:
+        """Additive mask over every slot: 0 up to and including the write slot, -inf after
+        (computed on the device from `_at`, so a captured graph recomputes it every replay)."""
+        self._mask.zero_()
+        self._mask.masked_fill_(self._slot_ids > self._at, float("-inf"))
+
+    def attend_fn(self, iteration: int, block: int, static: bool = False):
+        if static:                             # one streamed frame, full capacity + mask
+            store = self.kv[iteration, block]
+            at, mask = self._at, self._mask
+
+            def attend_static(q, k, v):        # [1, 1, H, D]
+                store[0].index_copy_(0, at, k[0])
+                store[1].index_copy_(0, at, v[0])
+                qh, kh, vh = q.transpose(1, 2), store[0:1].transpose(1, 2), store[1:2].transpose(1, 2)
+                return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask).transpose(1, 2)
+
+            return attend_static
         _, _, n = self._step
         store = self.kv[iteration, block]
         at = self.visible                      # spare slot(s) right after the committed ones
@@ -121,9 +146,14 @@ class CameraHead(nn.Module):
                            scale_frames, cap, device=device)
 
     def forward(self, camera_tokens: torch.Tensor, iterations: int = 4,
-                cache: Optional[CameraCache] = None) -> list[torch.Tensor]:
+                cache: Optional[CameraCache] = None, static: bool = False) -> list[torch.Tensor]:
         """camera_tokens [S, dim] float32 (token 0 of the last aggregator layer) -> `iterations`
-        pose encodings [S, 9]. Without a cache the S frames attend to each other (one batch)."""
+        pose encodings [S, 9]. Without a cache the S frames attend to each other (one batch).
+        static=True (one streamed frame, for CUDA-graph capture): attention over the cache's full
+        capacity with a mask, the write slot read from a device tensor -- no shape depends on
+        how many frames are cached."""
+        if static:
+            cache.build_static_mask()
         x = self.token_norm(camera_tokens)[None]                # [1, S, dim]
         pred = None
         preds = []
@@ -132,7 +162,7 @@ class CameraHead(nn.Module):
             shift, scale, gate = self.poseLN_modulation(cond).chunk(3, dim=-1)
             h = gate * (self.adaln_norm(x) * (1 + scale) + shift) + x
             for j, blk in enumerate(self.trunk):
-                h = blk(h, attend=cache.attend_fn(it, j) if cache is not None else None)
+                h = blk(h, attend=cache.attend_fn(it, j, static) if cache is not None else None)
             delta = self.pose_branch(self.trunk_norm(h))
             pred = delta if pred is None else pred + delta
             preds.append(torch.cat((pred[..., :7], torch.relu(pred[..., 7:])), dim=-1)[0])

@@ -61,14 +61,23 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=bias)
 
     def forward(self, x: torch.Tensor, rope=None, attend: Optional[AttendFn] = None) -> torch.Tensor:
+        q, k, v = self.qkv_rotated(x, rope)
+        return self.proj(self._merge((attend or sdpa_bnhd)(q, k, v)))
+
+    def qkv_rotated(self, x: torch.Tensor, rope=None):
+        """q, k, v [B, N, H, D] (q, k normed and rotated): everything before the softmax part."""
         B, N, C = x.shape
         q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).unbind(2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = rope(q), rope(k)
-        out = (attend or sdpa_bnhd)(q, k, v)
-        return self.proj(out.reshape(B, N, C))
+        return q, k, v
+
+    @staticmethod
+    def _merge(out: torch.Tensor) -> torch.Tensor:
+        B, N, Hh, D = out.shape
+        return out.reshape(B, N, Hh * D)
 
 
 class Block(nn.Module):
@@ -90,6 +99,17 @@ class Block(nn.Module):
         # keeps the residual in float32 too; a bf16 residual loses the small per-block updates
         # (measured 4x the pose error). The normed input is cast once to the weights' dtype; the
         # residual + LayerScale stay one addcmul each (it promotes the bf16 branch to float32).
+        q, k, v = self.attn_pre(x, rope)
+        return self.attn_post(x, (attend or sdpa_bnhd)(q, k, v))
+
+    # The two halves around the softmax part, so a caller can run them as fixed-shape CUDA graphs
+    # while attention over a growing KV cache runs in between (engine/models/graphs.py).
+    def attn_pre(self, x: torch.Tensor, rope=None):
+        """norm1, qkv, qk-norm, RoPE -> q, k, v [B, N, H, D]."""
+        return self.attn.qkv_rotated(self.norm1(x).to(self.attn.qkv.weight.dtype), rope)
+
+    def attn_post(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Output projection + LayerScale residual, then the MLP residual."""
         dt = self.attn.qkv.weight.dtype
-        x = torch.addcmul(x, self.attn(self.norm1(x).to(dt), rope, attend), self.ls1.gamma)
+        x = torch.addcmul(x, self.attn.proj(self.attn._merge(attn_out.to(dt))), self.ls1.gamma)
         return torch.addcmul(x, self.mlp(self.norm2(x).to(dt)), self.ls2.gamma)

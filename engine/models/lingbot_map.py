@@ -6,8 +6,9 @@ Forward API used by the streaming session (engine/streaming.py) and the benchmar
                              kv=paged_kv_cache_or_None, camera_cache=cam_cache_or_None,
                              iterations=4)
     # images [S, 3, H, W] float in [0, 1], H and W multiples of 14
-    # out: pose_enc [S, 9], pose_enc_list [S, K, 9], depth [S, H, W], conf [S, H, W],
-    #      camera_features [S, 4, 2C] (token 0 of the four aggregator layers the heads read)
+    # out: pose_enc [S, 9], depth [S, H, W], conf [S, H, W], and unless extras=False:
+    #      pose_enc_list [S, K, 9], camera_features [S, 4, 2C] (token 0 of the four aggregator
+    #      layers the heads read)
 
 `model(images)` runs one bidirectional batch without caches (a scale phase on its own).
 
@@ -33,7 +34,7 @@ from .camera_head import CameraCache, CameraHead
 from .dinov2 import DinoV2
 from .dpt_head import DPTHead
 from .layers import Block, sdpa_bnhd
-from .rope import Rope2D, VideoRope3D
+from .rope import Rope2D, Rotation, VideoRope3D
 
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
 _IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -89,6 +90,11 @@ class Aggregator(nn.Module):
         self.rope3d = VideoRope3D(head_dim, cfg.rope3d_theta, cfg.rope3d_split)
         self.timer = None
         self.graphs = None      # engine.models.graphs.GraphCache: replay fixed-shape parts (CUDA)
+        # "fixed" (default): patch embed, frame blocks, depth head. "all": also both halves of
+        # each global block (around the eager attention) and the camera head (static-shape cache)
+        # -- measured on the H200 (docs/benchmarks.md): 21.9 vs 22.7 FPS steady and +0.55 GiB
+        # peak, so not the default; kept for the GPU-bound regime it was meant for.
+        self.graph_scope = "fixed"
         self.graph_batch = 1    # steps of up to this many frames use the graphs (engine/scheduler.py raises it)
 
     def _graphed(self, name, fn, *inputs):
@@ -140,7 +146,16 @@ class Aggregator(nn.Module):
                 x = self._graphed(("frame", i), lambda t, blk=blk: blk(t, rope=rot2d), x)
                 x_frame = x
             with self._section("global_blocks"):
-                x = self.global_blocks[i](x, rope=rot3d, attend=self._global_attend(i, kv))
+                blk = self.global_blocks[i]
+                if self.graphs is not None and S == 1 and kv is not None and self.graph_scope == "all":
+                    # fixed-shape halves as CUDA graphs; the cache write + attention over the
+                    # growing KV set run eagerly in between
+                    q, k, v = self.graphs.run(("global_pre", i), lambda t, c, s, blk=blk: blk.attn_pre(
+                        t, Rotation(c, s, rot3d.interleaved, rot3d.chunks)), x, rot3d.cos, rot3d.sin)
+                    x = self.graphs.run(("global_post", i), blk.attn_post, x,
+                                        self._global_attend(i, kv)(q, k, v))
+                else:
+                    x = blk(x, rope=rot3d, attend=self._global_attend(i, kv))
             if i in wanted:
                 feats.append(torch.cat((x_frame, x), dim=-1))
         return feats
@@ -228,20 +243,33 @@ class LingBotMap(nn.Module):
     @torch.no_grad()
     def forward_step(self, images: torch.Tensor, *, time_index: Sequence[int], first_frame: bool,
                      scale_phase: bool, kv=None, camera_cache: Optional[CameraCache] = None,
-                     iterations: int = 4) -> dict:
+                     iterations: int = 4, extras: bool = True) -> dict:
         cfg = self.config
         S, C3, H, W = images.shape
         if C3 != 3 or H % cfg.patch_size or W % cfg.patch_size:
             raise ValueError(f"images must be [S, 3, H, W] with H, W multiples of {cfg.patch_size}; got {tuple(images.shape)}")
         feats = self.aggregator(images, time_index, first_frame, scale_phase, kv=kv)
         feats32 = [f.float() for f in feats]
+        graphs = self.aggregator.graphs
         with self.aggregator._section("camera_head"):
-            poses = self.camera_head(feats32[-1][:, 0], iterations, camera_cache)
+            if graphs is not None and S == 1 and camera_cache is not None and self.aggregator.graph_scope == "all":
+                # the whole iterative head as one graph over the fixed-capacity camera cache
+                # (slot index and mask are device tensors the cache updates each step)
+                poses = graphs.run(("camera_head", iterations, id(camera_cache)),
+                                   lambda t: tuple(self.camera_head(t, iterations, camera_cache, static=True)),
+                                   feats32[-1][:, 0])
+            else:
+                poses = self.camera_head(feats32[-1][:, 0], iterations, camera_cache)
         with self.aggregator._section("depth_head"):
+            # one frame at a time outside graphs too: 8 full-resolution frames at once in float32
+            # were the peak of a session's GPU memory (the scale phase)
             depth, conf = self.aggregator._graphed(
-                "depth_head", lambda *f: self.depth_head(list(f), (H, W), cfg.num_special), *feats32)
-        return {"pose_enc": poses[-1], "pose_enc_list": torch.stack(poses, dim=1), "depth": depth,
-                "conf": conf, "camera_features": torch.stack([f[:, 0] for f in feats32], dim=1)}
+                "depth_head", lambda *f: self.depth_head(list(f), (H, W), cfg.num_special, chunk=1), *feats32)
+        out = {"pose_enc": poses[-1], "depth": depth, "conf": conf}
+        if extras:
+            out.update(pose_enc_list=torch.stack(poses, dim=1),
+                       camera_features=torch.stack([f[:, 0] for f in feats32], dim=1))
+        return out
 
     def forward(self, images: torch.Tensor, iterations: int = 4) -> dict:
         """One bidirectional batch (no caches): frame 0 is the reference, all frames are scale frames."""

@@ -50,12 +50,15 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 @needs_cuda
-def test_cuda_graphs_match_eager():
-    """The graphed patch embed / frame blocks / depth head give what eager gives, frame after frame
-    (static buffers are refilled every step, nothing of a previous frame leaks)."""
+@pytest.mark.parametrize("scope", ["fixed", "all"])
+def test_cuda_graphs_match_eager(scope):
+    """The graphed patch embed / frame blocks / depth head ("fixed", the default) -- and with "all"
+    also the global-block halves and the static-shape camera head -- give what eager gives, frame
+    after frame (static buffers are refilled every step, nothing of a previous frame leaks)."""
     from engine.bench import BenchConfig, build_bench_model
 
     model = build_bench_model(BenchConfig(device="cuda"))
+    model.aggregator.graph_scope = scope
     gen = torch.Generator().manual_seed(5)
     frames = [torch.rand(3, 378, 518, generator=gen) for _ in range(12)]
     outs = {}
@@ -76,3 +79,39 @@ def test_cuda_graphs_match_eager():
         assert _rel(ra.pose_enc, rb.pose_enc) < 5e-2, ra.index
     # consecutive graphed frames differ (outputs are not a stale buffer)
     assert _rel(a[-1].depth, a[-2].depth) > 1e-3
+
+
+@needs_cuda
+def test_close_frees_gpu_memory_at_once():
+    """close() returns the KV pools, camera cache and CUDA graphs to the allocator at once, with
+    Python's cycle collector off: allocated memory goes back to the model's (plus the small caches
+    the model keeps across sessions: RoPE tables, resized position embedding, cuBLAS workspace)."""
+    import gc
+    from engine.bench import BenchConfig, build_bench_model
+
+    model = build_bench_model(BenchConfig(device="cuda")).set_dtype(torch.bfloat16)   # as the sessions use it
+    gen = torch.Generator().manual_seed(7)
+    frames = [torch.rand(3, 378, 518, generator=gen) for _ in range(8)]
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    after = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            s = open_session(SessionConfig(engine="lingbot-map", device="cuda", dtype="bf16", scale_frames=2,
+                                           window=8, keyframe_interval=2, special_cap=16), model=model)
+            for f in frames:
+                s.push(f)
+            pools = s.stats()["kv"]["bytes_allocated"]
+            assert torch.cuda.memory_allocated() > base + pools
+            s.close()
+            del s
+            torch.cuda.synchronize()
+            after.append(torch.cuda.memory_allocated())
+    finally:
+        gc.enable()
+    print(f"allocated: model {base / 2**30:.3f} GiB, after each close {[round(a / 2**30, 3) for a in after]} GiB, "
+          f"pools {pools / 2**30:.2f} GiB")
+    assert after[0] - base < pools / 4
+    assert max(after) - min(after) <= 16 * 2**20
