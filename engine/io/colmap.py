@@ -4,6 +4,9 @@
     DIR/sparse/0/cameras.txt        one PINHOLE camera per distinct (size, intrinsics)
     DIR/sparse/0/images.txt         per frame: world-to-camera pose + its 2D observations
     DIR/sparse/0/points3D.txt       the exported points, each with its one-observation track
+    DIR/sparse/0/*.bin              the same model in COLMAP's binary layout (binary=True, default):
+                                    some readers take only one of the two (nerfstudio's
+                                    colmap_to_json reads .bin; its data parser and gsplat either)
 
 COLMAP conventions (https://colmap.github.io/format.html), all handled here:
 - images.txt holds WORLD-TO-CAMERA poses: `QW QX QY QZ TX TY TZ` (scalar-first quaternion) with
@@ -51,7 +54,7 @@ def _encode(image: np.ndarray, ext: str) -> bytes:
     return buf.tobytes()
 
 
-def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg") -> dict:
+def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg", binary: bool = True) -> dict:
     """Write a COLMAP text model into `folder` (created if needed).
 
     `frames`: per registered image, a dict with `index` (frame number, names the image file),
@@ -73,6 +76,7 @@ def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg")
 
     cameras: dict[tuple, int] = {}
     cam_lines, img_lines, pt_lines = [], [], []
+    bin_cams, bin_imgs, bin_pts = [], [], []          # the same records for the binary files
     next_point = 1
     n_points = 0
     for image_id, f in enumerate(frames, 1):
@@ -84,6 +88,7 @@ def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg")
         if key not in cameras:
             cameras[key] = len(cameras) + 1
             cam_lines.append(f"{cameras[key]} PINHOLE {w} {h} " + " ".join(f"{p:.9g}" for p in params))
+            bin_cams.append((cameras[key], w, h, params))
         cam_id = cameras[key]
         name = f"{int(f['index']):06d}{ext}"
         with atomic_open(images_dir / name, "wb") as fh:
@@ -93,12 +98,16 @@ def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg")
 
         pts = f.get("points")
         m = 0 if pts is None else len(pts)
+        uv_bin = np.zeros((0, 2))
+        ids_bin = np.zeros(0, np.int64)
         if m:
             pts = np.asarray(pts, np.float64).reshape(-1, 3)
             cols = np.asarray(f["colors"], np.uint8).reshape(-1, 3)
             uv = np.asarray(f["uv"], np.float64).reshape(-1, 2) + 0.5
             err = np.asarray(f.get("error", np.zeros(m)), np.float64).reshape(-1)
             ids = np.arange(next_point, next_point + m)
+            uv_bin, ids_bin = uv, ids
+            bin_pts.append((ids, pts, cols, err, image_id))
             # line 2 of the image: "X Y POINT3D_ID" per observation
             obs = np.column_stack([uv, ids])
             img_lines.append(" ".join(f"{x:.2f} {y:.2f} {int(i)}" for x, y, i in obs))
@@ -110,6 +119,7 @@ def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg")
             n_points += m
         else:
             img_lines.append("")
+        bin_imgs.append((image_id, q, t, cam_id, name, uv_bin, ids_bin))
 
     header = "# ReconStudio export (camera poses world-to-camera, OpenCV axes)\n"
     with atomic_open(sparse / "cameras.txt", "w") as fh:
@@ -126,5 +136,48 @@ def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg")
                  f"# Number of points: {n_points}, mean track length: 1\n")
         for i in range(0, len(pt_lines), 65536):
             fh.write("".join(l + "\n" for l in pt_lines[i:i + 65536]))
+    if binary:
+        _write_binary(sparse, bin_cams, bin_imgs, bin_pts)
     return {"images": len(img_lines) // 2, "cameras": len(cam_lines), "points": n_points,
             "folder": str(folder)}
+
+
+PINHOLE_MODEL_ID = 1
+
+
+def _write_binary(sparse: Path, cams, imgs, pts) -> None:
+    """cameras.bin / images.bin / points3D.bin (little-endian, COLMAP's read_write_model layout):
+    cameras: u64 n, then per camera i32 id, i32 model, u64 width, u64 height, f64 params[4];
+    images: u64 n, then i32 id, f64 qvec[4], f64 tvec[3], i32 camera, name + NUL, u64 n2d,
+    (f64 x, f64 y, i64 point3D_id) per observation; points3D: u64 n, then u64 id, f64 xyz[3],
+    u8 rgb[3], f64 error, u64 track length, (i32 image, i32 point2D_idx) per track element."""
+    with atomic_open(sparse / "cameras.bin", "wb") as f:
+        f.write(np.uint64(len(cams)).tobytes())
+        rec = np.dtype([("id", "<i4"), ("model", "<i4"), ("w", "<u8"), ("h", "<u8"), ("p", "<f8", 4)])
+        a = np.zeros(len(cams), rec)
+        for i, (cid, w, h, params) in enumerate(cams):
+            a[i] = (cid, PINHOLE_MODEL_ID, w, h, params)
+        f.write(a.tobytes())
+    with atomic_open(sparse / "images.bin", "wb") as f:
+        f.write(np.uint64(len(imgs)).tobytes())
+        head = np.dtype([("id", "<i4"), ("q", "<f8", 4), ("t", "<f8", 3), ("cam", "<i4")])
+        obs = np.dtype([("x", "<f8"), ("y", "<f8"), ("pid", "<i8")])
+        for image_id, q, t, cam_id, name, uv, ids in imgs:
+            h = np.zeros(1, head)
+            h[0] = (image_id, q, t, cam_id)
+            f.write(h.tobytes())
+            f.write(name.encode("utf-8") + b"\0")
+            f.write(np.uint64(len(ids)).tobytes())
+            o = np.zeros(len(ids), obs)
+            if len(ids):
+                o["x"], o["y"], o["pid"] = uv[:, 0], uv[:, 1], ids
+            f.write(o.tobytes())
+    with atomic_open(sparse / "points3D.bin", "wb") as f:
+        f.write(np.uint64(sum(len(p[0]) for p in pts)).tobytes())
+        rec = np.dtype([("id", "<u8"), ("xyz", "<f8", 3), ("rgb", "u1", 3), ("err", "<f8"), ("n", "<u8"),
+                        ("img", "<i4"), ("idx", "<i4")])          # every track has one element
+        for ids, xyz, rgb, err, image_id in pts:
+            a = np.zeros(len(ids), rec)
+            a["id"], a["xyz"], a["rgb"], a["err"], a["n"] = ids, xyz, rgb, err, 1
+            a["img"], a["idx"] = image_id, np.arange(len(ids))
+            f.write(a.tobytes())

@@ -187,3 +187,27 @@ def test_cli_writes_colmap_and_glb_from_a_saved_session(tmp_path, capsys):
     assert rec.num_reg_images() == len(rs)
     assert "trajectory" in trimesh.load(tmp_path / "a.glb").geometry
     assert main(["run", str(tmp_path / "s"), "--colmap", str(tmp_path / "a.glb")]) == 2   # a file, not a folder
+
+
+def test_colmap_binary_model_equals_the_text_model(tmp_path):
+    rs = _results()
+    export_results(rs, {"colmap": tmp_path / "m"}, conf_threshold=5.0, stride=3)
+    sparse = tmp_path / "m" / "sparse" / "0"
+    text_only, bin_only = tmp_path / "t", tmp_path / "b"
+    for d, ext in ((text_only, ".txt"), (bin_only, ".bin")):
+        d.mkdir()
+        for name in ("cameras", "images", "points3D"):
+            (d / (name + ext)).write_bytes((sparse / (name + ext)).read_bytes())
+    t, b = pycolmap.Reconstruction(str(text_only)), pycolmap.Reconstruction(str(bin_only))
+    assert b.num_reg_images() == t.num_reg_images() == len(rs)
+    assert len(b.points3D) == len(t.points3D) > 0
+    for i, im in t.images.items():
+        bi = b.images[i]
+        assert bi.name == im.name and bi.camera_id == im.camera_id
+        np.testing.assert_allclose(bi.cam_from_world().matrix(), im.cam_from_world().matrix(), atol=1e-9)
+        np.testing.assert_allclose([p.xy for p in bi.points2D], [p.xy for p in im.points2D], atol=0.006)
+    for pid, p in t.points3D.items():
+        q = b.points3D[pid]
+        np.testing.assert_allclose(q.xyz, p.xyz, rtol=1e-6, atol=1e-6)
+        assert (q.color == p.color).all() and q.track.length() == 1
+    np.testing.assert_allclose(next(iter(b.cameras.values())).params, next(iter(t.cameras.values())).params)
