@@ -6,10 +6,12 @@ Sequence layout (../shared/data/README.md): `rgb/*.jpg|png` frames in capture or
 `depth_intrinsics.txt` if present, else from a comment like "the depth camera is fx fy cx cy" in
 intrinsics.txt, else the colour intrinsics (depth registered to colour).
 
-Re-alignment events ("realign") are applied to their segments first. Metrics: ATE RMSE after
-Sim(3) alignment over all posed frames (and per segment, each aligned on
-its own), RPE per second, coverage, and for keyframes with depth AbsRel / δ<1.25 after one median
-scale for the sequence.
+Re-alignment events ("realign", whole segments or frame ranges) are applied first. Metrics: ATE
+RMSE after Sim(3) alignment over all posed frames (and per segment, each aligned on its own; and
+before the engine's corrections when it sent any), RPE per second, scale drift per 100 frames
+(`metrics.scale_drift`, in the largest segment), loops closed / segments relocalised (from the
+engine's stats), coverage, and for keyframes with depth AbsRel / δ<1.25 after one median scale
+for the sequence.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 from .api import EngineError, SessionConfig, open_session
 from .intrinsics import Intrinsics, read_intrinsics
 from .io.export import TrajectoryError, export_tum, read_tum
-from .metrics import ate, coverage, depth_metrics, rpe
+from .metrics import ate, coverage, depth_metrics, rpe, scale_drift
 from .run_driver import CallbackSink, CollectSink, RunDriver, SequenceSource
 
 __all__ = ["SequenceError", "Sequence", "load_sequence", "evaluate_sequence", "format_report"]
@@ -139,9 +141,11 @@ def evaluate_sequence(seq_dir, config: Optional[SessionConfig] = None, *, engine
     results, events = collect.results, collect.events
     wall, stats = summary.wall_s, summary.stats
     results.sort(key=lambda r: r.index)
+    raw_results = None
     if any(e.kind == "realign" for e in events):
-        # windowed / loop-closing engines move whole segments after the fact
+        # windowed / loop-closing engines move segments (or stretches of frames) after the fact
         from .geometry import apply_realignments
+        raw_results = results
         results = sorted(apply_realignments(results, events), key=lambda r: r.index)
     report = {
         "sequence": seq.root.name, "engine": cfg.engine, "frames": n, "posed": len(results),
@@ -149,6 +153,10 @@ def evaluate_sequence(seq_dir, config: Optional[SessionConfig] = None, *, engine
         "segments": len({r.segment for r in results}), "wall_s": wall, "fps_wall": n / wall if wall > 0 else None,
         "segment_events": [e.message for e in events if e.kind == "segment"],
         "stats": {k: v for k, v in stats.items() if isinstance(v, (int, float, str, type(None)))},
+        # loop closure / relocalisation (engines that report them in stats, e.g. geometric)
+        "loops_closed": stats.get("loops_closed"), "loops_consistent": stats.get("loops_consistent"),
+        "segments_relocalised": stats.get("segments_relocalised"),
+        "realign_events": sum(1 for e in events if e.kind == "realign"),
     }
     if trajectory:
         export_tum(trajectory, results)
@@ -178,6 +186,16 @@ def evaluate_sequence(seq_dir, config: Optional[SessionConfig] = None, *, engine
             r = rpe(est[m], gt[m], seq.timestamps[idx[m]], delta_s=1.0, scale=sc)
             report["rpe_trans_m_per_s"] = r["trans_rmse_per_s"]
             report["rpe_rot_deg_per_s"] = r["rot_rmse_deg_per_s"]
+            # scale drift: Sim(3) scale of each 100-frame window of that segment, on its own
+            sd = scale_drift(est[m], gt[m], window=100)
+            report["scale_drift_rms_per_100"] = sd["drift_rms"]
+            report["scale_drift_max_per_100"] = sd["drift_max"]
+            report["scale_range"] = sd["range"]
+            report["scale_windows"] = sd["windows"]
+        if raw_results is not None and len(raw_results) >= 3:
+            # the trajectory as the engine first produced it, before its corrections
+            ridx = np.array([r.index for r in raw_results])
+            report["ate_raw_rmse_m"] = ate(np.array([r.c2w for r in raw_results]), seq.gt_c2w[ridx])["rmse"]
     else:
         report["ate_rmse_m"] = None
     # keyframe depth against ground truth
@@ -217,6 +235,20 @@ def format_report(rep: dict) -> str:
         f"RPE        {f(rep.get('rpe_trans_m_per_s'), ' m/s')} translation, "
         f"{f(rep.get('rpe_rot_deg_per_s'), ' deg/s', fmt='{:.2f}')} rotation",
     ]
+    if rep.get("scale_drift_rms_per_100") is not None:
+        lines.append(f"scale      drift {f(rep['scale_drift_rms_per_100'], ' %', 100, '{:.1f}')} per 100 frames "
+                     f"(RMS; max {f(rep['scale_drift_max_per_100'], ' %', 100, '{:.1f}')}), window scales "
+                     f"within x{f(rep.get('scale_range'), fmt='{:.3f}')} over {rep['scale_windows']} windows")
+    if rep.get("loops_closed") is not None or rep.get("ate_raw_rmse_m") is not None:
+        parts = []
+        if rep.get("loops_closed") is not None:
+            parts.append(f"{rep['loops_closed']} closed" + (f" ({rep['loops_consistent']} more found that the map "
+                                                            "already agreed with)" if rep.get("loops_consistent") else ""))
+        if rep.get("segments_relocalised"):
+            parts.append(f"{rep['segments_relocalised']} segment(s) relocalised")
+        if rep.get("ate_raw_rmse_m") is not None:
+            parts.append(f"ATE before corrections {f(rep['ate_raw_rmse_m'], ' cm', 100, '{:.2f}')}")
+        lines.append("loops      " + ", ".join(parts))
     if "depth_abs_rel" in rep:
         lines.append(f"depth      AbsRel {f(rep['depth_abs_rel'])}, delta<1.25 {f(rep['depth_delta1'])} "
                      f"over {rep['depth_frames']} keyframes ({100 * rep['depth_density']:.0f}% of pixels have depth)")

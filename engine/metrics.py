@@ -4,6 +4,8 @@
 - `ate(est, gt)` — absolute trajectory error: RMSE of camera centres after Sim(3) alignment.
 - `rpe(est, gt, timestamps)` — relative pose error per second of input time (translation after
   the Sim(3) scale, rotation in degrees).
+- `scale_drift(est, gt, window=100)` — Sim(3) scale of each window of `window` consecutive frames
+  (each aligned on its own), and how much it changes from one window to the next.
 - `depth_metrics(preds, gts)` — AbsRel and δ<1.25 after ONE median scale for the whole sequence
   (monocular depth has the trajectory's arbitrary scale).
 - `coverage(n_with_pose, n_frames)`.
@@ -18,7 +20,7 @@ import numpy as np
 
 from .align.sim3 import umeyama as _align_umeyama
 
-__all__ = ["umeyama", "apply_sim3", "ate", "rpe", "depth_metrics", "coverage", "rotation_angle_deg"]
+__all__ = ["umeyama", "apply_sim3", "ate", "rpe", "scale_drift", "depth_metrics", "coverage", "rotation_angle_deg"]
 
 
 def umeyama(src: np.ndarray, dst: np.ndarray, with_scale: bool = True) -> tuple[float, np.ndarray, np.ndarray]:
@@ -103,6 +105,38 @@ def rpe(est, gt, timestamps: Sequence[float], delta_s: float = 1.0, scale: float
         "rot_rmse_deg_per_s": float(np.sqrt(np.mean(rot ** 2))),
         "pairs": len(trans), "delta_s": float(np.mean(dts)),
     }
+
+
+def scale_drift(est, gt, window: int = 100, min_spread: float = 0.01) -> dict:
+    """Scale drift of a monocular trajectory: the Sim(3) scale that aligns each run of `window`
+    consecutive poses to the ground truth on its own (windows whose ground-truth camera centres
+    spread less than `min_spread` gt units are skipped: their scale is not observable). Returns
+    {"window", "scales" (per window, divided by the first usable one), "drift_rms" (RMS of
+    |log(s_k+1 / s_k)|, i.e. the typical relative scale change per `window` frames),
+    "drift_max" (the largest such change), "range" (max / min window scale)}; None values when
+    fewer than 2 windows are usable."""
+    est, gt = _as_poses(est), _as_poses(gt)
+    if len(est) != len(gt):
+        raise ValueError("scale drift needs matching pose lists")
+    window = max(int(window), 3)
+    scales = []
+    for a in range(0, len(est) - window // 2, window):   # a last window of ≥ half the size counts
+        e, g = est[a:a + window, :3, 3], gt[a:a + window, :3, 3]
+        if len(e) < 3 or np.linalg.norm(g - g.mean(0), axis=1).mean() < min_spread \
+                or np.linalg.norm(e - e.mean(0), axis=1).mean() <= 0:
+            scales.append(None)
+            continue
+        scales.append(umeyama(e, g)[0])
+    usable = [x for x in scales if x is not None and x > 0]
+    out = {"window": window, "scales": None, "drift_rms": None, "drift_max": None, "range": None,
+           "windows": len(usable)}
+    if len(usable) < 2:
+        return out
+    logs = np.log(np.array(usable))
+    steps = np.abs(np.diff(logs))
+    out.update(scales=[float(np.exp(x - logs[0])) for x in logs], drift_rms=float(np.sqrt(np.mean(steps ** 2))),
+               drift_max=float(steps.max()), range=float(np.exp(logs.max() - logs.min())))
+    return out
 
 
 def depth_metrics(preds: Iterable[np.ndarray], gts: Iterable[np.ndarray],

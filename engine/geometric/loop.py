@@ -33,7 +33,7 @@ from typing import Optional
 import cv2
 import numpy as np
 
-from ..align import Sim3PoseGraph, sim3_exp, sim3_inverse, sim3_matrix, sim3_split
+from ..align import Sim3PoseGraph, sim3_exp, sim3_inverse, sim3_log, sim3_matrix, sim3_split
 
 
 @dataclass
@@ -52,6 +52,9 @@ class LoopParams:
     covis_max_edges: int = 4      # ... the strongest few (an essential graph, as in ORB-SLAM)
     loop_information: float = 1.0
     loop_huber: float = 0.5       # on the whitened loop residual (≈ rad / relative units)
+    agree_deg: float = 1.0        # a verified loop the map already satisfies this well (rotation,
+    agree_trans: float = 0.03     # translation / median depth, log scale) is recorded but moves
+    agree_scale: float = 0.03     # nothing (closing it would only spread measurement noise)
     lag: int = 30                 # frames after the query keyframe when its answer is applied
 
 
@@ -117,6 +120,7 @@ class LoopCloser:
         self._df: Optional[np.ndarray] = None
         self._n_docs = 0
         self.loops: list[LoopSolution] = []
+        self.loops_consistent = 0                            # verified loops the map already agreed with
         self.detect_cpu: list[float] = []
 
     # --- tracking thread ------------------------------------------------------------------------
@@ -203,8 +207,21 @@ class LoopCloser:
         # S maps query camera frame → candidate camera frame: T_q ≈ T_c · S
         with self._lock:
             self.edges[node.segment].append((cand.fid, fid, S, self.p.loop_information, self.p.loop_huber))
+        if self._agrees(node, cand, S):
+            # the map already agrees with the loop (no drift to speak of): keep the edge for later
+            # solves, but do not move the map for noise
+            self.loops_consistent += 1
+            return out
         out.append(self._solve(node, cand, n_inl, S))
         return out
+
+    def _agrees(self, node, cand, S) -> bool:
+        """Whether the current estimate already satisfies the loop edge within its noise."""
+        r = sim3_log(sim3_inverse(S) @ sim3_inverse(self.T_est[cand.fid]) @ self.T_est[node.fid])
+        z = node.P_cam[:, 2]
+        med = float(np.median(z[z > 0])) if (z > 0).any() else 1.0
+        return (np.degrees(np.linalg.norm(r[:3])) < self.p.agree_deg
+                and np.linalg.norm(r[3:6]) < self.p.agree_trans * med and abs(r[6]) < self.p.agree_scale)
 
     def _best_match(self, node, fids, ref):
         """The verified candidate among keyframes `fids` with the most inliers: (node, inliers, S)."""

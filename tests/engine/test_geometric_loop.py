@@ -108,10 +108,11 @@ def test_forward_backward_closes_loops_and_corrects(icl, monkeypatch):
 
 
 def test_loop_closure_keeps_an_undrifted_run_accurate(icl):
+    """Without drift the loops are found, and the ones the map already agrees with move nothing."""
     seq, frames = icl
     order = list(range(200)) + list(range(199, -1, -1))
     res, ev, st = _run(seq, frames, order)
-    assert st["loops_closed"] >= 1
+    assert st["loops_closed"] + st["loops_consistent"] >= 3 and st["loops_consistent"] >= 1
     assert _ate(apply_realignments(res, ev), seq, order) < 0.01
 
 
