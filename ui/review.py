@@ -11,6 +11,7 @@ only wires widgets to the viewer.
 - Click a camera (its centre, within a few pixels) to show its frame and depth in the previews.
 - Measure: click two points; the distance is shown in scene units (monocular engines: arbitrary
   scale, so it compares lengths within one run).
+- Thumbnails: the newest keyframes' images drawn inside their frustums (read from the store).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Optional
 import numpy as np
 from PySide6 import QtCore, QtWidgets
 from vispy import scene as vscene
+from vispy.visuals.transforms import MatrixTransform
 
 from engine.review import SessionTimeline, frames_up_to, pick_nearest
 
@@ -29,6 +31,8 @@ CAMERA_PRESETS = ("Free", "Follow", "Top")
 CLICK_PX = 4          # a press and release closer than this is a click, not a drag
 CAMERA_PICK_PX = 14
 POINT_PICK_PX = 8
+MAX_THUMBNAILS = 48   # newest keyframes with an image in their frustum (one draw call each)
+THUMB_WIDTH = 96
 
 
 def project(viewer, world: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -81,6 +85,9 @@ class ReviewBar(QtWidgets.QWidget):
         self.camera = QtWidgets.QComboBox()
         self.camera.addItems(CAMERA_PRESETS)
         self.camera.setToolTip("Free: your view · Follow: chase the newest camera · Top: look down on the scene")
+        self.thumbs = QtWidgets.QCheckBox("Thumbnails")
+        self.thumbs.setChecked(True)
+        self.thumbs.setToolTip(f"Show the images of the newest {MAX_THUMBNAILS} keyframes in their frustums")
         self.measure = QtWidgets.QPushButton("Measure")
         self.measure.setCheckable(True)
         self.measure.setToolTip("Click two points in the view to measure their distance")
@@ -88,7 +95,7 @@ class ReviewBar(QtWidgets.QWidget):
         self.info.setStyleSheet("color: #8a8f98;")
         self.info.setMinimumWidth(60)
         for w in (QtWidgets.QLabel("Timeline"), self.slider, self.frame_label, self.mode, self.live,
-                  QtWidgets.QLabel("Camera"), self.camera, self.measure, self.info):
+                  QtWidgets.QLabel("Camera"), self.camera, self.thumbs, self.measure, self.info):
             lay.addWidget(w)
         lay.setStretchFactor(self.slider, 1)
 
@@ -108,6 +115,10 @@ class ReviewBar(QtWidgets.QWidget):
             v.order = 20
             v.visible = False
         window.framesShown.connect(self._on_frames_shown)
+        self._thumb_nodes: dict[int, object] = {}        # frame index -> vispy Image node
+        self._thumb_images: dict[int, np.ndarray] = {}
+        self._thumb_timer = QtCore.QTimer(self, singleShot=True, interval=500, timeout=self.update_thumbnails)
+        self.thumbs.toggled.connect(lambda *_: self.update_thumbnails())
 
     # -- session ------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -124,6 +135,7 @@ class ReviewBar(QtWidgets.QWidget):
         self.slider.setEnabled(False)
         self.frame_label.setText("—")
         self._clear_measure()
+        self._clear_thumbnails()
 
     def set_session(self, folder: Optional[str]) -> None:
         self.reset()
@@ -152,6 +164,8 @@ class ReviewBar(QtWidgets.QWidget):
             self.frame_label.setText(f"frame {idx[-1]}")
 
     def _on_frames_shown(self, n: int) -> None:
+        if not self._thumb_timer.isActive():
+            self._thumb_timer.start()
         if self.timeline is None and self.window.session_folder:
             self.set_session(self.window.session_folder)
         elif not self.reviewing and self.timeline is not None and n % 10 == 0:
@@ -261,6 +275,7 @@ class ReviewBar(QtWidgets.QWidget):
             self.window.preview.show_frame(last, note=" · timeline")
         self.window._apply_threshold()
         self.frame_label.setText(f"frame {n}" + (" only" if mode == "current" else ""))
+        self.update_thumbnails()
         v.canvas.update()
 
     def go_live(self) -> None:
@@ -277,6 +292,7 @@ class ReviewBar(QtWidgets.QWidget):
                 self._apply_scrub()
         self.shown_upto = None
         self._set_reviewing(False)
+        self.update_thumbnails()
         if self.timeline is not None and self.timeline.indices:
             self.frame_label.setText(f"frame {self.timeline.indices[-1]}")
 
@@ -395,6 +411,63 @@ class ReviewBar(QtWidgets.QWidget):
             self.distance = None
             self.info.setText("click a second point")
         self.viewer.canvas.update()
+
+
+    # -- keyframe thumbnails ------------------------------------------------------------------
+    def _clear_thumbnails(self) -> None:
+        for node in self._thumb_nodes.values():
+            node.parent = None
+        self._thumb_nodes = {}
+        self._thumb_images = {}
+
+    def update_thumbnails(self, max_loads: int = 8) -> int:
+        """Draw the newest keyframes' images in their frustums (at most MAX_THUMBNAILS; at most
+        `max_loads` images read from the store per call, the rest on the next frames). Returns
+        the number of thumbnails drawn."""
+        m = self.viewer.scene
+        if not self.thumbs.isChecked() or self.timeline is None or not m.camera_count:
+            self._clear_thumbnails()
+            return 0
+        n = m.camera_count
+        kf = np.flatnonzero(m.cam_keyframe[:n])[-MAX_THUMBNAILS:]
+        want = {int(m.cam_index[k]): int(k) for k in kf}
+        for idx in [i for i in self._thumb_nodes if i not in want]:
+            self._thumb_nodes.pop(idx).parent = None
+        loads = 0
+        for idx, k in want.items():
+            img = self._thumb_images.get(idx)
+            if img is None:
+                if loads >= max_loads:
+                    continue
+                loads += 1
+                r = self.timeline.result(idx)
+                if r is None or not np.size(r.image):
+                    continue                  # not on disk yet (a live run): next time
+                step = max(1, int(np.shape(r.image)[1]) // THUMB_WIDTH)
+                img = np.ascontiguousarray(np.asarray(r.image)[::step, ::step])
+                self._thumb_images[idx] = img
+            corners = np.array([_to_world(m, c, int(m.cam_segment[k])) for c in m.cam_frustum[k][1:5]])
+            node = self._thumb_nodes.get(idx)
+            if node is None:
+                node = vscene.visuals.Image(img, parent=self.viewer.view.scene, interpolation="linear")
+                node.set_gl_state(depth_test=True, cull_face=False)
+                self._thumb_nodes[idx] = node
+            node.transform = MatrixTransform(_image_plane(corners, img.shape[1], img.shape[0]))
+        self.viewer.canvas.update()
+        if loads >= max_loads and not self._thumb_timer.isActive():
+            self._thumb_timer.start()          # more to read
+        return len(self._thumb_nodes)
+
+
+def _image_plane(corners: np.ndarray, w: int, h: int) -> np.ndarray:
+    """vispy row-vector matrix mapping image pixel (x, y, 0) onto the frustum's image rectangle
+    (corners TL, TR, BR, BL in world)."""
+    tl, tr, _, bl = np.asarray(corners, np.float64)
+    ex, ey = (tr - tl) / max(w, 1), (bl - tl) / max(h, 1)
+    n = np.cross(ex, ey)
+    M = np.eye(4)
+    M[0, :3], M[1, :3], M[2, :3], M[3, :3] = ex, ey, n / (np.linalg.norm(n) or 1.0), tl
+    return M
 
 
 def _to_world(m, p, seg: int) -> np.ndarray:

@@ -145,3 +145,22 @@ def test_camera_presets_click_a_camera_and_measure(qtbot, make_window, shared_da
     assert rv.info.text().startswith("distance")
     rv.measure.setChecked(False)
     assert rv.distance is None and not rv.measure_points
+
+
+def test_keyframe_thumbnails_sit_in_their_frustums(qtbot, make_window, shared_data):
+    from ui.review import MAX_THUMBNAILS
+    w = make_window()
+    _finished_run(qtbot, w, shared_data)
+    rv, m = w.review, w.viewer.scene
+    n = rv.update_thumbnails(max_loads=100)
+    kf = np.flatnonzero(m.cam_keyframe[: m.camera_count])
+    assert n == min(len(kf), MAX_THUMBNAILS) == 6
+    k = kf[-1]
+    node = rv._thumb_nodes[int(m.cam_index[k])]
+    h, w_ = rv._thumb_images[int(m.cam_index[k])].shape[:2]
+    corners = node.transform.map(np.array([[0, 0, 0], [w_, 0, 0], [0, h, 0]], float))[:, :3]
+    np.testing.assert_allclose(corners, m.cam_frustum[k][[1, 2, 4]], atol=1e-5)   # TL, TR, BL
+    img = w.viewer.render_image()
+    assert img[..., :3].std() > 10
+    rv.thumbs.setChecked(False)
+    assert not rv._thumb_nodes
