@@ -270,6 +270,11 @@ def _rank(rank, world, args, rdzv):
     res = {"gpu": torch.cuda.get_device_name(rank) if cuda else "cpu", "gpus": world, "torch": torch.__version__,
            "model": MODEL, "resolution": [W, H]}
     model = _model(torch.device("cuda", rank) if cuda else torch.device("cpu"))
+
+    def save():          # after every part, so a run cut short keeps what it measured
+        if rank == 0:
+            with open(os.path.join(args.out, "parallel_bench.json"), "w") as f:
+                json.dump(res, f, indent=1)
     if world > 1:
         import torch.distributed as dist
         if cuda:
@@ -279,16 +284,17 @@ def _rank(rank, world, args, rdzv):
             dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world)
         if args.ring_frames:
             res["ring_attention"] = _ring_attention_part(rank, world, args, log)
+            save()
         if args.scale_sizes:
             res["scale_phase"] = _scale_phase_part(rank, world, model, args, log)
+            save()
         dist.barrier()
         dist.destroy_process_group()
         if rank != 0:
             return
     if args.streams:
         res["scheduler"] = _scheduler_part(model, args, log)
-    with open(os.path.join(args.out, "parallel_bench.json"), "w") as f:
-        json.dump(res, f, indent=1)
+    save()
 
 
 def main(argv=None) -> int:
