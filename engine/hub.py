@@ -45,6 +45,10 @@ KNOWN_CHECKPOINTS: tuple[KnownCheckpoint, ...] = (
         "lingbot-map-stage1", "LingBot-Map stage 1 (bidirectional)", HUB_REPO, "lingbot-map-stage1.pt",
         4_760_000_000, "vggt",
         "stage-1 training checkpoint for the bidirectional VGGT model (carries a point head)"),
+    KnownCheckpoint(
+        "vggt-1b", "VGGT-1B", "facebook/VGGT-1B", "model.pt", 5_030_000_000, "vggt-1b",
+        "VGGT-1B with all four heads, for the chunked vggt-1b engine (Meta's licence: check its terms "
+        "on the hub page before use)"),
 )
 
 

@@ -67,7 +67,8 @@ def _run(code, tmp_path, offline=False, fake_hub=False):
 
 def test_known_checkpoints_table():
     names = [c.name for c in KNOWN_CHECKPOINTS]
-    assert names == ["lingbot-map", "lingbot-map-long", "lingbot-map-stage1"]
+    assert names == ["lingbot-map", "lingbot-map-long", "lingbot-map-stage1", "vggt-1b"]
+    assert known_checkpoint("vggt-1b").engine == "vggt-1b"
     ck = known_checkpoint("lingbot-map")
     assert (ck.repo_id, ck.filename, ck.engine) == ("robbyant/lingbot-map", "lingbot-map.pt", "lingbot-map")
     assert known_checkpoint("lingbot-map-long.pt").name == "lingbot-map-long"
