@@ -23,6 +23,11 @@ comes only after the rest has been filled again, and a pass costs O(rows it touc
 amortised O(1) per appended point and never O(total) per frame. Rows before the first one a pass
 rewrote stay where they are, so the view re-uploads only the rewritten tail.
 
+`background=True` (the viewer's choice): a pass starts at HIGH_WATER of the budget and computes
+its plan (hashing, sorting) on a thread; the caller's thread applies it at a later frame (moves
+rows) and waits for it only if the budget fills first. Without it (tests, tools) passes are
+synchronous and deterministic.
+
 Voxel keys: the voxel coordinates (20 bits each, wrapping) and segment/keyframe are folded into a
 64-bit key, hashed to its top bits and sorted together with the row index in the low bits (one
 `np.sort` of uint64, much faster than an argsort). Two different voxels share a hash with
@@ -31,6 +36,7 @@ is dropped, which nobody sees.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -40,10 +46,8 @@ import numpy as np
 # the viewer's GPU buffers take 28 B/point (112 MB, ~3 % of a 4 GB GPU, leaving the rest for a
 # neural engine's weights and KV cache); the model ~34 B/point of host RAM (135 MB) plus a
 # thinning pass's scratch (~40 B per aged point, ~120 MB) and upload staging (~28 B per
-# rewritten point, ~85 MB): ~0.35 GB at the peak, well inside 2 GB of host RAM. A pass stalls the
-# GUI thread for a time proportional to the budget (docs/benchmarks_gui.md), which is why the
-# default is not larger. At the neural engine's ~50k points/frame (518x392, stride 2) that is
-# ~80 dense frames before thinning starts.
+# rewritten point, ~85 MB): ~0.35 GB at the peak, well inside 2 GB of host RAM. At the neural
+# engine's ~50k points/frame (518x392, stride 2) that is ~80 dense frames before thinning starts.
 DEFAULT_POINT_BUDGET = 4_000_000
 MIN_POINT_BUDGET = 100_000
 MAX_POINT_BUDGET = 100_000_000
@@ -54,6 +58,7 @@ RECENT_FRACTION = 0.25             # newest rows kept dense by a thinning pass
 OLD_FRACTION = 0.5                 # thinned rows above this → coarsen the grid
 KEYFRAME_VOXEL_RATIO = 0.5         # keyframe points: grid this much finer
 RECENT_CAMERAS = 200               # newest cameras never decimated
+HIGH_WATER = 0.8                   # background mode: start a pass when this full
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MASK20 = np.int64((1 << 20) - 1)
@@ -73,8 +78,12 @@ class SceneModel:
     """Points, cameras and segment transforms of one run, bounded by `point_budget`."""
 
     def __init__(self, point_budget: int = DEFAULT_POINT_BUDGET,
-                 camera_budget: int = DEFAULT_CAMERA_BUDGET, initial_capacity: int = 1 << 16):
+                 camera_budget: int = DEFAULT_CAMERA_BUDGET, initial_capacity: int = 1 << 16,
+                 background: bool = False):
         self._initial_capacity = int(initial_capacity)
+        self.background = bool(background)     # compute thinning passes on a thread
+        self._job: Optional[dict] = None
+        self._generation = 0
         self.point_budget = _clamp_budget(point_budget)
         self.camera_budget = max(2 * RECENT_CAMERAS, int(camera_budget))
         self.clear()
@@ -82,6 +91,8 @@ class SceneModel:
     # -- state --------------------------------------------------------------------------------
     def clear(self) -> None:
         """An empty scene (a new run)."""
+        self._generation = getattr(self, "_generation", 0) + 1    # a running pass is dropped
+        self._job = None
         if getattr(self, "capacity", self.point_budget + 1) > self.point_budget:
             self._alloc_points(min(self._initial_capacity, self.point_budget))
             self._capacity_changed = True
@@ -233,84 +244,101 @@ class SceneModel:
 
     # -- thinning -----------------------------------------------------------------------------
     def _make_room(self, n: int) -> None:
-        if self.count + n <= self.point_budget:
+        budget = self.point_budget
+        if self.background:
+            self._finish_job(wait=False)
+            if self._job is None and self.count + n > HIGH_WATER * budget:
+                self._start_job()
+            if self.count + n <= budget:
+                return
+            self._finish_job(wait=True)       # full before the pass ended: wait for it
+        if self.count + n <= budget:
             return
         self.thinning_passes += 1
-        recent = int(self.point_budget * RECENT_FRACTION)
+        recent = int(budget * RECENT_FRACTION)
         self._thin_aged(max(self.thinned, self.count - recent))
-        while self.thinned > self.point_budget * OLD_FRACTION or self.count + n > self.point_budget:
-            if self.thinned > 0.02 * self.point_budget or self.thinned == self.count:
+        while self.thinned > budget * OLD_FRACTION or self.count + n > budget:
+            if self.thinned > 0.02 * budget or self.thinned == self.count:
                 self._coarsen()
             else:   # budget lowered below the recent window: thin more of it
                 self._thin_aged(max(self.thinned, self.count - recent // 2))
                 recent //= 2
 
-    def _voxel_hash(self, rows: slice, voxel: float, bits: int) -> np.ndarray:
-        """Top `bits` bits of a mixed key of (voxel of each row, segment, keyframe)."""
-        kf = self.keyframe[rows]
-        inv = np.where(kf, np.float32(1.0 / (voxel * KEYFRAME_VOXEL_RATIO)), np.float32(1.0 / voxel))
-        pos = self.positions[rows]
-        key = np.zeros(len(kf), np.int64)
-        for axis in range(3):                     # per column: fewer and smaller temporaries
-            q = pos[:, axis] * inv
-            np.floor(q, out=q)
-            key |= (q.astype(np.int64) & _MASK20) << (20 * axis)
-        tag = (self.segment[rows].astype(np.int64) * 2 + kf).view(np.uint64) + np.uint64(1)
-        key = key.view(np.uint64)
-        with np.errstate(over="ignore"):
-            tag *= _GOLDEN
-            key ^= tag
-            key *= _GOLDEN
-        key >>= np.uint64(64 - bits)
-        return key
+    def _aged_args(self, r0: int) -> tuple:
+        t = self.thinned
+        if self.voxel is None:
+            self.voxel = self._initial_voxel(t, r0)
+        v = slice(t, r0)
+        return (self.positions[v], self.keyframe[v], self.segment[v], self.conf[v], t, r0, self.voxel, self._vkeys)
 
-    def _one_per_voxel(self, lo: int, hi: int, voxel: float):
-        """Rows lo..hi-1 → (sorted hashes of their voxels, the earliest row of each voxel);
-        the kept row's confidence becomes the highest confidence in its voxel."""
-        n = hi - lo
-        ib = np.uint64(_INDEX_BITS)
-        h = self._voxel_hash(slice(lo, hi), voxel, _HASH_BITS)
-        s = np.sort((h << ib) | np.arange(n, dtype=np.uint64))    # by voxel, then by row
-        hs = s >> ib
-        idx = (s & np.uint64((1 << _INDEX_BITS) - 1)).astype(np.int64)
-        start = np.flatnonzero(np.r_[True, hs[1:] != hs[:-1]])
-        rows = idx[start] + lo                    # the earliest row of each voxel
-        if n:
-            self.conf[rows] = np.maximum.reduceat(self.conf[lo:hi][idx], start)
-        return hs[start], rows
+    def _coarsen_args(self) -> tuple:
+        v = slice(0, self.thinned)
+        return (self.positions[v], self.keyframe[v], self.segment[v], self.conf[v], 0, self.thinned,
+                (self.voxel or 1e-3) * 2.0, None)
+
+    def _thin_aged(self, r0: int) -> None:
+        """Reduce rows [thinned, r0) to one point per voxel not yet held by the thinned part;
+        move the tail [r0, count) down behind them."""
+        if r0 > self.thinned:
+            self._apply(_plan(*self._aged_args(r0)))
+
+    def _coarsen(self) -> None:
+        """Double the grid and re-grid the whole thinned part."""
+        self._apply(_plan(*self._coarsen_args()))
+
+    def _apply(self, p: "_Plan") -> None:
+        self.conf[p.rows] = p.best
+        self._compact(p.lo, p.rows, p.tail)
+        self._vkeys = p.vkeys
+        self.thinned = p.lo + len(p.rows)
+        if p.lo == 0 and self.voxel is not None and p.voxel != self.voxel:
+            self.coarsenings += 1
+        self.voxel = p.voxel
+
+    # A background pass computes its plan (hashing, sorting: the expensive part) on a thread
+    # from views of rows that appends never touch ([0, r0) while only one pass runs); the GUI
+    # thread applies it (moves rows) at a later frame. clear() bumps the generation so a pass
+    # of an old run is dropped.
+    def _start_job(self) -> None:
+        budget = self.point_budget
+        if self.thinned > OLD_FRACTION * budget:
+            args = self._coarsen_args()
+        else:
+            r0 = max(self.thinned, self.count - int(budget * RECENT_FRACTION))
+            if r0 <= self.thinned:
+                return
+            args = self._aged_args(r0)
+        self.thinning_passes += 1
+        job = {"plan": None, "error": None, "generation": self._generation}
+
+        def run():
+            try:
+                job["plan"] = _plan(*args)
+            except BaseException as exc:     # re-raised on the GUI thread by _finish_job
+                job["error"] = exc
+        job["thread"] = threading.Thread(target=run, name="scene-thinning", daemon=True)
+        job["thread"].start()
+        self._job = job
+
+    def _finish_job(self, wait: bool) -> None:
+        job = self._job
+        if job is None or (not wait and job["thread"].is_alive()):
+            return
+        job["thread"].join()
+        self._job = None
+        if job["error"] is not None:
+            raise job["error"]
+        if job["generation"] == self._generation:
+            self._apply(job["plan"])
+
+    def wait(self) -> None:
+        """Apply a background thinning pass still running (tests, screenshots)."""
+        self._finish_job(wait=True)
 
     def _initial_voxel(self, lo: int, hi: int) -> float:
         p = self.positions[lo:hi:max(1, (hi - lo) // 20000)]
         ext = float(np.linalg.norm(np.percentile(p, 95, axis=0) - np.percentile(p, 5, axis=0)))
         return max(ext, 1e-6) / 1024.0
-
-    def _thin_aged(self, r0: int) -> None:
-        """Reduce rows [thinned, r0) to one point per voxel not yet held by the thinned part;
-        move the tail [r0, count) down behind them."""
-        t = self.thinned
-        if r0 <= t:
-            return
-        if self.voxel is None:
-            self.voxel = self._initial_voxel(t, r0)
-        keys, rows = self._one_per_voxel(t, r0, self.voxel)
-        if len(self._vkeys):                          # voxels the thinned part already holds
-            pos = np.minimum(np.searchsorted(self._vkeys, keys), len(self._vkeys) - 1)
-            new = self._vkeys[pos] != keys
-            keys, rows = keys[new], rows[new]
-        rows = np.sort(rows)                          # keep the time order of the kept rows
-        self._compact(t, rows, r0)
-        self._vkeys = np.insert(self._vkeys, np.searchsorted(self._vkeys, keys), keys)
-        self.thinned = t + len(rows)
-
-    def _coarsen(self) -> None:
-        """Double the grid and re-grid the whole thinned part."""
-        self.coarsenings += 1
-        self.voxel = (self.voxel or 1e-3) * 2.0
-        t = self.thinned
-        keys, rows = self._one_per_voxel(0, t, self.voxel)
-        self._compact(0, np.sort(rows), t)
-        self._vkeys = keys
-        self.thinned = len(rows)
 
     def _compact(self, dst: int, rows: np.ndarray, tail: int) -> None:
         """Write `rows` at dst.., then the rows [tail, count) right behind them."""
@@ -343,19 +371,74 @@ class SceneModel:
         return self.world_positions(slice(None, None, step))
 
 
+@dataclass
+class _Plan:
+    """A thinning pass's result: keep `rows` (sorted, absolute) of [lo, tail) with confidences
+    `best`, then the rows from `tail` on; `vkeys` = sorted voxel hashes of the thinned part."""
+    lo: int
+    tail: int
+    rows: np.ndarray
+    best: np.ndarray
+    vkeys: np.ndarray
+    voxel: float
+
+
+def _voxel_hash(pos, kf, seg, voxel: float) -> np.ndarray:
+    """_HASH_BITS-bit hash of (voxel of each point, segment, keyframe)."""
+    inv = np.where(kf, np.float32(1.0 / (voxel * KEYFRAME_VOXEL_RATIO)), np.float32(1.0 / voxel))
+    key = np.zeros(len(kf), np.int64)
+    for axis in range(3):                     # per column: fewer and smaller temporaries
+        q = pos[:, axis] * inv
+        np.floor(q, out=q)
+        key |= (q.astype(np.int64) & _MASK20) << (20 * axis)
+    tag = (seg.astype(np.int64) * 2 + kf).view(np.uint64) + np.uint64(1)
+    key = key.view(np.uint64)
+    with np.errstate(over="ignore"):
+        tag *= _GOLDEN
+        key ^= tag
+        key *= _GOLDEN
+    key >>= np.uint64(64 - _HASH_BITS)
+    return key
+
+
+def _plan(pos, kf, seg, conf, lo: int, tail: int, voxel: float, vkeys) -> _Plan:
+    """One point per voxel of rows [lo, tail) (given as views pos/kf/seg/conf): the earliest row
+    of each voxel, carrying the voxel's highest confidence. With `vkeys` (an aged pass), voxels
+    already in the thinned part are dropped and the new ones merged into it; without (a
+    coarsening), the result is the whole thinned part."""
+    n = len(pos)
+    ib = np.uint64(_INDEX_BITS)
+    h = _voxel_hash(pos, kf, seg, voxel)
+    s = np.sort((h << ib) | np.arange(n, dtype=np.uint64))        # by voxel, then by row
+    hs = s >> ib
+    idx = (s & np.uint64((1 << _INDEX_BITS) - 1)).astype(np.int64)
+    start = np.flatnonzero(np.r_[True, hs[1:] != hs[:-1]]) if n else np.zeros(0, np.int64)
+    keys, rows = hs[start], idx[start]
+    best = np.maximum.reduceat(conf[idx], start) if n else np.zeros(0, np.float32)
+    if vkeys is not None and len(vkeys):
+        pos_ = np.minimum(np.searchsorted(vkeys, keys), len(vkeys) - 1)
+        new = vkeys[pos_] != keys
+        keys, rows, best = keys[new], rows[new], best[new]
+    order = np.argsort(rows)                  # keep the time order of the kept rows
+    vk = keys if vkeys is None else np.insert(vkeys, np.searchsorted(vkeys, keys), keys)
+    return _Plan(lo, tail, rows[order] + lo, best[order], vk, voxel)
+
+
 def _clamp_budget(n) -> int:
     return int(min(MAX_POINT_BUDGET, max(MIN_POINT_BUDGET, int(n))))
 
 
-def _bench(budget: int, frames: int, points: int) -> None:
-    """Benchmark (prints figures): `python -m engine.scene [--budget N] [--frames F] [--points P]`.
-    Synthetic frames of P points on a cylinder wall seen by a turning camera, 1 keyframe in 5."""
+def _bench(budget: int, frames: int, points: int, background: bool, fps: float) -> None:
+    """Benchmark (prints figures): `python -m engine.scene [--budget N] [--frames F] [--points P]
+    [--background] [--fps R]`. Synthetic frames of P points on a cylinder wall seen by a turning
+    camera, 1 keyframe in 5, offered at R frames/s (0 = back to back); times every add_frame +
+    take_changes (what the GUI thread pays)."""
     import platform
     import time
     from types import SimpleNamespace
     rng = np.random.default_rng(0)
-    m = SceneModel(budget)
-    add, worst, passes = 0.0, [], []
+    m = SceneModel(budget, background=background)
+    times = []
     for i in range(frames):
         u = rng.random((points, 2))
         a = 0.01 * i + 0.8 * u[:, 0]
@@ -364,22 +447,25 @@ def _bench(budget: int, frames: int, points: int) -> None:
                             colors=rng.integers(0, 255, (points, 3), dtype=np.uint8),
                             conf=rng.random(points).astype(np.float32), depth=np.full(points, 2.0, np.float32),
                             c2w=np.eye(4), frustum=np.zeros((5, 3), np.float32))
-        n0 = m.thinning_passes
         t0 = time.perf_counter()
         m.add_frame(f)
         m.take_changes()
         dt = time.perf_counter() - t0
-        add += dt
-        (passes if m.thinning_passes != n0 else worst).append(dt * 1e3)
+        times.append(dt * 1e3)
+        assert m.count <= budget
+        if fps > 0 and dt < 1.0 / fps:
+            time.sleep(1.0 / fps - dt)
+    t = np.asarray(times)
     print(f"machine: {platform.machine()} {platform.processor()}, numpy {np.__version__}")
-    print(f"budget {budget:,} points, {frames} frames x {points:,} points ({m.points_added:,} offered)")
+    print(f"budget {budget:,} points, {frames} frames x {points:,} points ({m.points_added:,} offered), "
+          f"{'background' if background else 'synchronous'} passes, offered at "
+          f"{f'{fps:g} frames/s' if fps > 0 else 'full speed'}")
     print(f"points kept {m.count:,} (thinned part {m.thinned:,}, voxel {m.voxel or 0:.4f}), "
           f"host arrays {m.host_bytes / 2**20:.0f} MiB")
-    print(f"append without a pass: median {np.median(worst):.2f} ms, max {max(worst):.2f} ms")
-    if passes:
-        print(f"thinning passes: {len(passes)} ({m.coarsenings} coarsenings), median {np.median(passes):.0f} ms, "
-              f"max {max(passes):.0f} ms; rows rewritten / points appended {m.rows_rewritten / m.points_added:.2f}")
-    print(f"total add_frame time {add:.1f} s ({add / frames * 1e3:.1f} ms/frame)")
+    print(f"thinning passes {m.thinning_passes} ({m.coarsenings} coarsenings), rows rewritten / points "
+          f"appended {m.rows_rewritten / m.points_added:.2f}")
+    print(f"add_frame on the calling thread: median {np.median(t):.1f} ms, p99 {np.percentile(t, 99):.0f} ms, "
+          f"max {t.max():.0f} ms, total {t.sum() / 1e3:.1f} s")
 
 
 if __name__ == "__main__":
@@ -388,5 +474,7 @@ if __name__ == "__main__":
     ap.add_argument("--budget", type=int, default=DEFAULT_POINT_BUDGET)
     ap.add_argument("--frames", type=int, default=700)
     ap.add_argument("--points", type=int, default=50_000)
+    ap.add_argument("--background", action="store_true", help="passes computed on a thread (as the viewer)")
+    ap.add_argument("--fps", type=float, default=0.0, help="offer frames at this rate (0 = back to back)")
     a = ap.parse_args()
-    _bench(a.budget, a.frames, a.points)
+    _bench(a.budget, a.frames, a.points, a.background, a.fps)

@@ -344,7 +344,7 @@ class PointCloudViewer(QtWidgets.QWidget):
     def __init__(self, parent: Optional[QtWidgets.QWidget] = None, capacity: int = 1 << 20,
                  point_budget: int = DEFAULT_POINT_BUDGET):
         super().__init__(parent)
-        self.scene = SceneModel(point_budget, initial_capacity=capacity)
+        self.scene = SceneModel(point_budget, initial_capacity=capacity, background=True)
         self.canvas = ViewerCanvas()
         self.view = self.canvas.central_widget.add_view()
         self.view.camera = scene.cameras.TurntableCamera(up="-y", fov=50.0, elevation=20.0,

@@ -151,3 +151,24 @@ def test_clear_reuses_the_arrays():
     assert m.count == 0 and m.capacity == cap and m.camera_count == 0
     ch = m.take_changes()
     assert not ch.capacity_changed and ch.points_from == 0
+
+
+def test_background_passes_keep_the_budget_and_match_coverage():
+    """With background=True the expensive part of a pass runs on a thread; the budget still
+    holds at every frame and the result covers what a synchronous model covers."""
+    bg, fg = SceneModel(BUDGET, background=True), SceneModel(BUDGET)
+    for i in range(150):
+        f = _frame(i, segment=i // 50, x0=0.05 * i)
+        bg.add_frame(f)
+        fg.add_frame(f)
+        assert bg.count <= BUDGET
+    bg.wait()
+    assert bg.thinning_passes >= 3 and bg.count <= BUDGET
+    for seg in range(3):
+        a = _cells(bg.positions[: bg.count][bg.segment[: bg.count] == seg])
+        b = _cells(fg.positions[: fg.count][fg.segment[: fg.count] == seg])
+        assert len(a & b) >= 0.9 * len(b)
+    bg.clear()                                  # a pass of the old run is dropped, not applied
+    bg.add_frame(_frame(0))
+    bg.wait()
+    assert bg.count == 5000 and bg.thinned == 0
