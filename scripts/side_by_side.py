@@ -150,10 +150,44 @@ _VARIANTS = {
     "sdpa-cudnn": ({"backend": "sdpa"}, {"RECONSTUDIO_SDPA_KERNELS": "cudnn,flash,efficient,math"}),
     "fi-fa2": ({"backend": "flashinfer"}, {"RECONSTUDIO_FLASHINFER_BACKEND": "fa2"}),
     "fi-fa3": ({"backend": "flashinfer"}, {"RECONSTUDIO_FLASHINFER_BACKEND": "fa3"}),
+    "fi-dense": ({"backend": "flashinfer", "dense": True}, {}),
     "eager": ({"cuda_graphs": False}, {}),
     "fixed-graphs": ({"graph_scope": "fixed"}, {}),
     "all-graphs": ({"graph_scope": "all"}, {}),
 }
+
+
+def _dense_flashinfer():
+    """Measurement variant (patched here, not in the engine): the FlashInfer backend attends with
+    one dense SDPA flash call over the zero-copy pool view whenever the step's visible pages are one
+    run (the steady state), the paged kernel otherwise. Returns a function that undoes the patch."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from engine.kv import backends
+    orig = backends.FlashInferBackend.attend
+
+    def attend(self, step, q, *a, **kw):
+        c = self.cache
+        if step.contiguous is None or kw.get("slots_t") is not None:
+            return orig(self, step, q, *a, **kw)
+        if isinstance(a[0], int):                     # attend(step, q, layer, slots_t=None)
+            pool = c.pool
+            if pool.kind != "native":
+                return orig(self, step, q, *a, **kw)
+            k, v = pool.visible(a[0], step, zero_copy=True)
+        else:                                          # attend(step, q, k_pool, v_pool)
+            P, H, D = c.page_size, c.num_heads, c.head_dim
+            s0, m = step.contiguous
+            k = a[0][s0:s0 + m].reshape(m * P, H, D)[:step.num_kv_tokens]
+            v = a[1][s0:s0 + m].reshape(m * P, H, D)[:step.num_kv_tokens]
+        qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q.to(k.dtype), k, v))
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            out = F.scaled_dot_product_attention(qh, kh, vh)
+        return out[0].transpose(0, 1).to(q.dtype)
+
+    backends.FlashInferBackend.attend = attend
+    return lambda: setattr(backends.FlashInferBackend, "attend", orig)
 
 
 def _ours_model(weights: str, device: str, name: str = "lingbot-map", **overrides):
@@ -231,13 +265,19 @@ def cmd_ours(args) -> None:
     model.set_dtype(torch.bfloat16)
     if dev.startswith("cuda"):
         base = torch.cuda.memory_allocated()
-    runs = [("default", 1), ("default", 2)] + [(v, 1) for v in (args.variants or "").split(",") if v]
+    runs = [("default", 1), ("default", 2)]
+    for v in (args.variants or "").split(","):
+        if v:
+            name, _, iv = v.partition(":")
+            runs.append((name, int(iv or 1)))
     scope0 = model.aggregator.graph_scope
     for label, interval in runs:
         kw, env = dict(_VARIANTS.get(label, ({}, {}))[0]), _VARIANTS.get(label, ({}, {}))[1]
         model.aggregator.graph_scope = kw.pop("graph_scope", scope0)
+        dense = kw.pop("dense", False)
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
+        restore = _dense_flashinfer() if dense else None
         try:
             _, times, n_scale, peak, total, backend = _ours_stream(model, frames[:args.frames], "bf16", interval, dev,
                                                                    keep=False, **kw)
@@ -247,6 +287,8 @@ def cmd_ours(args) -> None:
             continue
         finally:
             model.aggregator.graph_scope = scope0
+            if restore is not None:
+                restore()
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         row = speed_summary(times, n_scale, peak, total, f"ours {label} kf{interval}")
