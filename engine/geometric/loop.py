@@ -55,6 +55,7 @@ class LoopParams:
     agree_deg: float = 1.0        # a verified loop the map already satisfies this well (rotation,
     agree_trans: float = 0.03     # translation / median depth, log scale) is recorded but moves
     agree_scale: float = 0.03     # nothing (closing it would only spread measurement noise)
+    depth_sigma: float = 0.05     # relative depth noise of map points, for the loop's scale
     lag: int = 30                 # frames after the query keyframe when its answer is applied
 
 
@@ -185,13 +186,15 @@ class LoopCloser:
         if self.vocab is None or node.bow is None:
             return []
         out = []
-        fids = self.by_segment[node.segment]
+        with self._lock:   # the tracking thread adds keyframes meanwhile
+            fids = list(self.by_segment[node.segment])
+            nodes = list(self.nodes.values())
         k = node.index
         prev = self.nodes[fids[k - 1]] if k > 0 else None
         ref = self._score(node.bow, prev.bow) if prev is not None and prev.bow is not None else 0.0
         if node.segment not in self._linked:
             # relocalisation: is this place in the map of an earlier segment?
-            others = [f for f, n in self.nodes.items() if n.segment < node.segment and n.bow is not None]
+            others = [n.fid for n in nodes if n.segment < node.segment and n.bow is not None]
             best = self._best_match(node, others, ref)
             if best is not None:
                 cand, n_inl, S = best
@@ -255,7 +258,7 @@ class LoopCloser:
         new = {f: g.pose(i) for i, f in enumerate(fids)}
         C_last = new[fids[-1]] @ sim3_inverse(self.T_est[fids[-1]])
         for f in list(self.T_est):
-            if f not in new and self.nodes[f].segment == seg:
+            if f not in new and self.nodes[f].segment == seg:   # (T_est is the worker's own)
                 self.T_est[f] = C_last @ self.T_est[f]   # later nodes already handed to us
         self.T_est.update(new)
         self._corrections.append((seg, C_last))
@@ -288,7 +291,9 @@ class LoopCloser:
     def _update_vocab(self):
         if self.vocab is not None:
             return
-        descs = [n.desc for n in self.nodes.values() if n.desc is not None]
+        with self._lock:
+            nodes = list(self.nodes.values())
+        descs = [n.desc for n in nodes if n.desc is not None]
         total = sum(len(d) for d in descs)
         if total < self.p.vocab_min_descriptors:
             return
@@ -301,7 +306,7 @@ class LoopCloser:
         self.vocab = np.packbits((centers > 0.5).astype(np.uint8), axis=1)
         self._df = np.zeros(self.p.vocab_words)
         self._matcher = cv2.BFMatcher(cv2.NORM_HAMMING)
-        for n in self.nodes.values():
+        for n in nodes:
             if n.desc is not None:
                 n.bow = self._bow(n.desc)
 
@@ -379,7 +384,10 @@ class LoopCloser:
             s, R, t = sim3_split(S @ sim3_exp(x))
             X = s * Pq @ R.T + t
             Y = (Pc - t) @ R / s
-            return np.concatenate([(proj(X) - uc).ravel(), (proj(Y) - uq).ravel()])
+            # depth ratios: when the two cameras nearly coincide the reprojections do not see the
+            # scale at all; the points' depths do (a 5 % depth disagreement weighs like 1 px)
+            zr = np.log(np.maximum(X[:, 2], 1e-9) / np.maximum(Pc[:, 2], 1e-9)) * (1.0 / self.p.depth_sigma)
+            return np.concatenate([(proj(X) - uc).ravel(), (proj(Y) - uq).ravel(), zr])
 
         sol = least_squares(res, np.zeros(7), loss="huber", f_scale=thr / 2, max_nfev=30, method="trf")
         return S @ sim3_exp(sol.x)
