@@ -115,9 +115,12 @@ class ReviewBar(QtWidgets.QWidget):
             v.order = 20
             v.visible = False
         window.framesShown.connect(self._on_frames_shown)
-        self._thumb_nodes: dict[int, object] = {}        # frame index -> vispy Image node
+        self._rescan_clock = QtCore.QElapsedTimer()
+        self._rescan_clock.start()
+        self._thumb_pool: list = []                      # vispy Image nodes, reused
+        self._thumb_nodes: dict[int, object] = {}        # frame index -> its node in the pool
         self._thumb_images: dict[int, np.ndarray] = {}
-        self._thumb_timer = QtCore.QTimer(self, singleShot=True, interval=500, timeout=self.update_thumbnails)
+        self._thumb_timer = QtCore.QTimer(self, singleShot=True, interval=1000, timeout=self.update_thumbnails)
         self.thumbs.toggled.connect(lambda *_: self.update_thumbnails())
 
     # -- session ------------------------------------------------------------------------------
@@ -168,8 +171,9 @@ class ReviewBar(QtWidgets.QWidget):
             self._thumb_timer.start()
         if self.timeline is None and self.window.session_folder:
             self.set_session(self.window.session_folder)
-        elif not self.reviewing and self.timeline is not None and n % 10 == 0:
-            self._update_range(follow_end=True)      # rescans the folder: not on every batch
+        elif not self.reviewing and self.timeline is not None and self._rescan_clock.elapsed() > 2000:
+            self._rescan_clock.restart()             # rescans the folder: at most every 2 s
+            self._update_range(follow_end=True)
 
     # -- timeline -----------------------------------------------------------------------------
     def _set_reviewing(self, on: bool) -> None:
@@ -414,16 +418,19 @@ class ReviewBar(QtWidgets.QWidget):
 
 
     # -- keyframe thumbnails ------------------------------------------------------------------
+    # A fixed pool of at most MAX_THUMBNAILS Image nodes is reused (new data + transform) as
+    # keyframes come and go: no visual, texture or program is created per keyframe, so a long
+    # run at a neural engine's rate churns nothing.
     def _clear_thumbnails(self) -> None:
-        for node in self._thumb_nodes.values():
-            node.parent = None
+        for node in self._thumb_pool:
+            node.visible = False
         self._thumb_nodes = {}
         self._thumb_images = {}
 
-    def update_thumbnails(self, max_loads: int = 8) -> int:
+    def update_thumbnails(self, max_loads: int = 4) -> int:
         """Draw the newest keyframes' images in their frustums (at most MAX_THUMBNAILS; at most
-        `max_loads` images read from the store per call, the rest on the next frames). Returns
-        the number of thumbnails drawn."""
+        `max_loads` images read from the store per call, the rest on later calls). Returns the
+        number of thumbnails drawn."""
         m = self.viewer.scene
         if not self.thumbs.isChecked() or self.timeline is None or not m.camera_count:
             self._clear_thumbnails()
@@ -432,10 +439,14 @@ class ReviewBar(QtWidgets.QWidget):
         kf = np.flatnonzero(m.cam_keyframe[:n])[-MAX_THUMBNAILS:]
         want = {int(m.cam_index[k]): int(k) for k in kf}
         for idx in [i for i in self._thumb_nodes if i not in want]:
-            self._thumb_nodes.pop(idx).parent = None
+            self._thumb_nodes.pop(idx).visible = False
+        for idx in [i for i in self._thumb_images if i not in want]:
+            del self._thumb_images[idx]
+        free = [nd for nd in self._thumb_pool if not nd.visible]
         loads = 0
         for idx, k in want.items():
             img = self._thumb_images.get(idx)
+            node = self._thumb_nodes.get(idx)
             if img is None:
                 if loads >= max_loads:
                     continue
@@ -446,13 +457,22 @@ class ReviewBar(QtWidgets.QWidget):
                 step = max(1, int(np.shape(r.image)[1]) // THUMB_WIDTH)
                 img = np.ascontiguousarray(np.asarray(r.image)[::step, ::step])
                 self._thumb_images[idx] = img
-            corners = np.array([_to_world(m, c, int(m.cam_segment[k])) for c in m.cam_frustum[k][1:5]])
-            node = self._thumb_nodes.get(idx)
+                node = None                   # (re)load the texture below
             if node is None:
-                node = vscene.visuals.Image(img, parent=self.viewer.view.scene, interpolation="linear")
-                node.set_gl_state(depth_test=True, cull_face=False)
+                if free:
+                    node = free.pop()
+                    node.set_data(img)
+                elif len(self._thumb_pool) < MAX_THUMBNAILS:
+                    node = vscene.visuals.Image(img, parent=self.viewer.view.scene, interpolation="linear")
+                    node.set_gl_state(depth_test=True, cull_face=False)
+                    node.transform = MatrixTransform()
+                    self._thumb_pool.append(node)
+                else:
+                    continue
+                node.visible = True
                 self._thumb_nodes[idx] = node
-            node.transform = MatrixTransform(_image_plane(corners, img.shape[1], img.shape[0]))
+            corners = np.array([_to_world(m, c, int(m.cam_segment[k])) for c in m.cam_frustum[k][1:5]])
+            node.transform.matrix = _image_plane(corners, img.shape[1], img.shape[0])
         self.viewer.canvas.update()
         if loads >= max_loads and not self._thumb_timer.isActive():
             self._thumb_timer.start()          # more to read
