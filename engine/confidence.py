@@ -56,36 +56,44 @@ class ConfidenceHistogram:
 
     def __init__(self, bins: int = 60, lo: float = SLIDER_MIN, hi: float = SLIDER_MAX):
         self.edges = np.geomspace(lo, hi, bins + 1)
-        self.counts = np.zeros(bins + 2, np.int64)
+        self.counts = np.zeros(bins + 2, np.float64)    # float: sampled frames add weighted counts
 
     def reset(self) -> None:
         self.counts[:] = 0
 
     @property
     def total(self) -> int:
-        return int(self.counts.sum())
+        return int(round(self.counts.sum()))
 
-    def add(self, conf: Optional[np.ndarray]) -> None:
+    def add(self, conf: Optional[np.ndarray], max_samples: Optional[int] = None) -> None:
+        """Count `conf`; with `max_samples`, an evenly strided sample of it stands for all of it
+        (weighted), so a dense frame costs O(max_samples) (the GUI thread adds every frame)."""
         if conf is None:
             return
-        c = np.asarray(conf, np.float64).ravel()
-        c = c[np.isfinite(c)]
+        c = np.asarray(conf).ravel()
+        n = c.size
+        if max_samples and n > max_samples:
+            c = c[:: -(-n // max_samples)]
+        c = c.astype(np.float64, copy=False)
+        finite = np.isfinite(c)
+        c = c[finite]
         if c.size:
             idx = np.searchsorted(self.edges, c, side="right")     # 0 = below lo, bins+1 = >= hi
-            self.counts += np.bincount(idx, minlength=len(self.counts))
+            weight = (n * finite.mean()) / c.size
+            self.counts += weight * np.bincount(idx, minlength=len(self.counts))
 
     def count_at_least(self, t: float) -> int:
         """Estimated count >= t: whole bins above t plus the covered share of t's bin (log scale)."""
         if not math.isfinite(t):
             return self.total if t < 0 else 0
         i = int(np.searchsorted(self.edges, t, side="right"))
-        above = int(self.counts[i + 1:].sum())
+        above = float(self.counts[i + 1:].sum())
         if 1 <= i < len(self.edges):
             lo, hi = self.edges[i - 1], self.edges[i]
-            above += int(round(self.counts[i] * math.log(hi / t) / math.log(hi / lo)))
+            above += self.counts[i] * math.log(hi / t) / math.log(hi / lo)
         elif i == 0:
-            above += int(self.counts[0])
-        return above
+            above += self.counts[0]
+        return int(round(above))
 
     def quantile(self, q: float) -> Optional[float]:
         """Approximate confidence below which a fraction q of the values lie (bin upper edge)."""

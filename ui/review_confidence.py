@@ -121,15 +121,18 @@ class ConfidenceControl(QtWidgets.QWidget):
 
     # -- distribution ---------------------------------------------------------------------------
     def add(self, conf) -> None:
-        self.hist.add(conf)
+        self.hist.add(conf, max_samples=4096)    # a sample per frame: O(1) on the GUI thread
 
     def reset(self) -> None:
         self.hist.reset()
+        self._painted_total = None
         self.refresh()
 
     def refresh(self) -> None:
-        self.view.update()
-        self._update_kept()
+        if self.hist.total != getattr(self, "_painted_total", None):   # repaint only on change
+            self._painted_total = self.hist.total
+            self.view.update()
+            self._update_kept()
 
     def _update_kept(self) -> None:
         n = self.hist.total

@@ -37,3 +37,14 @@ def test_histogram_counts_match_exact_counts():
 def test_count_at_least_exact():
     c = np.array([1.0, 2.0, 3.0, np.nan])
     assert count_at_least(c, 2.0) == 2 and count_at_least(c, -math.inf) == 4
+
+
+def test_sampled_frames_count_with_their_weight():
+    rng = np.random.default_rng(1)
+    conf = 1 + rng.exponential(10.0, 200_000)
+    h = ConfidenceHistogram()
+    for part in np.array_split(conf, 4):
+        h.add(part, max_samples=4096)                  # ~12x fewer values looked at
+    assert abs(h.total - len(conf)) <= 2
+    for t in (2.0, 10.0, 50.0):
+        assert abs(h.count_at_least(t) - count_at_least(conf, t)) <= 0.03 * len(conf)
