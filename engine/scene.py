@@ -36,7 +36,6 @@ is dropped, which nobody sees.
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -83,6 +82,7 @@ class SceneModel:
         self._initial_capacity = int(initial_capacity)
         self.background = bool(background)     # compute thinning passes on a thread
         self._job: Optional[dict] = None
+        self._pool = None
         self._generation = 0
         self.point_budget = _clamp_budget(point_budget)
         self.camera_budget = max(2 * RECENT_CAMERAS, int(camera_budget))
@@ -309,27 +309,19 @@ class SceneModel:
                 return
             args = self._aged_args(r0)
         self.thinning_passes += 1
-        job = {"plan": None, "error": None, "generation": self._generation}
-
-        def run():
-            try:
-                job["plan"] = _plan(*args)
-            except BaseException as exc:     # re-raised on the GUI thread by _finish_job
-                job["error"] = exc
-        job["thread"] = threading.Thread(target=run, name="scene-thinning", daemon=True)
-        job["thread"].start()
-        self._job = job
+        if self._pool is None:      # one long-lived thread: its malloc arena is reused, not one per pass
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="scene-thinning")
+        self._job = {"future": self._pool.submit(_plan, *args), "generation": self._generation}
 
     def _finish_job(self, wait: bool) -> None:
         job = self._job
-        if job is None or (not wait and job["thread"].is_alive()):
+        if job is None or (not wait and not job["future"].done()):
             return
-        job["thread"].join()
         self._job = None
-        if job["error"] is not None:
-            raise job["error"]
+        plan = job["future"].result()         # re-raises an error of the pass here
         if job["generation"] == self._generation:
-            self._apply(job["plan"])
+            self._apply(plan)
 
     def wait(self) -> None:
         """Apply a background thinning pass still running (tests, screenshots)."""
@@ -369,6 +361,48 @@ class SceneModel:
         """About `max_points` world positions spread over the scene (for framing the view)."""
         step = max(1, self.count // max(1, max_points))
         return self.world_positions(slice(None, None, step))
+
+    def camera_centers(self) -> np.ndarray:
+        """World positions of the cameras kept (segment transforms applied)."""
+        c = self.cam_center[: self.camera_count].astype(np.float64)
+        seg = self.cam_segment[: self.camera_count]
+        out = c.copy()
+        for s, m in self.segments.items():
+            sel = seg == s
+            if sel.any() and not np.allclose(m, np.eye(4)):
+                out[sel] = c[sel] @ m[:3, :3].T + m[:3, 3]
+        return out
+
+    def framing(self, max_points: int = 20000) -> Optional[tuple[np.ndarray, float]]:
+        """(centre, extent) that frames the cloud (5-95 % of a sample) and the camera path;
+        None for an empty scene."""
+        if not self.count and not self.camera_count:
+            return None
+        parts = []
+        if self.count:
+            p = self.sample(max_points)
+            parts += [np.percentile(p, 5, axis=0), np.percentile(p, 95, axis=0)]
+        if self.camera_count:     # keep the camera path in view too, not only the cloud
+            path = self.camera_centers()
+            parts += [path.min(axis=0), path.max(axis=0)]
+        pts = np.stack(parts)
+        lo, hi = pts.min(axis=0), pts.max(axis=0)
+        return (lo + hi) / 2, float(np.linalg.norm(hi - lo))
+
+
+def chase_view(c2w, look_at, median_depth: float, segment_matrix=None) -> dict:
+    """A turntable view (up = -y: azimuth 0 deg looks along +x, 90 deg along +z, elevation > 0
+    looks down) orbiting what the camera `c2w` looks at, from just behind it and a little above,
+    looking the way it looks. `segment_matrix` places the camera's segment in the world."""
+    m = np.eye(4) if segment_matrix is None else np.asarray(segment_matrix, np.float64)
+    centre = m[:3, :3] @ np.asarray(look_at, np.float64) + m[:3, 3]
+    fwd = m[:3, :3] @ np.asarray(c2w, np.float64)[:3, 2]
+    scale = float(np.cbrt(abs(np.linalg.det(m[:3, :3])))) or 1.0
+    n = float(np.linalg.norm(fwd)) or 1.0
+    return {"azimuth": float(np.degrees(np.arctan2(fwd[2], fwd[0]))),
+            "elevation": float(np.clip(np.degrees(np.arcsin(np.clip(fwd[1] / n, -1, 1))) + 15.0, -80, 80)),
+            "center": tuple(float(v) for v in centre),
+            "distance": 2.0 * float(median_depth) * scale}
 
 
 @dataclass

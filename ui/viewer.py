@@ -14,7 +14,8 @@ carries its segment id; the segment transforms live in a small float texture, so
 event moves an already-drawn segment by rewriting one texture row (64 bytes), not its points.
 The trajectory and the camera frustums use the same visual in line mode (also append-only).
 
-The viewer does no geometry: points come back-projected by `engine.geometry` (see ui/display.py).
+The viewer does no geometry: points come back-projected by `engine.geometry` (see ui/display.py);
+framing and the chase view are `SceneModel.framing` and `engine.scene.chase_view`.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 from vispy import gloo, scene
 from vispy.visuals import Visual
 
-from engine.scene import DEFAULT_POINT_BUDGET, SceneModel
+from engine.scene import DEFAULT_POINT_BUDGET, SceneModel, chase_view
 
 log = logging.getLogger(__name__)
 
@@ -584,24 +585,12 @@ class PointCloudViewer(QtWidgets.QWidget):
         if on and self._last_frame is not None:
             self._follow(self._last_frame)
 
-    def _world(self, f, p) -> np.ndarray:
-        m = self.segments.get(int(f.segment), np.eye(4))
-        return (m[:3, :3] @ np.asarray(p, np.float64)) + m[:3, 3]
-
     def _follow(self, f) -> None:
-        """Chase view: orbit around what the current camera looks at, from just behind it and
-        a little above, looking the way it looks."""
+        """Chase view (engine.scene.chase_view): from just behind the current camera."""
+        v = chase_view(f.c2w, f.look_at, f.median_depth, self.segments.get(int(f.segment)))
         cam = self.view.camera
-        m = self.segments.get(int(f.segment), np.eye(4))
-        centre = self._world(f, f.look_at)
-        fwd = m[:3, :3] @ np.asarray(f.c2w, np.float64)[:3, 2]
-        scale = float(np.cbrt(abs(np.linalg.det(m[:3, :3])))) or 1.0
-        n = float(np.linalg.norm(fwd)) or 1.0
-        # turntable with up = -y: azimuth 0° looks along +x, 90° along +z; elevation > 0 looks down
-        cam.azimuth = float(np.degrees(np.arctan2(fwd[2], fwd[0])))
-        cam.elevation = float(np.clip(np.degrees(np.arcsin(np.clip(fwd[1] / n, -1, 1))) + 15.0, -80, 80))
-        cam.center = tuple(float(v) for v in centre)
-        cam.distance = 2.0 * float(f.median_depth) * scale
+        cam.azimuth, cam.elevation = v["azimuth"], v["elevation"]
+        cam.center, cam.distance = v["center"], v["distance"]
         self.canvas.update()
 
     def _on_mouse_press(self, event) -> None:
@@ -617,17 +606,8 @@ class PointCloudViewer(QtWidgets.QWidget):
         if self._last_frame is None:
             return
         cam = self.view.camera
-        m = self.scene
-        if m.count:
-            sample = m.sample(20000)
-            lo, hi = np.percentile(sample, 5, axis=0), np.percentile(sample, 95, axis=0)
-            if m.camera_count:         # keep the camera path in view too, not only the cloud
-                path = m.cam_center[: m.camera_count]
-                lo, hi = np.minimum(lo, path.min(axis=0)), np.maximum(hi, path.max(axis=0))
-            centre = (lo + hi) / 2
-            extent = float(np.linalg.norm(hi - lo))
-        else:
-            centre, extent = np.asarray(self._last_frame.look_at), 1.0
+        fr = self.scene.framing()
+        centre, extent = fr if fr is not None else (np.asarray(self._last_frame.look_at), 1.0)
         cam.center = tuple(float(v) for v in centre)
         cam.distance = max(extent, 1e-3) * 0.85
         if not keep_angles:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.scene import MIN_POINT_BUDGET, RECENT_CAMERAS, SceneModel
+from engine.scene import MIN_POINT_BUDGET, RECENT_CAMERAS, SceneModel, chase_view
 
 BUDGET = MIN_POINT_BUDGET          # 100k: small enough for fast tests
 
@@ -172,3 +172,23 @@ def test_background_passes_keep_the_budget_and_match_coverage():
     bg.add_frame(_frame(0))
     bg.wait()
     assert bg.count == 5000 and bg.thinned == 0
+
+
+def test_framing_and_chase_view():
+    m = SceneModel(BUDGET)
+    assert m.framing() is None
+    for i in range(10):
+        f = _frame(i, x0=float(i))
+        f.c2w = np.eye(4)
+        f.c2w[0, 3] = i
+        m.add_frame(f)
+    centre, extent = m.framing()
+    assert abs(centre[0] - 5.0) < 0.3 and 9 < extent < 13      # cloud x in [0, 10], path too
+    T = np.eye(4)
+    T[1, 3] = 100.0
+    m.set_segment_transform(0, T)
+    assert abs(m.framing()[0][1] - 100.5) < 1.5                 # framing follows the transform
+    c2w = np.eye(4)                                             # looking along +z
+    v = chase_view(c2w, [0, 0, 2], 2.0, T)
+    assert abs(v["azimuth"] - 90.0) < 1e-6 and abs(v["elevation"] - 15.0) < 1e-6
+    assert v["center"] == (0.0, 100.0, 2.0) and v["distance"] == 4.0
