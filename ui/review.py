@@ -15,6 +15,7 @@ only wires widgets to the viewer.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Optional
 
@@ -32,6 +33,7 @@ CLICK_PX = 4          # a press and release closer than this is a click, not a d
 CAMERA_PICK_PX = 14
 POINT_PICK_PX = 8
 MAX_THUMBNAILS = 48   # newest keyframes with an image in their frustum (one draw call each)
+CACHE_POINTS = 4_000_000   # display packets kept for scrubbing (~28 bytes a point)
 THUMB_WIDTH = 96
 
 
@@ -60,7 +62,8 @@ class ReviewBar(QtWidgets.QWidget):
         self.reviewing = False
         self.shown_upto: Optional[int] = None     # timeline frame on screen (reviewing)
         self._shown_mode = None
-        self._display_cache: dict = {}
+        self._display_cache: "collections.OrderedDict" = collections.OrderedDict()   # LRU
+        self._cached_points = 0
         self._frustum_depth: Optional[float] = None
         self._press = None
         self.measure_points: list[np.ndarray] = []
@@ -128,6 +131,7 @@ class ReviewBar(QtWidgets.QWidget):
         """A new run or session: forget the old timeline."""
         self.timeline = None
         self._display_cache.clear()
+        self._cached_points = 0
         self._frustum_depth = None
         self.shown_upto = None
         self.clicked_index = None
@@ -145,7 +149,7 @@ class ReviewBar(QtWidgets.QWidget):
         if not folder:
             return
         try:
-            self.timeline = SessionTimeline(folder)
+            self.timeline = SessionTimeline(folder, cache_frames=16)
         except Exception:          # a folder that is not (yet) a session: timeline stays off
             self.timeline = None
             return
@@ -217,6 +221,7 @@ class ReviewBar(QtWidgets.QWidget):
         key = (index, stride)
         d = self._display_cache.get(key)
         if d is not None and not keep_images:
+            self._display_cache.move_to_end(key)
             return d
         r = self.timeline.result(index)
         if r is None:
@@ -224,9 +229,12 @@ class ReviewBar(QtWidgets.QWidget):
         d = make_display_frame(r, stride, frustum_depth=self._frustum_depth, keep_images=keep_images)
         if self._frustum_depth is None and len(d.depth):
             self._frustum_depth = FRUSTUM_FRACTION * d.median_depth
-        if len(self._display_cache) > 4096:
-            self._display_cache.clear()
+        if key not in self._display_cache:
+            self._cached_points += len(d.points)
         self._display_cache[key] = dataclasses.replace(d, image=None, depth_map=None, conf_map=None)
+        while self._cached_points > CACHE_POINTS and len(self._display_cache) > 1:
+            _, old = self._display_cache.popitem(last=False)
+            self._cached_points -= len(old.points)
         return d
 
     def _apply_scrub(self) -> None:
@@ -242,6 +250,18 @@ class ReviewBar(QtWidgets.QWidget):
         frames = []
         todo = [i for i in cams if i > self.shown_upto] if incremental else cams
         pts_set = set(pts)
+        slow = sum(1 for i in todo if (i, int(self.window.stride.value())) not in self._display_cache) > 20
+        if slow:                               # frames read from the store: say it is busy
+            QtWidgets.QApplication.setOverrideCursor(QtCore.Qt.CursorShape.WaitCursor)
+        try:
+            frames = self._collect(todo, pts_set, n)
+        finally:
+            if slow:
+                QtWidgets.QApplication.restoreOverrideCursor()
+        self._show(frames, n, mode, cams, incremental)
+
+    def _collect(self, todo, pts_set, n) -> list:
+        frames = []
         for i in todo:
             d = self._display(i, keep_images=(i == n))
             if d is None:
@@ -250,6 +270,10 @@ class ReviewBar(QtWidgets.QWidget):
                 d = dataclasses.replace(d, points=d.points[:0], colors=d.colors[:0], conf=d.conf[:0],
                                         depth=d.depth[:0])
             frames.append(d)
+        return frames
+
+    def _show(self, frames, n, mode, cams, incremental) -> None:
+        v = self.viewer
         cam = v.view.camera
         state = (cam.center, cam.distance, cam.azimuth, cam.elevation)
         if not incremental:
