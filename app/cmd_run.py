@@ -155,14 +155,17 @@ def _check_output_dir(path: str, flag: str) -> Path:
 
 def _export(loaded, args, outputs: dict) -> dict:
     """All requested exports through engine.io.export.export_results (the GUI's function too);
-    an export that keeps almost nothing is still written, with a warning."""
-    from engine.io.export import export_results
+    an export that keeps almost nothing is still written (the user asked for it), with a warning
+    printed before the files are written."""
+    from engine.io.export import export_results, plan_export
 
+    opts = dict(conf_threshold=args.conf_threshold, stride=args.stride, keyframes_only=args.keyframes_only)
+    if set(outputs) - {"trajectory"}:
+        plan = plan_export(loaded, **opts)
+        if plan["warning"]:
+            print(f"warning: {plan['warning']}", file=sys.stderr)
     out = export_results(loaded, {("tum" if k == "trajectory" else k): v for k, v in outputs.items()},
-                         conf_threshold=args.conf_threshold, stride=args.stride,
-                         keyframes_only=args.keyframes_only, frustums=not args.no_frustums)
-    if out.get("warning"):
-        print(f"warning: {out['warning']}", file=sys.stderr)
+                         frustums=not args.no_frustums, **opts)
     if out.get("cut_short"):
         print(f"warning: this session was cut short ({out['cut_short']}): the export holds only "
               "what was done", file=sys.stderr)
