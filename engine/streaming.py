@@ -48,7 +48,7 @@ from .api import EngineError, EngineEvent, FrameResult, SessionConfig
 from .pose import decode_pose
 from .preprocess import preprocess
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from .kv.dtypes import COMPUTE_DTYPES as _DTYPES, KV_DTYPES as _KV_DTYPES  # the one dtype table
 
 
 def _config_error(msg: str) -> EngineError:
@@ -58,14 +58,20 @@ def _config_error(msg: str) -> EngineError:
 def _validate(cfg: SessionConfig) -> None:
     if cfg.dtype not in _DTYPES:
         raise _config_error(f"dtype must be one of {', '.join(_DTYPES)} (got {cfg.dtype!r})")
-    if cfg.kv_dtype not in ("auto", *_DTYPES):
-        raise _config_error(f"kv_dtype must be auto, fp32, bf16 or fp16 (got {cfg.kv_dtype!r})")
+    if cfg.kv_dtype not in ("auto", *_KV_DTYPES):
+        raise _config_error(f"kv_dtype must be auto, {', '.join(_KV_DTYPES)} (got {cfg.kv_dtype!r})")
     if cfg.backend not in ("auto", "sdpa", "flashinfer"):
         raise _config_error(f"backend must be auto, sdpa or flashinfer (got {cfg.backend!r})")
     if cfg.mode != "streaming":
         raise _config_error(f"mode {cfg.mode!r} is not available for this engine; use 'streaming'")
-    if cfg.kv_compression not in ("none", None):
-        raise _config_error(f"kv_compression {cfg.kv_compression!r} is not available; use 'none'")
+    from .kv.compression import METHODS
+    if (cfg.kv_compression or "none") not in METHODS:
+        raise _config_error(f"kv_compression must be one of {', '.join(METHODS)} (got {cfg.kv_compression!r})")
+    if not 0.0 < float(cfg.kv_keep_ratio) <= 1.0 or int(cfg.kv_block_size) < 1:
+        raise _config_error(f"kv_keep_ratio must be in (0, 1] and kv_block_size >= 1 "
+                            f"(got {cfg.kv_keep_ratio!r}, {cfg.kv_block_size!r})")
+    if cfg.weight_dtype not in ("auto", "bf16", "int8", "fp8"):
+        raise _config_error(f"weight_dtype must be auto, bf16, int8 or fp8 (got {cfg.weight_dtype!r})")
     for name, lo in (("scale_frames", 1), ("window", 1), ("keyframe_interval", 1), ("camera_iterations", 1),
                      ("special_cap", 1), ("image_width", 14)):
         v = getattr(cfg, name)
@@ -133,13 +139,24 @@ class LingBotMapSession:
         self._events: list[EngineEvent] = [] if not upcast else [EngineEvent("warning", message=(
             f"the model was converted to {str(was).replace('torch.', '')} by an earlier session; "
             f"{config.dtype} results use those rounded weights. Reload the checkpoint for exact {config.dtype}"))]
+        if config.weight_dtype in ("int8", "fp8"):      # trunk linear weights via torchao, in place
+            from .weight_quant import quantize_trunk
+            quantize_trunk(self.model, config.weight_dtype)
+        elif getattr(self.model, "weight_dtype", None):
+            self._events.append(EngineEvent("warning", message=(
+                f"the model's trunk weights were quantized to {self.model.weight_dtype} by an earlier "
+                f"session; reload the checkpoint for unquantized weights")))
         # CUDA graphs for the fixed-shape parts (engine/models/graphs.py); a fresh cache per
         # session, since captured graphs point at the weights as converted above.
-        use_graphs = self.device.type == "cuda" and bool(config.cuda_graphs)
+        use_graphs = (self.device.type == "cuda" and bool(config.cuda_graphs)
+                      and getattr(self.model, "weight_dtype", None) is None)   # quantized: eager
         from .models.graphs import GraphCache
         self.model.aggregator.graphs = GraphCache() if use_graphs else None
-        self.kv_dtype = self.dtype if config.kv_dtype == "auto" else _DTYPES[config.kv_dtype]
+        from .kv.dtypes import kv_precision
+        self.kv_precision = kv_precision(config.dtype, config.kv_dtype)   # decided once, here
+        self.kv_dtype = self.kv_precision.storage
         self.kv = None                  # PagedKVCache, built at the first step (needs the token count)
+        self.caches = None              # StreamCaches(kv, camera_cache)
         self.camera_cache = None
         self._hw: Optional[tuple[int, int]] = None
         self._pending: list = []        # scale-phase frames: (index, timestamp, Prepared)
@@ -216,6 +233,7 @@ class LingBotMapSession:
         self.model.aggregator.graphs = None     # free the captured graphs' buffers
         self.kv = None
         self.camera_cache = None
+        self.caches = None
         self._pending.clear()
         self._pinned.clear()
 
@@ -237,15 +255,20 @@ class LingBotMapSession:
     def _ensure_caches(self) -> None:
         if self.kv is not None:
             return
-        from .kv import PagedKVCache
+        from .kv import PagedKVCache, make_compressor, resolve_backend
+        from .kv.coordinator import StreamCaches
         cfg, geo = self.config, self.model.kv_geometry()
         h, w = self._hw
         patches = (h // 14) * (w // 14)
         self.kv = PagedKVCache(geo["num_layers"], geo["num_heads"], geo["head_dim"], patches,
                                special_tokens=geo["special_tokens"], scale_frames=cfg.scale_frames,
-                               window=cfg.window, special_cap=cfg.special_cap, dtype=self.kv_dtype,
-                               device=self.device, backend=cfg.backend)
+                               window=cfg.window, special_cap=cfg.special_cap, dtype=self.kv_precision,
+                               device=self.device,
+                               backend=resolve_backend(cfg.backend, self.device, self.kv_precision),
+                               compression=make_compressor(cfg.kv_compression, cfg.kv_keep_ratio,
+                                                           cfg.kv_block_size, cfg.kv_seed))
         self.camera_cache = self.model.new_camera_cache(cfg.camera_iterations, cfg.scale_frames, cfg.special_cap)
+        self.caches = StreamCaches(self.kv, self.camera_cache)     # stepped together
 
     def _step(self, images: torch.Tensor, n: int, scale: bool, keyframe: bool, first: bool) -> dict:
         forward = functools.partial(self.model.forward_step, extras=False)   # only what results use
@@ -253,8 +276,7 @@ class LingBotMapSession:
             from .parallel.lingbot_ring import ring_forward
             forward = ring_forward(self.model, self.config)
         self._ensure_caches()
-        self.kv.begin_step(n, scale=scale, keyframe=keyframe)
-        self.camera_cache.begin_step(n, scale=scale, keyframe=keyframe)
+        self.caches.begin_step(n, scale=scale, keyframe=keyframe)
         try:
             out = forward(images.to(self.device, non_blocking=True),
                                           time_index=range(self._time, self._time + n), first_frame=first,
@@ -262,16 +284,14 @@ class LingBotMapSession:
                                           camera_cache=self.camera_cache,
                                           iterations=self.config.camera_iterations)
         except BaseException as exc:
-            self.kv.abort_step()
-            self.camera_cache.abort_step()
+            self.caches.abort_step()
             if isinstance(exc, torch.OutOfMemoryError):
                 h, w = self._hw
                 raise EngineError(f"out of {self.device.type.upper()} memory running LingBot-Map at {w}x{h} "
                                   f"(dtype {self.config.dtype}, window {self.config.window}); use bf16, a "
                                   f"smaller window or a smaller image width") from exc
             raise
-        self.kv.end_step()
-        self.camera_cache.end_step()
+        self.caches.end_step()
         if keyframe:
             self._advance_time(n)
         return self._to_host(out)
@@ -338,7 +358,8 @@ CUDA_GRAPHS_DEFAULT = True
 
 
 class _KVAdapter:
-    """Casts q/k/v to the KV dtype and the attention output back to the compute dtype."""
+    """The model's view of the KV cache (write / attend); the cache converts q to its attention
+    dtype and the output back itself (engine/kv/dtypes.py decides both once)."""
 
     __slots__ = ("kv",)
 
@@ -349,4 +370,4 @@ class _KVAdapter:
         self.kv.write(layer, k, v)
 
     def attend(self, layer, q):
-        return self.kv.attend(layer, q.to(self.kv.dtype)).to(q.dtype)
+        return self.kv.attend(layer, q)

@@ -1,22 +1,34 @@
 """Paged KV cache for the streaming global attention, and the attention backends that read it.
 
-`PagedKVCache` (paged_cache.py) owns the page pools and every page table; the backends
-(backends.py: SDPA gather / zero-copy, FlashInfer paged prefill) only read the tables it builds
-once per step. See docs/interfaces.md "Paged KV cache".
+* page_table.py: the page tables (plain integers: free list, streams, step protocol, rollback)
+  and `CappedRing` (the special stream's and the camera cache's "pinned + ring" policy);
+* pool.py: the tensors (page pools, fp8 / int8 scales) and every byte move;
+* backends.py: SDPA and FlashInfer attention over the pools (handed to the cache);
+* compression.py: window compressors (token_partition, random_subset, token_merge, block_sparse);
+* dtypes.py: the one dtype table and the session's KV precision decision;
+* paged_cache.py: `PagedKVCache`, composing the above; coordinator.py: `StreamCaches`, which
+  steps the KV cache and the camera-head cache together.
+See docs/interfaces.md "Paged KV cache".
 """
-from .paged_cache import (  # noqa: F401
+from .page_table import (  # noqa: F401
     PAGE_FREE,
     PAGE_PENDING,
     PAGE_SCALE,
     PAGE_SPECIAL,
     PAGE_WINDOW,
+    CappedRing,
     KVCacheError,
-    PagedKVCache,
+    PageTable,
     StepTable,
 )
+from .dtypes import COMPUTE_DTYPES, KV_DTYPES, KVPrecision, kv_precision, parse_dtype  # noqa: F401
 from .backends import available_backends, flashinfer_available, resolve_backend  # noqa: F401
+from .compression import METHODS as KV_COMPRESSIONS, make_compressor  # noqa: F401
+from .paged_cache import PagedKVCache  # noqa: F401
 
 __all__ = [
-    "PagedKVCache", "StepTable", "KVCacheError", "available_backends", "flashinfer_available",
-    "resolve_backend", "PAGE_FREE", "PAGE_SCALE", "PAGE_WINDOW", "PAGE_SPECIAL", "PAGE_PENDING",
+    "PagedKVCache", "StepTable", "PageTable", "CappedRing", "KVCacheError", "KVPrecision", "kv_precision",
+    "parse_dtype", "COMPUTE_DTYPES", "KV_DTYPES", "KV_COMPRESSIONS", "make_compressor",
+    "available_backends", "flashinfer_available", "resolve_backend",
+    "PAGE_FREE", "PAGE_SCALE", "PAGE_WINDOW", "PAGE_SPECIAL", "PAGE_PENDING",
 ]

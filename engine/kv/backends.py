@@ -1,5 +1,13 @@
 """Attention backends over the paged KV cache. Both read the tables `PagedKVCache.begin_step`
-builds once per step; neither keeps its own bookkeeping.
+builds once per step and the pool (`cache.pool`); neither keeps its own bookkeeping. The cache
+is handed its backend class (a name is resolved here by `resolve_backend`); this module imports
+the page-table types, never the cache (no import cycle).
+
+Interface: `create(cache)`, `check_supports(cache)` (raises KVCacheError for a combination the
+backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t=None)` with q
+[n, H, D] already in the attention dtype; `slots_t` = explicit visible flat slots of this layer
+(block-sparse attention). A compressed window or an int8 store gives token slots
+(`step.slots_t`), which both backends read (FlashInfer as pages of one token).
 
 * ``sdpa``: `torch.nn.functional.scaled_dot_product_attention` with no mask over the visible
   tokens. When the visible pages are one contiguous run (the steady state of a keyframe stream,
@@ -10,7 +18,9 @@ builds once per step; neither keeps its own bookkeeping.
 * ``flashinfer``: FlashInfer's `BatchPrefillWithPagedKVCacheWrapper` (NHD layout, the
   ``(k_pool, v_pool)`` pair of one layer, causal=False), planned once per step and run per
   layer; workspace allocated once. CUDA and bf16/fp16 only (FlashInfer has no fp32 kernels, and
-  storing an fp32 cache in bf16 behind the user's back is exactly what we must not do).
+  storing an fp32 cache in bf16 behind the user's back is exactly what we must not do). An fp8
+  store runs FlashInfer's fp8-KV kernel with the per-head scales folded into q (keys) and the
+  output (values); int8 stores are SDPA only.
 * ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16; else sdpa.
 """
 from __future__ import annotations
@@ -23,7 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .paged_cache import KVCacheError, StepTable
+from .dtypes import FP8, KVPrecision, parse_dtype
+from .page_table import KVCacheError, StepTable
 
 _FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024
 
@@ -52,15 +63,26 @@ def available_backends(device: Any = "cpu", dtype: Any = None) -> list[str]:
 
 
 def _canon(dtype: Any) -> torch.dtype:
-    from .paged_cache import parse_dtype
     return parse_dtype(dtype)
 
 
-def resolve_backend(name: str, device: torch.device, dtype: torch.dtype):
-    """Backend factory for a cache on `device` storing `dtype`; clear errors for impossible picks."""
+def _flashinfer_dtype_ok(dtype) -> bool:
+    """FlashInfer runs bf16/fp16 caches, and fp8 caches attended in bf16/fp16."""
+    if isinstance(dtype, KVPrecision):
+        if dtype.storage == FP8:
+            return dtype.attn in (torch.bfloat16, torch.float16)
+        return dtype.storage in (torch.bfloat16, torch.float16)
+    return dtype in (torch.bfloat16, torch.float16)
+
+
+def resolve_backend(name: str, device: torch.device, dtype):
+    """Backend class for a cache on `device` storing `dtype` (a torch dtype or a KVPrecision);
+    clear errors for impossible picks."""
     name = (name or "auto").lower()
     device = torch.device(device)
-    fi_ok_dtype = dtype in (torch.bfloat16, torch.float16)
+    fi_ok_dtype = _flashinfer_dtype_ok(dtype)
+    if isinstance(dtype, KVPrecision):
+        dtype = dtype.storage
     if name == "auto":
         if device.type == "cuda" and fi_ok_dtype and flashinfer_available():
             return FlashInferBackend
@@ -72,8 +94,9 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype):
             raise KVCacheError("the FlashInfer attention backend needs a CUDA device; use backend "
                                "'sdpa' (or 'auto') on the CPU")
         if not fi_ok_dtype:
-            raise KVCacheError(f"the FlashInfer attention backend supports bf16 and fp16 only, not "
-                               f"{str(dtype).replace('torch.', '')}; choose dtype bf16/fp16 or backend 'sdpa'")
+            raise KVCacheError(f"the FlashInfer attention backend supports bf16, fp16 (and fp8 KV with a "
+                               f"bf16/fp16 model) only, not {str(dtype).replace('torch.', '')}; choose "
+                               f"dtype bf16/fp16 or backend 'sdpa'")
         mod, err = _import_flashinfer()
         if mod is None:
             raise KVCacheError(f"the FlashInfer attention backend is not available ({err}); install "
@@ -127,30 +150,20 @@ class SDPABackend(_CacheRef):
             kernels = pick or kernels
         return cls(cache, kernels=kernels)
 
+    @classmethod
+    def check_supports(cls, cache) -> None:
+        return None          # every store, compression and device
+
     def plan(self, step: StepTable) -> None:
         return None
 
-    def visible_kv(self, step: StepTable, k_pool: torch.Tensor, v_pool: torch.Tensor):
-        """The visible keys/values of one layer as [tokens, H, D] (a view when contiguous)."""
-        c = self.cache
-        P, H, D, n = c.page_size, c.num_heads, c.head_dim, len(step.pages)
-        if self.zero_copy and step.contiguous is not None:
-            a, m = step.contiguous
-            k = k_pool[a:a + m].reshape(m * P, H, D)
-            v = v_pool[a:a + m].reshape(m * P, H, D)
-        else:
-            if self._buf_k is None:  # once, sized for the largest possible visible set
-                shape = (c.num_pages, P, H, D)
-                self._buf_k = torch.empty(shape, dtype=c.dtype, device=c.device)
-                self._buf_v = torch.empty(shape, dtype=c.dtype, device=c.device)
-            k = torch.index_select(k_pool, 0, step.pages_t, out=self._buf_k[:n]).view(n * P, H, D)
-            v = torch.index_select(v_pool, 0, step.pages_t, out=self._buf_v[:n]).view(n * P, H, D)
-        return k[:step.num_kv_tokens], v[:step.num_kv_tokens]
+    def visible_kv(self, step: StepTable, layer: int, slots_t=None):
+        """The visible keys/values of one layer as [tokens, H, D] in the attention dtype (a view
+        of the pool when contiguous; see KVPool.visible)."""
+        return self.cache.pool.visible(layer, step, zero_copy=self.zero_copy, slots_t=slots_t)
 
-    def attend(self, step: StepTable, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor):
-        k, v = self.visible_kv(step, k_pool, v_pool)
-        if k.dtype != q.dtype:  # e.g. an fp32 model over a bf16 cache: compute in q's dtype
-            k, v = k.to(q.dtype), v.to(q.dtype)
+    def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        k, v = self.visible_kv(step, layer, slots_t)
         qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, L, D]
         if self._kernels is not None:
             from torch.nn.attention import sdpa_kernel
@@ -180,19 +193,43 @@ class FlashInferBackend(_CacheRef):
     def create(cls, cache):
         return cls(cache)
 
-    def plan(self, step: StepTable) -> None:
+    @classmethod
+    def check_supports(cls, cache) -> None:
+        if cache.pool.kind == "int8":
+            raise KVCacheError("the FlashInfer attention backend has no int8 KV path; use kv_dtype fp8 "
+                               "or backend 'sdpa'")
+
+    def plan(self, step: StepTable, slots_t=None) -> None:
         c = self.cache
         i32 = torch.int32
+        slots_t = step.slots_t if slots_t is None else slots_t
+        kv_dt = FP8 if c.pool.kind == "fp8" else c.dtype
+        if slots_t is not None:      # token lists: pages of one token over the same pool
+            pages_t, n, page, last = slots_t.to(i32), slots_t.numel(), 1, 1
+        else:
+            pages_t, n, page, last = step.pages_t.to(i32), len(step.pages), c.page_size, step.last_page_len
         self._wrapper.plan(
             torch.tensor([0, step.q_tokens], dtype=i32),
-            torch.tensor([0, len(step.pages)], dtype=i32),
-            step.pages_t.to(i32),
-            torch.tensor([step.last_page_len], dtype=i32),
-            c.num_heads, c.num_heads, c.head_dim, c.page_size,
-            causal=False, q_data_type=c.dtype, kv_data_type=c.dtype,
+            torch.tensor([0, n], dtype=i32),
+            pages_t,
+            torch.tensor([last], dtype=i32),
+            c.num_heads, c.num_heads, c.head_dim, page,
+            causal=False, q_data_type=c.attn_dtype, kv_data_type=kv_dt,
         )
+        self._token_pages = slots_t is not None
 
-    def attend(self, step: StepTable, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor):
-        dt = self.cache.dtype
-        out = self._wrapper.run(q.to(dt).contiguous(), (k_pool, v_pool))
-        return out if out.dtype == q.dtype else out.to(q.dtype)
+    def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        pool = self.cache.pool
+        if slots_t is not None:      # block-sparse: this layer's own token list
+            self.plan(step, slots_t)
+        k, v = pool.k[layer], pool.v[layer]
+        if pool.kind == "fp8":
+            k, v = k.view(FP8), v.view(FP8)
+        if self._token_pages:
+            N, P, H, D = k.shape
+            k, v = k.view(N * P, 1, H, D), v.view(N * P, 1, H, D)
+        if pool.kind == "fp8":       # per-head scales: keys into q, values into the output
+            ks, vs = pool.scales[layer, 0], pool.scales[layer, 1]
+            out = self._wrapper.run((q.float() * ks[:, None]).to(q.dtype).contiguous(), (k, v))
+            return (out.float() * vs[:, None]).to(q.dtype)
+        return self._wrapper.run(q.contiguous(), (k, v))

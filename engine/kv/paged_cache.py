@@ -1,4 +1,7 @@
-"""Paged KV cache of the streaming global attention (one module, shared by every backend).
+"""Paged KV cache of the streaming global attention: `PagedKVCache` composes the page tables
+(engine/kv/page_table.py, plain integers), the pools (engine/kv/pool.py, the tensors and their
+dtype / quantization), an attention backend handed in from outside (engine/kv/backends.py; a
+name is resolved there, never here) and an optional window compressor (engine/kv/compression.py).
 
 Layout
 ------
@@ -14,8 +17,9 @@ share the pages and one free list (page tables are the same for every layer):
 
 A step's visible page table is scale -> window -> new frame(s) -> special, so the only partial
 page is the last one (the FlashInfer paged format) and one table, built once in `begin_step`,
-serves every layer. Keys are stored as given (already qk-normed and RoPE'd) in the pool dtype,
-which is exactly the dtype asked for (no silent downcast). Global attention has no mask and the
+serves every layer. Keys are stored as given (already qk-normed and RoPE'd) in the storage dtype,
+which is exactly the dtype asked for (no silent downcast; fp8 / int8 quantize with scales, see
+pool.py); q is converted once to the attention dtype and the output back to q's dtype. Global attention has no mask and the
 keys carry their positions, so the order of keys does not change the result.
 
 Semantics (match upstream LingBot-Map, shared/fixtures/README.md section 4)
@@ -53,77 +57,34 @@ adds page 0 in front of that run, so its set (full window + itself) is one run a
 """
 from __future__ import annotations
 
-import bisect
-import math
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from ..api import EngineError
-
-# page_map() codes (docs/interfaces.md)
-PAGE_FREE, PAGE_SCALE, PAGE_WINDOW, PAGE_SPECIAL, PAGE_PENDING = 0, 1, 2, 3, 4
-
-_DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-}
-
-
-class KVCacheError(EngineError):
-    """Bad KV-cache settings or misuse of the step protocol; the message says what to change."""
-
-
-def parse_dtype(dtype: Any) -> torch.dtype:
-    """torch dtype from a torch dtype or one of the config names ("fp32", "bf16", "fp16")."""
-    if isinstance(dtype, torch.dtype):
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-            raise KVCacheError(f"unsupported KV-cache dtype {dtype}; use fp32, bf16 or fp16")
-        return dtype
-    key = str(dtype).lower().replace("torch.", "")
-    if key not in _DTYPES:
-        raise KVCacheError(f"unknown KV-cache dtype {dtype!r}; use fp32, bf16 or fp16")
-    return _DTYPES[key]
-
-
-@dataclass
-class StepTable:
-    """Everything a backend needs for one step; built once in `begin_step`, shared by all layers."""
-
-    num_frames: int
-    scale: bool
-    keyframe: bool
-    q_tokens: int                       # F * (special_tokens + patch_tokens)
-    new_pages: list                     # patch pages of the new frame(s), in frame order
-    evicted: list                       # window pages a keyframe evicted at begin_step
-    masked: int                         # window frames hidden from this step
-    pending_special_pages: list         # special pages allocated for this step
-    special_start: int                  # committed special tokens before the step
-    pages: list                         # visible pages: scale -> window -> new -> special
-    last_page_len: int                  # valid tokens of pages[-1]
-    num_kv_tokens: int                  # visible tokens
-    contiguous: Optional[tuple]         # (first_page, num_pages) when pages form one run with
-                                        # the partial page last, else None
-    device: torch.device
-    new_pages_t: torch.Tensor = None    # int64 [F] on device
-    special_flat_t: torch.Tensor = None  # int64 [F*special_tokens] flat slot index (page*P+off)
-    pages_t: torch.Tensor = None        # int64 [len(pages)] on device (gather)
-    written: list = field(default_factory=list)   # per layer: write() done this step
-    plan: Any = None                    # backend-private per-step data (e.g. FlashInfer plan)
-    borrowed: list = field(default_factory=list)  # non-keyframe: hidden window pages written over
-    backup: list = field(default_factory=list)    # spare pages holding the borrowed pages' bytes
+from . import backends as _backends
+from .compression import Compressor
+from .dtypes import KVPrecision, parse_dtype  # noqa: F401  (parse_dtype: public)
+from .page_table import (  # noqa: F401  (re-exported)
+    PAGE_FREE, PAGE_PENDING, PAGE_SCALE, PAGE_SPECIAL, PAGE_WINDOW, CommitPlan, KVCacheError, PageTable,
+    StepTable,
+)
+from .pool import KVPool
 
 
 class PagedKVCache:
-    """Paged KV cache of all global-attention layers (see the module docstring)."""
+    """Paged KV cache of all global-attention layers (see the module docstring).
+
+    dtype: storage ("fp32" | "bf16" | "fp16" | "fp8" | "int8", a torch dtype, or a `KVPrecision`);
+    attn_dtype: what a quantized store computes attention in (default fp32; sessions pass their
+    compute dtype). backend: a backend class (engine/kv/backends.py) or its name, resolved there.
+    compression: a `Compressor` (engine/kv/compression.py) or None."""
 
     def __init__(self, num_layers: int, num_heads: int, head_dim: int, patch_tokens: int,
                  special_tokens: int = 6, scale_frames: int = 8, window: int = 64,
                  special_cap: int = 1024, dtype: Any = torch.float32, device: Any = "cpu",
-                 backend: str = "sdpa", max_step_frames: int = 1):
+                 backend: Any = "sdpa", max_step_frames: int = 1, attn_dtype: Any = None,
+                 compression: Optional[Compressor] = None):
         for name, val, lo in (("num_layers", num_layers, 1), ("num_heads", num_heads, 1),
                               ("head_dim", head_dim, 1), ("patch_tokens", patch_tokens, 1),
                               ("special_tokens", special_tokens, 0), ("scale_frames", scale_frames, 1),
@@ -143,170 +104,87 @@ class PagedKVCache:
         self.special_tokens = int(special_tokens)
         self.scale_frames, self.window = int(scale_frames), int(window)
         self.special_cap, self.max_step_frames = int(special_cap), int(max_step_frames)
-        self.dtype = parse_dtype(dtype)
+        if isinstance(dtype, KVPrecision):
+            self.precision = dtype
+        else:
+            storage = parse_dtype(dtype, allow_quantized=True)
+            quantized = storage in (torch.int8, torch.float8_e4m3fn)
+            attn = parse_dtype(attn_dtype or "fp32") if quantized else storage
+            self.precision = KVPrecision(storage, attn, quantized)
+        self.dtype = self.precision.storage          # what is stored (pool element type)
+        self.attn_dtype = self.precision.attn
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise KVCacheError("KV cache: device 'cuda' was asked for but CUDA is not available")
-
-        P = self.page_size
-        # zones: non-keyframe pages [0, M), scale + window [M, Z), specials [Z, Z + Ns) ("Placement")
-        self._patch_zone = self.scale_frames + self.window + self.max_step_frames
-        cap_tokens = self.special_tokens * (self.special_cap + self.max_step_frames)
-        self._special_zone_pages = math.ceil(cap_tokens / P) if self.special_tokens else 0
-        self.num_pages = self._patch_zone + self._special_zone_pages
-        shape = (self.num_layers, self.num_pages, P, self.num_heads, self.head_dim)
-        try:
-            self.k_pool = torch.empty(shape, dtype=self.dtype, device=self.device)
-            self.v_pool = torch.empty(shape, dtype=self.dtype, device=self.device)
-        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            need = 2 * math.prod(shape) * torch.empty((), dtype=self.dtype).element_size()
-            raise KVCacheError(
-                f"not enough memory for the KV cache ({need / 2**30:.2f} GiB on {self.device}); "
-                f"lower the window, the resolution or use bf16") from exc
-
-        from .backends import resolve_backend  # late import: backends import this module
-        self.backend = resolve_backend(backend, self.device, self.dtype)
-        self._attn = self.backend.create(self)
+        self.compression = compression or Compressor()
+        keep = self.compression.keep_tokens(self.page_size) if self.compression.stores_fewer else None
+        self.table = PageTable(self.page_size, self.special_tokens, self.scale_frames, self.window,
+                               self.special_cap, self.max_step_frames, keep_tokens=keep)
+        self.num_pages = self.table.num_pages
+        self.pool = KVPool(self.num_layers, self.num_pages, self.page_size, self.num_heads, self.head_dim,
+                           self.precision, self.device)
+        backend_cls = _backends.resolve_backend(backend, self.device, self.precision) \
+            if isinstance(backend, str) or backend is None else backend
+        if self.compression.stores_fewer or self.compression.sparse_attention or self.precision.quantized:
+            backend_cls.check_supports(self)
+        self.backend = backend_cls
+        self._attn = backend_cls.create(self)
         self.timer = None       # optional `name -> context manager` around attend (benchmarks)
+        self._frame_counter = 0
         self.reset()
+
+    # ------------------------------------------------------------------ pools
+    @property
+    def k_pool(self) -> torch.Tensor:
+        return self.pool.k
+
+    @property
+    def v_pool(self) -> torch.Tensor:
+        return self.pool.v
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Forget every cached frame (pool bytes are left as they are; nothing is reallocated)."""
-        self._free = list(range(self.num_pages))        # sorted ascending
-        self._scale: list[int] = []
-        self._window: list[int] = []                     # oldest first
-        self._special_pages: list[int] = []
-        self._special_len = 0                            # committed special tokens
-        self._ring_next = 0                              # next non-scale special slot to overwrite
-        self._frames_committed = 0
-        self._evictions = 0
-        self._special_dropped = 0
+        self.table.reset()
         self._step: Optional[StepTable] = None
         self._last_visible_tokens = 0
         self._last_zero_copy = None
-
-    def _alloc(self, lowest: int = 0) -> int:
-        """Lowest free page >= `lowest` (else the lowest free page)."""
-        i = bisect.bisect_left(self._free, lowest)
-        if i == len(self._free):
-            i = 0
-        if not self._free:
-            raise KVCacheError("KV cache: out of pages (internal accounting error)")
-        return self._free.pop(i)
-
-    def _alloc_top(self) -> int:
-        if not self._free:
-            raise KVCacheError("KV cache: out of pages (internal accounting error)")
-        return self._free.pop()
-
-    def _release(self, page: int) -> None:
-        bisect.insort(self._free, page)
-
-    def _copy_pages(self, src: list, dst: list) -> None:
-        """Copy whole pages (every layer, keys and values) from `src` to `dst`."""
-        s = torch.tensor(src, dtype=torch.int64, device=self.device)
-        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
-        for pool in (self.k_pool, self.v_pool):
-            pool.index_copy_(1, d, pool.index_select(1, s))
+        self._frame_counter = 0
 
     # ------------------------------------------------------------------ step protocol
     def begin_step(self, num_frames: int, scale: bool = False, keyframe: bool = True) -> StepTable:
         """Reserve pages for `num_frames` new frames and build the visible table (all layers)."""
-        if self._step is not None:
-            raise KVCacheError("KV cache: begin_step called twice without end_step")
-        F = int(num_frames)
-        if F < 1:
-            raise KVCacheError(f"KV cache: num_frames must be >= 1 (got {num_frames})")
-        if scale:
-            if not keyframe:
-                raise KVCacheError("KV cache: scale frames are always cached (keyframe=False given)")
-            if self._window:
-                raise KVCacheError("KV cache: scale frames must come before streamed frames")
-            if len(self._scale) + F > self.scale_frames:
-                raise KVCacheError(f"KV cache: {len(self._scale) + F} scale frames exceed "
-                                   f"scale_frames={self.scale_frames}")
-        elif F > self.max_step_frames:
-            raise KVCacheError(f"KV cache: {F} frames in one streamed step exceed "
-                               f"max_step_frames={self.max_step_frames}")
-
-        P, S = self.page_size, self.special_tokens
-        # Only a keyframe evicts; a non-keyframe sees the full window plus itself (upstream)
-        masked = 0 if (scale or not keyframe) else max(0, len(self._window) + F - self.window)
-        evicted: list[int] = []
-        borrowed: list[int] = []
-        backup: list[int] = []
-        if masked:
-            # A keyframe's eviction is final: free the oldest pages first so the new frame reuses
-            # them (keeps the steady-state visible set one contiguous run).
-            evicted, self._window = self._window[:masked], self._window[masked:]
-            for p in evicted:
-                self._release(p)
-            self._evictions += len(evicted)
-        visible_window = list(self._window)
-        lowest = self.max_step_frames if keyframe else 0      # see "Placement"
-        new_pages = [self._alloc(lowest) for _ in range(F)]
-
-        # special slots for the new frames: appended at the end of the committed stream
-        start = self._special_len
-        end = start + S * F
-        pending: list[int] = []
-        while len(self._special_pages) * P < end:
-            p = self._alloc(self._patch_zone)
-            self._special_pages.append(p)
-            pending.append(p)
-        tok = np.arange(start, end, dtype=np.int64)
-        sp = np.asarray(self._special_pages, dtype=np.int64)
-        special_flat = sp[tok // P] * P + tok % P if S else tok
-
-        n_sp = math.ceil(end / P) if S else 0
-        pages = self._scale + visible_window + new_pages + self._special_pages[:n_sp]
-        last_len = end - (n_sp - 1) * P if n_sp else P
-        num_tokens = (len(pages) - 1) * P + last_len
-        lo, hi = min(pages), max(pages)
-        contiguous = None
-        if hi - lo + 1 == len(pages) and (last_len == P or pages[-1] == hi):
-            contiguous = (lo, len(pages))
-
-        dev = self.device
-        step = StepTable(
-            num_frames=F, scale=bool(scale), keyframe=bool(keyframe), q_tokens=F * (S + P),
-            new_pages=new_pages, evicted=evicted, masked=masked, borrowed=borrowed, backup=backup,
-            pending_special_pages=pending,
-            special_start=start, pages=pages, last_page_len=last_len, num_kv_tokens=num_tokens,
-            contiguous=contiguous, device=dev,
-            new_pages_t=torch.tensor(new_pages, dtype=torch.int64, device=dev),
-            special_flat_t=torch.as_tensor(special_flat, dtype=torch.int64).to(dev),
-            pages_t=torch.tensor(pages, dtype=torch.int64, device=dev),
-            written=[False] * self.num_layers,
-        )
+        step = self.table.begin_step(num_frames, scale=scale, keyframe=keyframe)
+        self.pool.attach(step)
+        if self.compression.sparse_attention and not scale:
+            P = self.page_size
+            a = len(self.table._scale) * P
+            step.window_range = (a, a + len(self.table._window) * P)
+            if step.slots_t is None:
+                pages = np.asarray(step.pages, dtype=np.int64)
+                step.slots_t = torch.as_tensor((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens]).to(self.device)
         self._step = step
-        self._last_visible_tokens = num_tokens
-        self._last_zero_copy = contiguous is not None
+        self._last_visible_tokens = step.num_kv_tokens
+        self._last_zero_copy = step.contiguous is not None and step.slots_t is None
         self._attn.plan(step)
         return step
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the new frames' keys/values of one layer: k, v [F, T, H, D], T = specials +
-        patches in that order, already qk-normed and RoPE'd. Converted to the pool dtype."""
+        patches in that order, already qk-normed and RoPE'd. Converted once to the storage dtype."""
         step = self._require_step()
         F, T = step.num_frames, self.special_tokens + self.page_size
         want = (F, T, self.num_heads, self.head_dim)
         if tuple(k.shape) != want or tuple(v.shape) != want:
             raise KVCacheError(f"KV cache write: expected k, v of shape {list(want)}, "
                                f"got {list(k.shape)} and {list(v.shape)}")
-        S = self.special_tokens
-        for pool, x in ((self.k_pool[layer], k), (self.v_pool[layer], v)):
-            x = x.to(device=self.device, dtype=self.dtype)
-            pool.index_copy_(0, step.new_pages_t, x[:, S:])
-            if S:
-                flat = pool.view(self.num_pages * self.page_size, self.num_heads, self.head_dim)
-                flat.index_copy_(0, step.special_flat_t, x[:, :S].reshape(F * S, self.num_heads, self.head_dim))
+        self.pool.write(layer, step, k, v, self.special_tokens)
         step.written[layer] = True
 
     def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """q [F, T, H, D] -> [F, T, H, D]: every query attends (no mask) to the visible set:
-        scale patches, window patches, the new frames, and the cached special tokens."""
+        """q [F, T, H, D] (any float dtype) -> [F, T, H, D] in q's dtype: every query attends (no
+        mask) to the visible set: scale patches, window patches (or their kept tokens), the new
+        frames, and the cached special tokens."""
         step = self._require_step()
         F, T = step.num_frames, self.special_tokens + self.page_size
         want = (F, T, self.num_heads, self.head_dim)
@@ -315,79 +193,55 @@ class PagedKVCache:
         if not step.written[layer]:
             raise KVCacheError(f"KV cache attend: layer {layer} was not written in this step")
         qf = q.reshape(F * T, self.num_heads, self.head_dim)
+        qa = qf if qf.dtype == self.attn_dtype else qf.to(self.attn_dtype)
+        slots_t = self._sparse_slots(layer, step, qa) if getattr(step, "window_range", None) else None
         if self.timer is None:
-            out = self._attn.attend(step, qf, self.k_pool[layer], self.v_pool[layer])
+            out = self._attn.attend(step, qa, layer, slots_t=slots_t)
         else:
             with self.timer("global_attention"):
-                out = self._attn.attend(step, qf, self.k_pool[layer], self.v_pool[layer])
-        return out.reshape(want)
+                out = self._attn.attend(step, qa, layer, slots_t=slots_t)
+        return out.reshape(want).to(q.dtype)
+
+    def _sparse_slots(self, layer: int, step: StepTable, q: torch.Tensor) -> torch.Tensor:
+        """block_sparse: the visible slots of this layer (window blocks selected by the compressor)."""
+        a, b = step.window_range
+        if b <= a:
+            return step.slots_t
+        k, _ = self.pool.visible(layer, step, slots_t=step.slots_t[a:b])
+        sel = self.compression.select(q, k)
+        dev = step.slots_t.device
+        idx = torch.cat([torch.arange(a, device=dev), a + sel, torch.arange(b, step.slots_t.numel(), device=dev)])
+        return step.slots_t.index_select(0, idx)
 
     def end_step(self) -> None:
-        """Keyframe: commit (evictions already done, special cap applied). Non-keyframe: restore
-        every table, counter, the free list and any borrowed page's bytes exactly as before
-        `begin_step`."""
+        """Keyframe: commit (evictions already done, special cap applied, compressed copies made).
+        Non-keyframe: restore every table, counter and the free list exactly as before `begin_step`
+        (committed pool bytes are never written)."""
         step = self._require_step()
         self._step = None
-        if not step.keyframe:
-            self._rollback(step)
-            return
-        if step.scale:
-            self._scale.extend(step.new_pages)
-        else:
-            self._window.extend(step.new_pages)
-        self._frames_committed += step.num_frames
-        self._special_len = step.special_start + self.special_tokens * step.num_frames
-        self._apply_special_cap()
+        plan = self.table.end_step()
+        if step.keyframe:
+            self._execute(plan)
+            self._frame_counter += step.num_frames
+
+    def _execute(self, plan: CommitPlan) -> None:
+        self.pool.copy_slots(plan.special_src, plan.special_dst)
+        if plan.compress:
+            K = self.table.keep_tokens
+            for i, (page, first) in enumerate(plan.compress):
+                dst = torch.arange(first, first + K, device=self.device)
+                for layer in range(self.num_layers):
+                    k, v = self.pool.read_page(layer, page)
+                    kk, vv = self.compression.kept(k, v, layer, self._frame_counter + i)
+                    self.pool.write_slots(layer, dst, kk, vv)
 
     def abort_step(self) -> None:
         """Undo a step that failed half-way (e.g. an exception inside a layer). Tables return to
         their state before `begin_step`, except that window frames a keyframe already evicted stay
         evicted (their pages may have been overwritten)."""
         if self._step is not None:
-            step, self._step = self._step, None
-            self._rollback(step)
-
-    def _rollback(self, step: StepTable) -> None:
-        if step.borrowed:
-            self._copy_pages(step.backup, step.borrowed)
-            for p in step.backup:
-                self._release(p)
-        for p in step.new_pages:
-            if p not in step.borrowed:
-                self._release(p)
-        for p in step.pending_special_pages:
-            self._special_pages.remove(p)
-            self._release(p)
-
-    def _apply_special_cap(self) -> None:
-        """Keep at most special_cap frames' specials: overflowing frames (appended at the end)
-        overwrite the ring slots of the oldest non-scale frames; surplus pages go back."""
-        S, P = self.special_tokens, self.page_size
-        cap = S * self.special_cap
-        if not S or self._special_len <= cap:
-            return
-        base = S * len(self._scale)                   # pinned: the scale frames' specials
-        ring = (cap - base) // S
-        src, dst = [], []
-        for t in range(cap, self._special_len, S):
-            src.extend(range(t, t + S))
-            d = base + S * self._ring_next
-            dst.extend(range(d, d + S))
-            self._ring_next = (self._ring_next + 1) % ring
-            self._special_dropped += 1
-        sp = np.asarray(self._special_pages, dtype=np.int64)
-        src_t, dst_t = (np.asarray(x, dtype=np.int64) for x in (src, dst))
-        src_flat = torch.as_tensor(sp[src_t // P] * P + src_t % P).to(self.device)
-        dst_flat = torch.as_tensor(sp[dst_t // P] * P + dst_t % P).to(self.device)
-        L, N, H, D = self.num_layers, self.num_pages, self.num_heads, self.head_dim
-        for pool in (self.k_pool, self.v_pool):      # one copy for every layer
-            flat = pool.view(L, N * P, H, D)
-            flat[:, dst_flat] = flat[:, src_flat]
-        self._special_len = cap
-        keep = math.ceil(cap / P)
-        for p in self._special_pages[keep:]:
-            self._release(p)
-        del self._special_pages[keep:]
+            self._step = None
+            self.table.abort_step()
 
     def _require_step(self) -> StepTable:
         if self._step is None:
@@ -401,99 +255,63 @@ class PagedKVCache:
 
     @property
     def scale_pages(self) -> tuple:
-        return tuple(self._scale)
+        return tuple(self.table._scale)
 
     @property
     def window_pages(self) -> tuple:
-        """Window pages, oldest first."""
-        return tuple(self._window)
+        """Window pages (compact frame slots when the window is compressed), oldest first."""
+        return tuple(self.table._window)
 
     @property
     def special_pages(self) -> tuple:
-        return tuple(self._special_pages)
+        return tuple(self.table._special_pages)
 
     @property
     def free_pages(self) -> tuple:
-        return tuple(self._free)
+        return tuple(self.table._free)
 
     @property
     def special_len(self) -> int:
         """Committed special tokens."""
-        return self._special_len
+        return self.table._special_len
 
     @property
     def frames_committed(self) -> int:
         """Frames committed so far (scale + keyframes), including evicted ones."""
-        return self._frames_committed
+        return self.table._frames_committed
 
     def state(self) -> dict:
         """Every table and counter (for exact-rollback checks and debugging)."""
-        return {
-            "free": tuple(self._free), "scale": tuple(self._scale), "window": tuple(self._window),
-            "special_pages": tuple(self._special_pages), "special_len": self._special_len,
-            "ring_next": self._ring_next, "frames_committed": self._frames_committed,
-            "evictions": self._evictions, "special_dropped": self._special_dropped,
-        }
+        return self.table.state()
 
     def committed_slots(self) -> torch.Tensor:
-        """Flat pool slots (page * page_size + offset) holding committed data: every token of
-        scale and window pages and the committed special tokens."""
-        P = self.page_size
-        full = np.asarray(self._scale + self._window, dtype=np.int64)
-        slots = (full[:, None] * P + np.arange(P)[None, :]).ravel()
-        t = np.arange(self._special_len, dtype=np.int64)
-        if len(t):
-            sp = np.asarray(self._special_pages, dtype=np.int64)
-            slots = np.concatenate([slots, sp[t // P] * P + t % P])
-        return torch.as_tensor(slots)
+        """Flat pool slots (page * page_size + offset) holding committed data."""
+        return torch.as_tensor(self.table.committed_slots())
 
     def stats(self) -> dict:
-        step = self._step
-        pending = (len(step.new_pages) + len(step.pending_special_pages) + len(step.backup)
-                   - len(step.borrowed)) if step else 0
-        elem = self.k_pool.element_size()
-        return {
-            "pages_total": self.num_pages,
-            "pages_free": len(self._free),
-            "pages_scale": len(self._scale),
-            "pages_window": len(self._window),
-            "pages_special": len(self._special_pages) - (len(step.pending_special_pages) if step else 0),
-            "pages_pending": pending,
-            "page_size": self.page_size,
+        out = self.table.counts()
+        out.update({
             "num_layers": self.num_layers,
-            "cached_frames": len(self._scale) + len(self._window),
-            "special_frames": self._special_len // self.special_tokens if self.special_tokens else 0,
-            "special_tokens": self._special_len,
-            "special_cap": self.special_cap,
-            "special_dropped": self._special_dropped,
-            "frames_committed": self._frames_committed,
-            "evictions": self._evictions,
-            "window": self.window,
-            "scale_frames": self.scale_frames,
             "visible_tokens": self._last_visible_tokens,
             "zero_copy": self._last_zero_copy,
-            "bytes_allocated": 2 * self.k_pool.numel() * elem,
-            "bytes_per_page": 2 * self.num_layers * self.page_size * self.num_heads * self.head_dim * elem,
+            "bytes_allocated": self.pool.bytes_allocated,
+            "bytes_per_page": int(round(self.pool.bytes_per_token * self.page_size)),
+            "bytes_kept": int(round(out["kept_tokens"] * self.pool.bytes_per_token)),
             "dtype": str(self.dtype).replace("torch.", ""),
+            "attn_dtype": str(self.attn_dtype).replace("torch.", ""),
+            "compression": self.compression.name,
             "backend": self.backend.name,
             "device": str(self.device),
-        }
+        })
+        return out
 
     def page_map(self) -> np.ndarray:
         """int8 per page (every layer shares the tables): 0 free, 1 scale, 2 window, 3 special,
         4 pending (allocated by the step in progress)."""
-        m = np.zeros(self.num_pages, dtype=np.int8)
-        m[self._scale] = PAGE_SCALE
-        m[self._window] = PAGE_WINDOW
-        m[self._special_pages] = PAGE_SPECIAL
-        if self._step is not None:
-            m[self._step.new_pages] = PAGE_PENDING
-            m[self._step.pending_special_pages] = PAGE_PENDING
-            m[self._step.backup] = PAGE_PENDING
-        return m
+        return self.table.page_map()
 
     def __repr__(self) -> str:
         s = self.stats()
         return (f"PagedKVCache(layers={self.num_layers}, pages={self.num_pages}x{self.page_size}, "
                 f"heads={self.num_heads}x{self.head_dim}, {s['dtype']}, {s['backend']}, "
-                f"cached={s['cached_frames']}, specials={s['special_frames']})")
+                f"{s['compression']}, cached={s['cached_frames']}, specials={s['special_frames']})")

@@ -32,7 +32,8 @@ class CameraCache:
     order does not matter. Non-keyframes and aborted steps commit nothing: committed slots and
     counters are untouched (only the spare slot's bytes change). Memory is allocated once, for
     `scale_frames + cap + 1` frames x iterations x blocks (~256 KB per frame at full size with 4
-    iterations).
+    iterations). The slot bookkeeping is the KV cache's own `CappedRing` (engine/kv/page_table.py),
+    and sessions step this cache together with the KV cache (engine/kv/coordinator.py).
     """
 
     def __init__(self, iterations: int, depth: int, num_heads: int, head_dim: int, scale_frames: int,
@@ -48,16 +49,28 @@ class CameraCache:
         self._at = torch.zeros(1, dtype=torch.long, device=device)
         self._slot_ids = torch.arange(slots, device=device)
         self._mask = torch.zeros(1, 1, 1, slots, dtype=dtype, device=device)
-        self.num_scale = 0        # scale slots in use (fixed after the scale phase)
-        self.ring_count = 0       # committed ring entries
-        self.ring_next = 0        # oldest ring entry (overwritten at the next commit once full)
+        from ..kv.page_table import CappedRing
+        self._ring = CappedRing(cap, pinned_in_cap=False)   # scale slots pinned, then a ring of cap
         self.committed = 0        # keyframes committed in total (scale included)
         self._step: Optional[tuple[bool, bool, int]] = None
 
     @property
+    def num_scale(self) -> int:
+        """Scale slots in use (fixed after the scale phase)."""
+        return self._ring.pinned
+
+    @property
+    def ring_count(self) -> int:
+        return self._ring.count
+
+    @property
+    def ring_next(self) -> int:
+        return self._ring.next
+
+    @property
     def visible(self) -> int:
         """Committed tokens a new frame attends to (besides itself)."""
-        return self.num_scale + self.ring_count
+        return self._ring.visible
 
     def begin_step(self, num_frames: int, scale: bool, keyframe: bool) -> None:
         if self._step is not None:
@@ -103,14 +116,10 @@ class CameraCache:
         scale, keyframe, n = self._step
         self._step = None
         if scale:
-            self.num_scale = n
-        elif keyframe:
-            if self.ring_count < self.cap:
-                self.ring_count += 1           # the token already sits in its slot
-            else:
-                src, dst = self.visible, self.num_scale + self.ring_next
+            self._ring.pin(n)
+        elif keyframe:      # the token stays in its slot, or replaces the oldest ring entry
+            for src, dst in self._ring.commit(n):
                 self.kv[:, :, :, dst] = self.kv[:, :, :, src]
-                self.ring_next = (self.ring_next + 1) % self.cap
         if keyframe:
             self.committed += n
 

@@ -254,9 +254,9 @@ def test_steady_state_is_zero_copy_and_equals_gather():
     for layer in range(L):
         cache.write(layer, kv[29][0][layer][None], kv[29][1][layer][None])
         zc = cache.attend(layer, q[None])[0]
-        ga = gather.attend(step, q, cache.k_pool[layer], cache.v_pool[layer])
+        ga = gather.attend(step, q, layer)
         torch.testing.assert_close(zc, ga, atol=1e-6, rtol=1e-5)
-        kz, _ = cache._attn.visible_kv(step, cache.k_pool[layer], cache.v_pool[layer])
+        kz, _ = cache._attn.visible_kv(step, layer)
         assert kz.data_ptr() == cache.k_pool[layer, step.contiguous[0]].data_ptr()   # a view
     cache.end_step()
     assert cache.stats()["zero_copy"] is True
@@ -292,7 +292,7 @@ def test_string_dtypes_and_backend_resolution_on_cpu():
     with pytest.raises(KVCacheError, match="unknown attention backend"):
         PagedKVCache(1, 1, 4, 2, scale_frames=1, window=1, special_cap=2, backend="xformers")
     with pytest.raises(KVCacheError, match="dtype"):
-        PagedKVCache(1, 1, 4, 2, scale_frames=1, window=1, special_cap=2, dtype="int8")
+        PagedKVCache(1, 1, 4, 2, scale_frames=1, window=1, special_cap=2, dtype="int4")
 
 
 def test_page_map_and_stats():

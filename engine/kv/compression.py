@@ -1,0 +1,153 @@
+"""KV-cache compression of the window stream (`SessionConfig.kv_compression`).
+
+Scale frames and special tokens are always kept exact; the frame being processed attends with all
+of its own tokens. What changes is what a *committed window frame* leaves in the cache:
+
+* ``none``: every patch token.
+* ``token_partition`` (after FastVGGT's partition into kept and dropped tokens): per layer, the
+  ``keep_ratio`` share of tokens whose keys deviate most from the frame's mean key (the
+  distinctive ones; the near-average ones carry little that the rest does not).
+* ``random_subset`` (after AVGGT): a seeded random ``keep_ratio`` share, the same in every layer,
+  reproducible from (seed, frame number).
+* ``token_merge``: tokens are merged into ``keep_ratio * P`` groups of raster-adjacent patches
+  (neighbours along the row); a group's key and value are the means of its members.
+* ``block_sparse`` (after Sparse-VGGT): nothing is dropped from storage; at attention time each
+  layer attends to the ``keep_ratio`` share of window blocks (``block_size`` tokens) whose mean
+  key best matches the step's mean query, plus all scale, own and special tokens.
+
+The first three store ``keep_tokens`` per window frame (packed, engine/kv/page_table.py "compressed
+window"), so they save memory and attention time; block_sparse saves attention time only.
+Compressors are handed to `PagedKVCache(compression=...)`; `make_compressor(name, ...)` builds one.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .page_table import KVCacheError
+
+METHODS = ("none", "token_partition", "random_subset", "token_merge", "block_sparse")
+
+
+class Compressor:
+    """Base: keeps everything."""
+
+    name = "none"
+    stores_fewer = False        # packs fewer tokens per window frame
+    sparse_attention = False    # selects window blocks at attention time
+
+    def __init__(self, keep_ratio: float = 1.0, block_size: int = 64, seed: int = 0):
+        if not 0.0 < float(keep_ratio) <= 1.0:
+            raise KVCacheError(f"kv_keep_ratio must be in (0, 1] (got {keep_ratio})")
+        if int(block_size) < 1:
+            raise KVCacheError(f"kv_block_size must be >= 1 (got {block_size})")
+        self.keep_ratio, self.block_size, self.seed = float(keep_ratio), int(block_size), int(seed)
+
+    def keep_tokens(self, page_size: int) -> int:
+        return page_size
+
+    def describe(self) -> dict:
+        return {"method": self.name, "keep_ratio": self.keep_ratio, "block_size": self.block_size,
+                "seed": self.seed}
+
+    # storage compressors implement: kept(k [P,H,D], v [P,H,D], layer, frame) -> (k [K,H,D], v [K,H,D])
+
+
+class _Storing(Compressor):
+    stores_fewer = True
+
+    def keep_tokens(self, page_size: int) -> int:
+        return max(1, min(page_size, int(round(self.keep_ratio * page_size))))
+
+
+class TokenPartition(_Storing):
+    name = "token_partition"
+
+    def indices(self, k: torch.Tensor) -> torch.Tensor:
+        K = self.keep_tokens(k.shape[0])
+        kf = k.float()
+        score = (kf - kf.mean(dim=0, keepdim=True)).norm(dim=-1).mean(dim=-1)      # [P]
+        return torch.sort(torch.topk(score, K).indices).values
+
+    def kept(self, k, v, layer, frame):
+        idx = self.indices(k)
+        return k[idx], v[idx]
+
+
+class RandomSubset(_Storing):
+    name = "random_subset"
+
+    def indices(self, page_size: int, frame: int, device) -> torch.Tensor:
+        K = self.keep_tokens(page_size)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(frame))
+        return torch.sort(torch.randperm(page_size, generator=g)[:K]).values.to(device)
+
+    def kept(self, k, v, layer, frame):
+        idx = self.indices(k.shape[0], frame, k.device)
+        return k[idx], v[idx]
+
+
+class TokenMerge(_Storing):
+    name = "token_merge"
+
+    def groups(self, page_size: int) -> np.ndarray:
+        """Group id of every token: K runs of raster-adjacent tokens (sizes differ by <= 1)."""
+        K = self.keep_tokens(page_size)
+        return (np.arange(page_size) * K) // page_size
+
+    def kept(self, k, v, layer, frame):
+        P = k.shape[0]
+        K = self.keep_tokens(P)
+        g = torch.as_tensor(self.groups(P), device=k.device)
+        count = torch.bincount(g, minlength=K).to(torch.float32)[:, None, None]
+        out = []
+        for x in (k, v):
+            acc = torch.zeros((K,) + tuple(x.shape[1:]), dtype=torch.float32, device=x.device)
+            acc.index_add_(0, g, x.float())
+            out.append((acc / count).to(x.dtype))
+        return out[0], out[1]
+
+
+class BlockSparse(Compressor):
+    name = "block_sparse"
+    sparse_attention = True
+
+    def select(self, q: torch.Tensor, k_window: torch.Tensor) -> torch.Tensor:
+        """Indices (into the window tokens) of the kept blocks: q [n, H, D] the step's queries,
+        k_window [Nw, H, D] the window keys of this layer; blocks of block_size tokens scored by
+        the mean query . mean key, summed over heads; the top keep_ratio share is kept."""
+        Nw = k_window.shape[0]
+        B = self.block_size
+        nb = math.ceil(Nw / B)
+        keep = max(1, int(math.ceil(self.keep_ratio * nb)))
+        if keep >= nb:
+            return torch.arange(Nw, device=k_window.device)
+        blk = torch.arange(Nw, device=k_window.device) // B
+        sums = torch.zeros((nb,) + tuple(k_window.shape[1:]), dtype=torch.float32, device=k_window.device)
+        sums.index_add_(0, blk, k_window.float())
+        sizes = torch.bincount(blk, minlength=nb).to(torch.float32)[:, None, None]
+        score = ((sums / sizes) * q.float().mean(dim=0)[None]).sum(dim=(-1, -2))       # [nb]
+        chosen = torch.sort(torch.topk(score, keep).indices).values
+        return _block_tokens(chosen, B, Nw)
+
+
+def _block_tokens(chosen: torch.Tensor, B: int, Nw: int) -> torch.Tensor:
+    t = (chosen[:, None] * B + torch.arange(B, device=chosen.device)[None]).reshape(-1)
+    return t[t < Nw]
+
+
+_CLASSES = {c.name: c for c in (Compressor, TokenPartition, RandomSubset, TokenMerge, BlockSparse)}
+
+
+def make_compressor(method: Optional[str], keep_ratio: float = 0.5, block_size: int = 64,
+                    seed: int = 0) -> Compressor:
+    """The compressor for a `kv_compression` setting (KVCacheError names the choices)."""
+    name = (method or "none").lower()
+    if name not in _CLASSES:
+        raise KVCacheError(f"unknown kv_compression {method!r}; use {', '.join(METHODS)}")
+    if name == "none":
+        return Compressor()
+    return _CLASSES[name](keep_ratio=keep_ratio, block_size=block_size, seed=seed)

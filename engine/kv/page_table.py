@@ -1,0 +1,394 @@
+"""Page tables of the paged KV cache: plain integers only (no tensors, no device).
+
+`PageTable` owns the free list, the three streams (scale, window, special), the step protocol
+(`begin_step` -> `StepTable`, `end_step` -> `CommitPlan`, `abort_step`) and the exact rollback of
+a non-keyframe. It decides *which* slots hold what; `engine/kv/pool.py` moves the bytes, and the
+attention backends read the `StepTable` built here once per step. `CappedRing` is the "pinned
+entries + a ring of the newest" policy shared by the special stream and the camera-head cache.
+The layout and semantics are documented in engine/kv/paged_cache.py.
+
+Compressed window (`keep_tokens` < page_size): every streamed frame is processed on a page of
+its own (the first `max_step_frames` pages); a committed keyframe keeps `keep_tokens` of its
+patch tokens in a frame slot of the compact window region (`CommitPlan.compress` says which page
+goes to which slots; the compressor picks the tokens). Visible sets are then token lists
+(`StepTable.slots`), not page runs.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from ..api import EngineError
+
+# page_map() codes (docs/interfaces.md)
+PAGE_FREE, PAGE_SCALE, PAGE_WINDOW, PAGE_SPECIAL, PAGE_PENDING = 0, 1, 2, 3, 4
+
+
+class KVCacheError(EngineError):
+    """Bad KV-cache settings or misuse of the step protocol; the message says what to change."""
+
+
+class CappedRing:
+    """Entry bookkeeping of "pinned entries, then a ring of the newest": new entries are appended
+    right after the visible ones; at commit an entry stays where it is while the ring fills, and
+    afterwards overwrites the oldest ring entry (`commit` returns those (src, dst) moves).
+    `pinned_in_cap`: the cap counts the pinned entries too (special stream) or not (camera cache)."""
+
+    def __init__(self, cap: int, pinned_in_cap: bool):
+        self.cap, self.pinned_in_cap = int(cap), bool(pinned_in_cap)
+        self.reset()
+
+    def reset(self) -> None:
+        self.pinned = 0          # scale entries (never dropped)
+        self.count = 0           # ring entries committed
+        self.next = 0            # oldest ring entry (overwritten next once full)
+        self.dropped = 0
+
+    @property
+    def visible(self) -> int:
+        return self.pinned + self.count
+
+    @property
+    def ring_size(self) -> int:
+        return self.cap - self.pinned if self.pinned_in_cap else self.cap
+
+    def pin(self, n: int) -> None:
+        if self.count:
+            raise KVCacheError("pinned (scale) entries must come before ring entries")
+        self.pinned += int(n)
+
+    def commit(self, n: int) -> list:
+        """Commit `n` entries appended at positions visible .. visible + n - 1."""
+        moves = []
+        start = self.visible
+        for i in range(int(n)):
+            if self.count < self.ring_size:
+                self.count += 1
+            else:
+                moves.append((start + i, self.pinned + self.next))
+                self.next = (self.next + 1) % self.ring_size
+                self.dropped += 1
+        return moves
+
+    def state(self) -> tuple:
+        return (self.pinned, self.count, self.next, self.dropped)
+
+
+@dataclass
+class StepTable:
+    """Everything a backend needs for one step; built once in `begin_step`, shared by all layers.
+    Integers and numpy only; a pool attaches the device index tensors (`*_t`)."""
+
+    num_frames: int
+    scale: bool
+    keyframe: bool
+    q_tokens: int                       # F * (special_tokens + patch_tokens)
+    new_pages: list                     # patch pages of the new frame(s), in frame order
+    evicted: list                       # window entries a keyframe evicted at begin_step
+    masked: int                         # window frames hidden from this step
+    pending_special_pages: list         # special pages allocated for this step
+    special_start: int                  # committed special tokens before the step
+    pages: list                         # visible pages: scale -> window -> new -> special
+    last_page_len: int                  # valid tokens of pages[-1]
+    num_kv_tokens: int                  # visible tokens
+    contiguous: Optional[tuple]         # (first_page, num_pages) when pages form one run with
+                                        # the partial page last, else None
+    special_flat: Any = None            # np.int64 [F*special_tokens] flat slots of the new specials
+    slots: Any = None                   # np.int64 visible flat slots when the window is compressed
+    device: Any = None
+    new_pages_t: Any = None             # int64 [F] on device
+    special_flat_t: Any = None          # int64 [F*special_tokens] on device
+    pages_t: Any = None                 # int64 [len(pages)] on device (gather)
+    slots_t: Any = None                 # int64 [num_kv_tokens] on device (compressed window)
+    written: list = field(default_factory=list)   # per layer: write() done this step
+    plan: Any = None                    # backend-private per-step data (e.g. FlashInfer plan)
+    borrowed: list = field(default_factory=list)  # kept for backends/tests (always empty now)
+    backup: list = field(default_factory=list)
+
+
+@dataclass
+class CommitPlan:
+    """Byte moves `end_step` asks the pool for (all layers): special-ring token moves, and for a
+    compressed window the (page, slot range) of every committed frame."""
+
+    special_src: list = field(default_factory=list)     # flat slots
+    special_dst: list = field(default_factory=list)
+    compress: list = field(default_factory=list)        # (src_page, first_dst_flat_slot)
+
+
+class PageTable:
+    """Integer bookkeeping of the paged KV cache (see the module docstring)."""
+
+    def __init__(self, page_size: int, special_tokens: int, scale_frames: int, window: int,
+                 special_cap: int, max_step_frames: int = 1, keep_tokens: Optional[int] = None):
+        self.page_size, self.special_tokens = int(page_size), int(special_tokens)
+        self.scale_frames, self.window = int(scale_frames), int(window)
+        self.special_cap, self.max_step_frames = int(special_cap), int(max_step_frames)
+        P = self.page_size
+        self.keep_tokens = P if keep_tokens is None else int(keep_tokens)
+        if not 1 <= self.keep_tokens <= P:
+            raise KVCacheError(f"KV cache: keep_tokens must be in 1..{P} (got {keep_tokens})")
+        self.compact = self.keep_tokens < P
+        M = self.max_step_frames
+        if self.compact:
+            # [0, M) step pages, [M, M+scale) scale pages, then the compact window region
+            self._compact_first = M + self.scale_frames
+            self._compact_pages = math.ceil(self.window * self.keep_tokens / P)
+            self._patch_zone = self._compact_first + self._compact_pages
+        else:
+            self._patch_zone = self.scale_frames + self.window + M
+        cap_tokens = self.special_tokens * (self.special_cap + M)
+        self._special_zone_pages = math.ceil(cap_tokens / P) if self.special_tokens else 0
+        self.num_pages = self._patch_zone + self._special_zone_pages
+        self._ring = CappedRing(self.special_cap, pinned_in_cap=True)
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        if self.compact:
+            compact = set(range(self._compact_first, self._patch_zone))
+            self._free = [p for p in range(self.num_pages) if p not in compact]
+            self._free_slots = list(range(self.window))      # compact frame slots
+        else:
+            self._free = list(range(self.num_pages))          # sorted ascending
+            self._free_slots = []
+        self._scale: list[int] = []
+        self._window: list[int] = []         # pages (or compact frame slots), oldest first
+        self._special_pages: list[int] = []
+        self._special_len = 0                # committed special tokens
+        self._ring.reset()
+        self._frames_committed = 0
+        self._evictions = 0
+        self._step: Optional[StepTable] = None
+
+    def _alloc(self, lowest: int = 0) -> int:
+        """Lowest free page >= `lowest` (else the lowest free page)."""
+        if not self._free:
+            raise KVCacheError("KV cache: out of pages (internal accounting error)")
+        i = bisect.bisect_left(self._free, lowest)
+        if i == len(self._free):
+            i = 0
+        return self._free.pop(i)
+
+    def _release(self, page: int) -> None:
+        bisect.insort(self._free, page)
+
+    def slot_tokens(self, slot: int) -> np.ndarray:
+        """Flat pool slots of compact window frame slot `slot`."""
+        base = self._compact_first * self.page_size + slot * self.keep_tokens
+        return np.arange(base, base + self.keep_tokens, dtype=np.int64)
+
+    # ------------------------------------------------------------------ step protocol
+    def begin_step(self, num_frames: int, scale: bool = False, keyframe: bool = True) -> StepTable:
+        if self._step is not None:
+            raise KVCacheError("KV cache: begin_step called twice without end_step")
+        F = int(num_frames)
+        if F < 1:
+            raise KVCacheError(f"KV cache: num_frames must be >= 1 (got {num_frames})")
+        if scale:
+            if not keyframe:
+                raise KVCacheError("KV cache: scale frames are always cached (keyframe=False given)")
+            if self._window:
+                raise KVCacheError("KV cache: scale frames must come before streamed frames")
+            if len(self._scale) + F > self.scale_frames:
+                raise KVCacheError(f"KV cache: {len(self._scale) + F} scale frames exceed "
+                                   f"scale_frames={self.scale_frames}")
+        elif F > self.max_step_frames:
+            raise KVCacheError(f"KV cache: {F} frames in one streamed step exceed "
+                               f"max_step_frames={self.max_step_frames}")
+
+        P, S = self.page_size, self.special_tokens
+        # Only a keyframe evicts; a non-keyframe sees the full window plus itself (upstream)
+        masked = 0 if (scale or not keyframe) else max(0, len(self._window) + F - self.window)
+        evicted: list[int] = []
+        if masked:
+            # A keyframe's eviction is final: free the oldest first so the new frame reuses it
+            # (keeps the steady-state visible set one contiguous run).
+            evicted, self._window = self._window[:masked], self._window[masked:]
+            for p in evicted:
+                if self.compact:
+                    bisect.insort(self._free_slots, p)
+                else:
+                    self._release(p)
+            self._evictions += len(evicted)
+        if scale:
+            lowest = self.max_step_frames
+        else:       # see "Placement"; a compressed stream processes every frame on a step page
+            lowest = self.max_step_frames if keyframe and not self.compact else 0
+        new_pages = [self._alloc(lowest) for _ in range(F)]
+
+        # special slots for the new frames: appended at the end of the committed stream
+        start = self._special_len
+        end = start + S * F
+        pending: list[int] = []
+        while len(self._special_pages) * P < end:
+            p = self._alloc(self._patch_zone)
+            self._special_pages.append(p)
+            pending.append(p)
+        tok = np.arange(start, end, dtype=np.int64)
+        sp = np.asarray(self._special_pages, dtype=np.int64)
+        special_flat = sp[tok // P] * P + tok % P if S else tok
+
+        n_sp = math.ceil(end / P) if S else 0
+        window_pages = [] if self.compact else list(self._window)
+        pages = self._scale + window_pages + new_pages + self._special_pages[:n_sp]
+        last_len = end - (n_sp - 1) * P if n_sp else P
+        slots = None
+        if self.compact:
+            full = np.asarray(self._scale + new_pages, dtype=np.int64)
+            parts = [(np.asarray(self._scale, np.int64)[:, None] * P + np.arange(P)).ravel()]
+            parts += [self.slot_tokens(s) for s in self._window]
+            parts.append((np.asarray(new_pages, np.int64)[:, None] * P + np.arange(P)).ravel())
+            t = np.arange(end, dtype=np.int64)
+            parts.append(sp[t // P] * P + t % P if S and end else np.zeros(0, np.int64))
+            slots = np.concatenate(parts)
+            del full
+            num_tokens = len(slots)
+            contiguous = None
+        else:
+            num_tokens = (len(pages) - 1) * P + last_len
+            lo, hi = min(pages), max(pages)
+            contiguous = None
+            if hi - lo + 1 == len(pages) and (last_len == P or pages[-1] == hi):
+                contiguous = (lo, len(pages))
+        step = StepTable(
+            num_frames=F, scale=bool(scale), keyframe=bool(keyframe), q_tokens=F * (S + P),
+            new_pages=new_pages, evicted=evicted, masked=masked, pending_special_pages=pending,
+            special_start=start, pages=pages, last_page_len=last_len, num_kv_tokens=num_tokens,
+            contiguous=contiguous, special_flat=special_flat, slots=slots)
+        self._step = step
+        return step
+
+    def end_step(self) -> CommitPlan:
+        """Keyframe: commit and return the byte moves for the pool. Non-keyframe: restore every
+        table, counter and the free list exactly as before `begin_step` (nothing to move)."""
+        step = self._require_step()
+        self._step = None
+        plan = CommitPlan()
+        if not step.keyframe:
+            self._rollback(step)
+            return plan
+        S, P = self.special_tokens, self.page_size
+        if step.scale:
+            self._scale.extend(step.new_pages)
+            self._ring.pin(step.num_frames)
+        elif self.compact:
+            for p in step.new_pages:            # full tokens -> kept tokens in a frame slot
+                slot = self._free_slots.pop(0)
+                plan.compress.append((p, int(self.slot_tokens(slot)[0])))
+                self._window.append(slot)
+                self._release(p)                # the pool copies before the page is reused
+        else:
+            self._window.extend(step.new_pages)
+        self._frames_committed += step.num_frames
+        self._special_len = step.special_start + S * step.num_frames
+        if S and not step.scale:
+            moves = self._ring.commit(step.num_frames)
+            if moves:
+                sp = np.asarray(self._special_pages, dtype=np.int64)
+                for src_f, dst_f in moves:
+                    for t_src, t_dst in zip(range(src_f * S, src_f * S + S), range(dst_f * S, dst_f * S + S)):
+                        plan.special_src.append(int(sp[t_src // P] * P + t_src % P))
+                        plan.special_dst.append(int(sp[t_dst // P] * P + t_dst % P))
+                self._special_len = S * self._ring.visible
+                keep = math.ceil(self._special_len / P)
+                for p in self._special_pages[keep:]:
+                    self._release(p)
+                del self._special_pages[keep:]
+        return plan
+
+    def abort_step(self) -> None:
+        """Undo a step that failed half-way. Tables return to their state before `begin_step`,
+        except that window frames a keyframe already evicted stay evicted."""
+        if self._step is not None:
+            step, self._step = self._step, None
+            self._rollback(step)
+
+    def _rollback(self, step: StepTable) -> None:
+        for p in step.new_pages:
+            self._release(p)
+        for p in step.pending_special_pages:
+            self._special_pages.remove(p)
+            self._release(p)
+
+    def _require_step(self) -> StepTable:
+        if self._step is None:
+            raise KVCacheError("KV cache: no step in progress (call begin_step first)")
+        return self._step
+
+    # ------------------------------------------------------------------ inspection
+    @property
+    def step(self) -> Optional[StepTable]:
+        return self._step
+
+    def state(self) -> dict:
+        """Every table and counter (for exact-rollback checks and debugging)."""
+        return {
+            "free": tuple(self._free), "free_slots": tuple(self._free_slots), "scale": tuple(self._scale),
+            "window": tuple(self._window), "special_pages": tuple(self._special_pages),
+            "special_len": self._special_len, "ring_next": self._ring.next,
+            "frames_committed": self._frames_committed, "evictions": self._evictions,
+            "special_dropped": self._ring.dropped,
+        }
+
+    def committed_slots(self) -> np.ndarray:
+        """Flat pool slots holding committed data (scale and window tokens, committed specials)."""
+        P = self.page_size
+        full = np.asarray(self._scale + ([] if self.compact else self._window), dtype=np.int64)
+        parts = [(full[:, None] * P + np.arange(P)[None, :]).ravel()]
+        if self.compact:
+            parts += [self.slot_tokens(s) for s in self._window]
+        t = np.arange(self._special_len, dtype=np.int64)
+        if len(t):
+            sp = np.asarray(self._special_pages, dtype=np.int64)
+            parts.append(sp[t // P] * P + t % P)
+        return np.concatenate(parts)
+
+    def window_page_set(self) -> list:
+        """Pages holding window tokens (the compact region's pages in use when compressed)."""
+        if not self.compact:
+            return list(self._window)
+        P = self.page_size
+        used = sorted({int(t) // P for s in self._window for t in self.slot_tokens(s)[[0, -1]]})
+        return list(range(used[0], used[-1] + 1)) if used else []
+
+    def page_map(self) -> np.ndarray:
+        """int8 per page: 0 free, 1 scale, 2 window, 3 special, 4 pending."""
+        m = np.zeros(self.num_pages, dtype=np.int8)
+        m[self._scale] = PAGE_SCALE
+        m[self.window_page_set()] = PAGE_WINDOW
+        m[self._special_pages] = PAGE_SPECIAL
+        if self._step is not None:
+            m[self._step.new_pages] = PAGE_PENDING
+            m[self._step.pending_special_pages] = PAGE_PENDING
+        return m
+
+    def counts(self) -> dict:
+        step = self._step
+        S = self.special_tokens
+        window_tokens = len(self._window) * self.keep_tokens
+        return {
+            "pages_total": self.num_pages,
+            "pages_free": len(self._free) + (self._compact_pages - len(self.window_page_set())
+                                             if self.compact else 0),
+            "pages_scale": len(self._scale),
+            "pages_window": len(self.window_page_set()),
+            "pages_special": len(self._special_pages) - (len(step.pending_special_pages) if step else 0),
+            "pages_pending": (len(step.new_pages) + len(step.pending_special_pages)) if step else 0,
+            "page_size": self.page_size,
+            "cached_frames": len(self._scale) + len(self._window),
+            "special_frames": self._special_len // S if S else 0,
+            "special_tokens": self._special_len,
+            "special_cap": self.special_cap,
+            "special_dropped": self._ring.dropped,
+            "frames_committed": self._frames_committed,
+            "evictions": self._evictions,
+            "window": self.window,
+            "scale_frames": self.scale_frames,
+            "window_tokens_per_frame": self.keep_tokens,
+            "kept_tokens": len(self._scale) * self.page_size + window_tokens + self._special_len,
+        }

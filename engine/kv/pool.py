@@ -1,0 +1,192 @@
+"""The KV page pools: the tensors of the paged KV cache and every byte move into or out of them.
+
+`KVPool` owns ``k`` / ``v`` of shape ``[num_layers, num_pages, page_size, heads, head_dim]`` and,
+for a quantized store, their scales. It writes a step's new keys/values (quantizing once),
+copies slots (special ring, compressed window), and hands the attention backends the visible keys
+and values of a layer in the attention dtype (a zero-copy view when possible). It knows nothing
+about streams or pages in use: `PageTable` decides, the pool executes.
+
+Quantized stores (engine/kv/dtypes.py):
+* fp8 (e4m3): one scale per layer, K/V and head, fixed at the layer's first write (the scale
+  frames) as amax * FP8_HEADROOM / 448, so later tokens up to FP8_HEADROOM times larger stay in
+  range (larger ones saturate). A per-head scale can be folded into FlashInfer's fp8 kernel
+  (into q for K, into the output for V), which a per-page scale cannot.
+* int8: one scale per token and head (absmax / 127), so the error of every stored value is at
+  most half a step of its own vector's scale; dequantized on gather (SDPA backend).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .dtypes import FP8, KVPrecision
+from .page_table import KVCacheError, StepTable
+
+FP8_MAX = 448.0
+FP8_HEADROOM = 8.0        # fp8 keeps ~2 significant digits at any magnitude; range costs nothing
+INT8_MAX = 127.0
+
+
+class KVPool:
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_heads: int, head_dim: int,
+                 precision: KVPrecision, device):
+        self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.precision = precision
+        self.device = torch.device(device)
+        self.kind = precision.name if precision.quantized else "native"
+        store = {"fp8": torch.uint8, "int8": torch.int8}.get(self.kind, precision.storage)
+        shape = (num_layers, num_pages, page_size, num_heads, head_dim)
+        try:
+            self.k = torch.empty(shape, dtype=store, device=self.device)
+            self.v = torch.empty(shape, dtype=store, device=self.device)
+            if self.kind == "fp8":
+                self.scales = torch.ones(num_layers, 2, num_heads, dtype=torch.float32, device=self.device)
+                self._scale_set = [False] * num_layers
+            elif self.kind == "int8":
+                self.scales = torch.zeros(num_layers, 2, num_pages * page_size, num_heads,
+                                          dtype=torch.float32, device=self.device)
+            else:
+                self.scales = None
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            need = 2 * math.prod(shape) * torch.empty((), dtype=store).element_size()
+            raise KVCacheError(
+                f"not enough memory for the KV cache ({need / 2**30:.2f} GiB on {self.device}); "
+                f"lower the window, the resolution or use a smaller kv_dtype") from exc
+        self._buf = None          # gather buffers, allocated once on first use
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def bytes_allocated(self) -> int:
+        n = 2 * self.k.numel() * self.k.element_size()
+        if self.scales is not None:
+            n += self.scales.numel() * self.scales.element_size()
+        return n
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes one cached token takes in all layers (keys + values + scales)."""
+        return self.bytes_allocated / (self.num_pages * self.page_size)
+
+    # ------------------------------------------------------------------ step tensors
+    def attach(self, step: StepTable) -> StepTable:
+        """Device index tensors of a step (built once, shared by all layers)."""
+        dev = self.device
+        step.device = dev
+        step.new_pages_t = torch.tensor(step.new_pages, dtype=torch.int64, device=dev)
+        step.special_flat_t = torch.as_tensor(step.special_flat, dtype=torch.int64).to(dev)
+        step.pages_t = torch.tensor(step.pages, dtype=torch.int64, device=dev)
+        if step.slots is not None:
+            step.slots_t = torch.as_tensor(step.slots, dtype=torch.int64).to(dev)
+        elif self.kind == "int8":     # token scales: gather by token
+            P = self.page_size
+            pages = np.asarray(step.pages, dtype=np.int64)
+            step.slots_t = torch.as_tensor((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens]).to(dev)
+        step.written = [False] * self.num_layers
+        return step
+
+    # ------------------------------------------------------------------ quantization
+    def quantize(self, layer: int, which: int, x: torch.Tensor):
+        """x [..., H, D] (any float dtype) -> (stored values, per-token scales or None)."""
+        if self.kind == "native":
+            return x.to(device=self.device, dtype=self.k.dtype), None
+        x = x.to(device=self.device, dtype=torch.float32)
+        if self.kind == "fp8":
+            if not self._scale_set[layer]:
+                amax = x.abs().amax(dim=tuple(range(x.dim() - 2)) + (x.dim() - 1,))     # [H]
+                self.scales[layer, which] = torch.clamp(amax * FP8_HEADROOM / FP8_MAX, min=1e-8)
+            s = self.scales[layer, which][:, None]
+            q = torch.clamp(x / s, -FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8)
+            return q, None
+        s = torch.clamp(x.abs().amax(dim=-1) / INT8_MAX, min=1e-12)            # [..., H]
+        q = torch.clamp(torch.round(x / s[..., None]), -INT8_MAX, INT8_MAX).to(torch.int8)
+        return q, s
+
+    def dequantize(self, layer: int, which: int, raw: torch.Tensor, slots_t=None) -> torch.Tensor:
+        """Stored values [n, H, D] (of `slots_t` for int8) -> attention dtype."""
+        dt = self.precision.attn
+        if self.kind == "native":
+            return raw if raw.dtype == dt else raw.to(dt)
+        if self.kind == "fp8":
+            return (raw.view(FP8).to(torch.float32) * self.scales[layer, which][:, None]).to(dt)
+        s = self.scales[layer, which].index_select(0, slots_t)
+        return (raw.to(torch.float32) * s[..., None]).to(dt)
+
+    # ------------------------------------------------------------------ writes and copies
+    def write(self, layer: int, step: StepTable, k: torch.Tensor, v: torch.Tensor, special_tokens: int) -> None:
+        """The new frames' k, v [F, T, H, D] (T = specials + patches) into their pages / slots."""
+        F = step.num_frames
+        S, H, D, P = special_tokens, self.num_heads, self.head_dim, self.page_size
+        for which, (pool, x) in enumerate(((self.k, k), (self.v, v))):
+            q, s = self.quantize(layer, which, x)
+            pool[layer].index_copy_(0, step.new_pages_t, q[:, S:])
+            if s is not None:
+                tok = (step.new_pages_t[:, None] * P + torch.arange(P, device=self.device)).reshape(-1)
+                self.scales[layer, which].index_copy_(0, tok, s[:, S:].reshape(-1, H))
+            if S:
+                flat = pool[layer].view(self.num_pages * P, H, D)
+                flat.index_copy_(0, step.special_flat_t, q[:, :S].reshape(F * S, H, D))
+                if s is not None:
+                    self.scales[layer, which].index_copy_(0, step.special_flat_t, s[:, :S].reshape(F * S, H))
+        if self.kind == "fp8":
+            self._scale_set[layer] = True
+
+    def write_slots(self, layer: int, slots_t: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [n, H, D] (attention dtype) into flat slots of one layer (compressed window)."""
+        P, H, D = self.page_size, self.num_heads, self.head_dim
+        for which, (pool, x) in enumerate(((self.k, k), (self.v, v))):
+            q, s = self.quantize(layer, which, x)
+            pool[layer].view(self.num_pages * P, H, D).index_copy_(0, slots_t, q)
+            if s is not None:
+                self.scales[layer, which].index_copy_(0, slots_t, s)
+
+    def copy_slots(self, src: list, dst: list) -> None:
+        """Copy tokens (every layer, keys, values and their scales) between flat slots."""
+        if not src:
+            return
+        s = torch.tensor(src, dtype=torch.int64, device=self.device)
+        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
+        L, N, P, H, D = self.k.shape
+        for pool in (self.k, self.v):      # one copy for every layer
+            flat = pool.view(L, N * P, H, D)
+            flat[:, d] = flat[:, s]
+        if self.kind == "int8":
+            self.scales[:, :, d] = self.scales[:, :, s]
+
+    def read_page(self, layer: int, page: int):
+        """Keys and values of one page of one layer, dequantized: [P, H, D] each."""
+        P = self.page_size
+        slots = torch.arange(page * P, page * P + P, device=self.device) if self.kind == "int8" else None
+        return (self.dequantize(layer, 0, self.k[layer, page], slots),
+                self.dequantize(layer, 1, self.v[layer, page], slots))
+
+    # ------------------------------------------------------------------ reads
+    def visible(self, layer: int, step: StepTable, zero_copy: bool = True, slots_t=None):
+        """The visible keys/values of one layer as [tokens, H, D] in the attention dtype: a view
+        of the pool when the pages are one run and the store is native, else a gather (by page,
+        or by token when the window is compressed / the store is int8 / `slots_t` is given)."""
+        P, H, D = self.page_size, self.num_heads, self.head_dim
+        slots_t = step.slots_t if slots_t is None else slots_t
+        kp, vp = self.k[layer], self.v[layer]
+        if slots_t is not None:
+            n = slots_t.numel()
+            kb, vb = self._buffers()
+            k = torch.index_select(kp.view(-1, H, D), 0, slots_t, out=kb.view(-1, H, D)[:n])
+            v = torch.index_select(vp.view(-1, H, D), 0, slots_t, out=vb.view(-1, H, D)[:n])
+        elif zero_copy and step.contiguous is not None:
+            a, m = step.contiguous
+            k = kp[a:a + m].reshape(m * P, H, D)[:step.num_kv_tokens]
+            v = vp[a:a + m].reshape(m * P, H, D)[:step.num_kv_tokens]
+        else:
+            n = len(step.pages)
+            kb, vb = self._buffers()
+            k = torch.index_select(kp, 0, step.pages_t, out=kb[:n]).view(n * P, H, D)[:step.num_kv_tokens]
+            v = torch.index_select(vp, 0, step.pages_t, out=vb[:n]).view(n * P, H, D)[:step.num_kv_tokens]
+        return self.dequantize(layer, 0, k, slots_t), self.dequantize(layer, 1, v, slots_t)
+
+    def _buffers(self):
+        if self._buf is None:  # once, sized for the largest possible visible set
+            self._buf = (torch.empty_like(self.k[0]), torch.empty_like(self.v[0]))
+        return self._buf
