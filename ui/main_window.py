@@ -898,11 +898,15 @@ class MainWindow(QtWidgets.QMainWindow):
             self.export(kind, p, background=True)
 
     def export_options(self) -> dict:
-        """The options every export takes from the view: the absolute confidence threshold
-        and the Subsample stride (in result pixels, as the viewer draws)."""
+        """The options every export takes from the view: the absolute confidence threshold,
+        the Subsample stride (in result pixels, as the viewer draws) and, while the timeline
+        shows an earlier frame, that frame as the last one exported."""
         t = self.conf_threshold()
-        return {"conf_threshold": t if np.isfinite(t) else -np.inf, "stride": int(self.stride.value()),
+        opts = {"conf_threshold": t if np.isfinite(t) else -np.inf, "stride": int(self.stride.value()),
                 "result_width": self.viewer.result_width or None}
+        if self.review.reviewing and self.review.shown_upto is not None:
+            opts["until"] = self.review.shown_upto     # the session up to the timeline position
+        return opts
 
     def _confirm_sparse_export(self, kind: str) -> bool:
         """Ask before writing an export that would keep almost nothing of what was loaded
