@@ -75,7 +75,7 @@ def _ate(results, seq, order):
     return ate(np.array([r.c2w for r in rr]), np.array([seq.gt_c2w[order[r.index]] for r in rr]))["rmse"]
 
 
-def test_forward_backward_closes_loops_and_corrects(icl, monkeypatch):
+def test_forward_backward_closes_loops_and_corrects(icl, monkeypatch, tmp_path):
     """ICL forward then backward (400 frames) with an artificial scale drift of 1 % per keyframe
     (the map is rescaled about the current camera after every keyframe): loops are closed against
     the forward pass, every frame stays in one segment, and the frame-range corrections bring the
@@ -105,6 +105,21 @@ def test_forward_backward_closes_loops_and_corrects(icl, monkeypatch):
     assert realign and all(e.frames is not None and e.frames[0] <= e.frames[1] for e in realign)
     raw, corrected = _ate(res, seq, order), _ate(apply_realignments(res, ev), seq, order)
     assert corrected < 0.75 * raw and corrected < 0.015    # scene units ≈ metres here (Sim(3)-aligned)
+    # through the session store and the exporter: the exported trajectory is the corrected one
+    from engine.io.export import export_results, read_tum
+    from engine.io.store import SessionStore, load_session
+    store = SessionStore(tmp_path / "s", SessionConfig(engine="geometric"), "loop")
+    for r in res:
+        store.write(r)
+    for e in ev:
+        store.write_event(e)
+    store.close()
+    loaded = load_session(tmp_path / "s")
+    assert [e.frames for e in loaded.events if e.kind == "realign"] == [e.frames for e in realign]
+    export_results(loaded, {"tum": tmp_path / "t.txt"})
+    _, poses = read_tum(tmp_path / "t.txt")
+    want = np.array([r.c2w for r in sorted(apply_realignments(res, ev), key=lambda r: r.index)])
+    np.testing.assert_allclose(poses[:, :3, 3], want[:, :3, 3], atol=1e-5)
 
 
 def test_loop_closure_keeps_an_undrifted_run_accurate(icl):
