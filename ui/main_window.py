@@ -571,6 +571,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.conf_control.reset()
         self.monitors.reset()
         self.review.reset()
+        self.viewer.hint.setText("Opening the input…")
         self._noted_next_run = set()
         self.last_stats = {}
         self.last_summary = None

@@ -154,6 +154,7 @@ class ReviewBar(QtWidgets.QWidget):
             self.timeline = None
             return
         self._update_range(follow_end=True)
+        self._thumb_timer.start()           # a reopened session: its keyframes' thumbnails
 
     def _update_range(self, follow_end: bool) -> None:
         if self.timeline is None:

@@ -180,3 +180,15 @@ def test_export_while_reviewing_holds_the_session_up_to_that_frame(qtbot, make_w
     assert ply["points"] == w.drawn_point_count() == w.viewer.point_count
     w.review.go_live()
     assert w.export("tum", str(tmp_path / "all.txt"))["frames"] == 12
+
+
+def test_reopened_session_has_a_timeline_and_thumbnails(qtbot, make_window, shared_data):
+    w = make_window()
+    _finished_run(qtbot, w, shared_data)
+    folder = w.session_folder
+    w2 = make_window()
+    assert w2.open_session_folder(folder)
+    assert w2.review.slider.isEnabled() and w2.review.slider.maximum() == 11
+    qtbot.waitUntil(lambda: len(w2.review._thumb_nodes) > 0, timeout=10_000)
+    w2.review.scrub_to(3, mode="current")
+    assert w2.viewer.frame_count == 4
