@@ -9,12 +9,17 @@ Pieces (all OpenCV + numpy; the heavy part runs on a worker thread):
   k-means over the bits of the first keyframes' descriptors; keyframes are tf-idf vectors scored with
   the L1 score of DBoW2. Candidates are keyframes at least `min_gap` keyframes older than the query
   whose score beats a fraction of the query's score against its immediate predecessor.
-- **Verification**: descriptor matches between the two keyframes' map points (ratio test) give 3-D
-  ↔ 3-D pairs in the two camera frames; RANSAC over minimal Umeyama fits with a two-way
-  reprojection test, then `engine.align.irls_sim3` on the inliers. Accepted with ≥ `min_inliers`.
+- **Verification**: descriptor matches between the two keyframes' map points (ratio test);
+  PnP-RANSAC of the candidate's points in the query image gives the rigid part, the matched points' depths the scale; a Sim(3) refinement minimises the two-way
+  reprojection errors plus the log depth ratios (Huber). Accepted with ≥ `min_inliers` two-way
+  inliers. A loop the current estimate already satisfies within its noise is recorded as an edge
+  but moves nothing.
 - **Correction**: `engine.align.Sim3PoseGraph` over all keyframes of the segment: odometry edges
-  between consecutive keyframes and covisibility edges (from the poses as produced), every loop
-  edge found so far (Huber kernel); the oldest keyframe is the fixed gauge.
+  between consecutive keyframes and to the few earlier keyframes sharing ≥ 100 points (from the
+  poses as produced), every loop edge found so far (Huber kernel); the oldest keyframe is the
+  fixed gauge.
+- **Relocalisation**: a keyframe of a segment started after a tracking loss is also looked up among
+  the keyframes of earlier segments; a verified match places the segment there (`SegmentLink`).
 
 Coordinates: node n is keyframe n's camera frame in the units of the world it was produced in;
 its pose T_n (4×4 similarity, node → world) starts as the c2w the client received. Corrections
