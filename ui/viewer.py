@@ -168,6 +168,7 @@ class SegmentCloudVisual(Visual):
         self._seg_tex = gloo.Texture2D(self._seg, format="rgba", internalformat="rgba32f",
                                        interpolation="nearest", wrapping="clamp_to_edge")
         self.seg_uploads = 0
+        self._uniforms: dict[str, bytes] = {}
         p = self.shared_program
         p["u_seg_tex"] = self._seg_tex
         p["u_seg_rows"] = float(self._seg.shape[0])
@@ -264,6 +265,11 @@ class SegmentCloudVisual(Visual):
 
     # -- styling (uniforms only) --------------------------------------------------------------
     def set_uniform(self, name: str, value) -> None:
+        """Set a uniform; an unchanged value queues no GL command (callers set some per batch)."""
+        key = np.asarray(value, np.float64).tobytes()
+        if self._uniforms.get(name) == key:
+            return
+        self._uniforms[name] = key
         self.shared_program[name] = value
         self.update()
 
@@ -299,6 +305,8 @@ class ViewerCanvas(scene.SceneCanvas):
         self.unfreeze()
         self.draws = 0
         self.draw_ms = 0.0                    # moving average of one draw
+        self.pre_draw = None                  # called before every draw (uploads pending data)
+        self._in_pre_draw = False
         self._last_draw = -1e9
         # parented to the native widget: the timer dies with it (no redraw of a deleted canvas)
         self._deferred = QtCore.QTimer(self.native, singleShot=True)
@@ -311,6 +319,8 @@ class ViewerCanvas(scene.SceneCanvas):
     def update(self, node=None):
         if not hasattr(self, "_deferred"):     # called while the base class initialises
             return super().update(node)
+        if self._in_pre_draw:
+            return
         wait = self._last_draw + self.min_interval() - time.perf_counter()
         if wait <= 0:
             super().update(node)
@@ -322,6 +332,18 @@ class ViewerCanvas(scene.SceneCanvas):
             super().update()
         except RuntimeError:     # the Qt widget went away between the request and the timer
             pass
+
+    def _draw_scene(self, bgcolor=None):
+        # Uploads are queued here, right before the draw that flushes them: vispy queues GL
+        # commands until the next draw, so uploading per batch while the window is hidden or
+        # minimised (no draws) would grow that queue without bound.
+        if self.pre_draw is not None:
+            self._in_pre_draw = True          # the uploads' update requests: this draw serves them
+            try:
+                self.pre_draw()
+            finally:
+                self._in_pre_draw = False
+        super()._draw_scene(bgcolor=bgcolor)
 
     def on_draw(self, event):
         t0 = time.perf_counter()
@@ -362,6 +384,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.current.order = 11
         self.all_frustums = False      # keyframes only by default (every frame: set_all_frustums)
         self._layers = (self.cloud, self.trajectory, self.frustums, self.current)
+        self.canvas.pre_draw = self.sync
         self.auto_fit = True
         self.canvas.events.mouse_press.connect(self._on_mouse_press)
         self.canvas.events.mouse_wheel.connect(self._on_mouse_press)
@@ -389,7 +412,11 @@ class PointCloudViewer(QtWidgets.QWidget):
             layer.reset_segments()
         self.result_width = 0       # width of the live results (for matching export density)
         self._last_center: dict[int, np.ndarray] = {}      # segment → last camera centre drawn
+        self._seg_shown: dict[int, np.ndarray] = {}        # segment → transform in the texture
         self._last_frame = None
+        self._current_shown = None
+        self._rebuild_cameras = False
+        self._dirty = True
         self.follow = getattr(self, "follow", False)
         self.auto_fit = True
         if hasattr(self, "hint"):
@@ -418,7 +445,8 @@ class PointCloudViewer(QtWidgets.QWidget):
 
     @property
     def point_count(self) -> int:
-        return self.cloud.count
+        """Points in the scene (on the GPU from the next redraw on)."""
+        return self.scene.count
 
     def conf_values(self) -> np.ndarray:
         """Confidences of the points loaded (a view of the scene model; read-only use)."""
@@ -426,7 +454,8 @@ class PointCloudViewer(QtWidgets.QWidget):
 
     @property
     def frustum_count(self) -> int:
-        return self.frustums.count // 16
+        """Camera frustums in the scene (on the GPU from the next redraw on)."""
+        return self.scene.camera_count
 
     @property
     def trajectory_count(self) -> int:
@@ -445,6 +474,7 @@ class PointCloudViewer(QtWidgets.QWidget):
 
     # -- data ---------------------------------------------------------------------------------
     def add_frames(self, frames: Iterable) -> None:
+        """Add frames to the scene model; the GPU gets them at the next redraw (`sync`)."""
         last = None
         self.hint.hide()
         for f in frames:
@@ -453,16 +483,23 @@ class PointCloudViewer(QtWidgets.QWidget):
             last = f
         if last is None:
             return
-        self._sync()
-        self._set_current(last)
+        self._last_frame = last
+        self._dirty = True
         if self.follow:
             self._follow(last)
         elif self.auto_fit:
             self._fit(keep_angles=True)
         self.canvas.update()
 
-    def _sync(self) -> None:
-        """Upload what the scene model changed since the last sync."""
+    def sync(self) -> None:
+        """Upload what changed since the last sync: called before each draw, so the cost is
+        O(rows changed since the last draw) and nothing queues up while nothing is drawn."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        if self._last_frame is not None and self._last_frame is not self._current_shown:
+            self._set_current(self._last_frame)
+            self._current_shown = self._last_frame
         m = self.scene
         ch = m.take_changes()
         start = ch.points_from
@@ -476,11 +513,17 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.cloud.set_uniform("u_conf_range", m.conf_range)
         if m.depth_hi > 0:
             self.cloud.set_uniform("u_depth_range", (0.0, m.depth_hi))
-        if ch.cameras_from < self.frustum_count:         # cameras were decimated: redraw them all
+        if ch.cameras_from < self.frustums.count // 16 or self._rebuild_cameras:   # decimated / restyled
+            self._rebuild_cameras = False
             self.frustums.clear()
             self.trajectory.clear()
             self._last_center = {}
-        self._append_cameras(self.frustum_count, m.camera_count)
+        self._append_cameras(self.frustums.count // 16, m.camera_count)
+        for seg, mat in m.segments.items():      # re-alignments since the last draw
+            if self._seg_shown.get(seg) is not mat:
+                for layer in self._layers:
+                    layer.set_segment_matrix(seg, mat)
+                self._seg_shown[seg] = mat
 
     def _append_cameras(self, lo: int, hi: int) -> None:
         """Frustum and trajectory lines of cameras [lo, hi): 8 line segments per frustum (apex →
@@ -541,8 +584,7 @@ class PointCloudViewer(QtWidgets.QWidget):
 
     def set_segment_transform(self, segment: int, matrix: np.ndarray) -> None:
         self.scene.set_segment_transform(segment, matrix)
-        for layer in self._layers:
-            layer.set_segment_matrix(segment, self.scene.segments[segment])
+        self._dirty = True                  # the texture row is written at the next draw
         self.canvas.update()
 
     # -- styling (uniforms only: nothing is re-uploaded) -------------------------------------
@@ -569,10 +611,8 @@ class PointCloudViewer(QtWidgets.QWidget):
         if bool(on) == self.all_frustums:
             return
         self.all_frustums = bool(on)
-        self.frustums.clear()
-        self.trajectory.clear()
-        self._last_center = {}
-        self._append_cameras(0, self.scene.camera_count)
+        self._rebuild_cameras = True       # at the next draw
+        self._dirty = True
         self.canvas.update()
 
     def set_show_trajectory(self, on: bool) -> None:

@@ -47,6 +47,29 @@ def test_gui_stats_reports_viewer_and_event_loop(make_window, qtbot):
     assert w.viewer.point_budget == 100_000
 
 
+def test_hidden_window_queues_no_gl_commands(make_window, qtbot):
+    """A run in a hidden (or minimised) window: no draw flushes vispy's GL command queue, so
+    nothing may be queued per batch; the view catches up when shown."""
+    from tests.ui.conftest import wait_finished
+    w = make_window()
+    w.set_input(str(SAMPLE))
+    w.max_frames.setValue(3)
+    assert w.start_run()
+    wait_finished(qtbot, w)
+    w.hide()
+    queue = w.viewer.canvas.context.glir._shared._commands
+    before = len(queue)
+    w.max_frames.setValue(40)
+    assert w.start_run()
+    wait_finished(qtbot, w)
+    assert w.viewer.frame_count == 40
+    assert len(queue) - before < 20           # a few from start-up (clear), none per batch
+    w.show()
+    qtbot.waitExposed(w)
+    w.viewer.render_image()
+    assert w.viewer.cloud.count == w.viewer.scene.count > 0
+
+
 def soak(seconds: float, budget: int = BUDGET, rate: float = RATE) -> dict:
     """Run the real main window for `seconds` with the synthetic engine; return one sample per
     second (t, frames, points, buffer bytes, RSS MB, refcounts, loop gap) and the summary."""

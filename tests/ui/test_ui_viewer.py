@@ -43,18 +43,39 @@ def viewer(qtbot):
 
 def test_append_uploads_only_the_new_points(viewer):
     viewer.add_frames([_frame(0)])
+    viewer.sync()                             # what every draw does first
     n = len(_frame(0).points)
     before = viewer.cloud.uploaded_bytes
     viewer.add_frames([_frame(1, x=0.1)])
-    assert viewer.point_count == 2 * n
+    assert viewer.cloud.uploaded_bytes == before     # uploads wait for the next draw
+    viewer.sync()
+    assert viewer.point_count == viewer.cloud.count == 2 * n
     assert viewer.cloud.uploaded_bytes - before == n * BYTES_PER_POINT
     assert viewer.frustum_count == 2 and viewer.trajectory_count == 2
+
+
+def test_hidden_view_queues_nothing(viewer):
+    """vispy queues GL commands until a draw: a hidden or minimised view must not upload
+    (the queue would grow for as long as it stays hidden); it catches up when drawn."""
+    viewer.add_frames([_frame(0)])
+    viewer.render_image()
+    viewer.hide()
+    queue = viewer.canvas.context.glir._shared._commands
+    before = len(queue)
+    for i in range(1, 40):
+        viewer.add_frames([_frame(i, x=0.02 * i)])
+    assert len(queue) == before
+    viewer.show()
+    viewer.reset_view()
+    assert _lit(viewer.render_image()).sum() > 1000
+    assert viewer.cloud.count == viewer.scene.count == 40 * len(_frame(0).points)
 
 
 def test_growth_keeps_points_and_doubles_rarely(viewer):
     n = len(_frame(0).points)                 # 4800 points per frame, capacity 16384
     for i in range(10):
         viewer.add_frames([_frame(i, x=0.01 * i)])
+        viewer.sync()                         # a draw per frame
     assert viewer.point_count == 10 * n
     assert viewer.cloud.capacity >= 10 * n
     # 16384 → 32768 → 65536: two regrowths for ten frames
@@ -78,14 +99,15 @@ def test_point_budget_bounds_buffers_and_keeps_old_frames(qtbot):
     n = len(_frame(0).points)
     for i in range(60):                       # 60 x 4800 = 288k points offered
         v.add_frames([_frame(i, x=0.08 * i)])
+        v.sync()
         assert v.point_count <= 100_000 and v.cloud.capacity <= 100_000
     assert v.scene.thinning_passes >= 1 and v.scene.points_added == 60 * n
     assert v.buffer_bytes <= 100_000 * BYTES_PER_POINT + v.frustums.buffer_bytes \
         + v.trajectory.buffer_bytes + v.current.buffer_bytes
-    # the GPU holds exactly what the model holds
     v.reset_view()
     v.auto_fit = False
     img = v.render_image()
+    assert v.cloud.count == v.scene.count          # the GPU draws what the model holds
     lit = _lit(img)
     cols = np.flatnonzero(lit.any(0))
     assert lit.sum() > 1000
