@@ -661,6 +661,7 @@ class MainWindow(QtWidgets.QMainWindow):
         now = self._clock.elapsed()
         if now - self._last_preview >= 1000 / PREVIEW_HZ or self.preview.shown_index is None:
             self._last_preview = now
+            self._preview_backlog = []          # shown now: an older backlog must not replace it at the end
             for f in batch:
                 if f.image is not None or f.depth_map is not None:
                     self.preview.show_frame(f)

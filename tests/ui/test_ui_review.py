@@ -34,6 +34,7 @@ def test_keyframe_frustums_trajectory_on_top_and_captions(qtbot, make_window, sh
     lines = v.frustums._attrs["a_position"].host[: v.frustums.count].reshape(8, 16, 3)
     assert (np.ptp(lines, axis=1).max(axis=1) > 0).all() and v.frustum_count == 8
     assert v.trajectory.order > v.frustums.order                       # drawn last, over the rest
+    assert w.preview.shown_index == 7                  # the newest frame, not an older backlog
     assert w.preview.rgb.caption.text().startswith(f"frame {w.preview.shown_index}")
     assert w.preview.depth.caption.text() == f"depth · frame {w.preview.depth_shown_index}"
 
