@@ -66,6 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--keyframes-only", action="store_true",
                    help="export keyframes only (default: every frame)")
     o.add_argument("--no-frustums", action="store_true", help="GLB without camera frustums")
+    o.add_argument("--max-points", type=int, default=None, metavar="N",
+                   help="thin the exported points evenly to at most N (e.g. a COLMAP model from a dense session)")
     o.add_argument("--session-dir", metavar="DIR",
                    help="write the session store into DIR (must be new or empty; default: a new "
                         "folder under ~/.local/share/reconstudio/sessions or $RECONSTUDIO_SESSIONS)")
@@ -165,7 +167,7 @@ def _export(loaded, args, outputs: dict) -> dict:
         if plan["warning"]:
             print(f"warning: {plan['warning']}", file=sys.stderr)
     out = export_results(loaded, {("tum" if k == "trajectory" else k): v for k, v in outputs.items()},
-                         frustums=not args.no_frustums, **opts)
+                         frustums=not args.no_frustums, max_points=args.max_points, **opts)
     if out.get("cut_short"):
         print(f"warning: this session was cut short ({out['cut_short']}): the export holds only "
               "what was done", file=sys.stderr)
@@ -224,6 +226,8 @@ def _run(args) -> int:
         outputs["colmap"] = _check_output_dir(args.colmap, "--colmap")
     if args.stride < 1:
         raise _BadInput(f"--stride must be at least 1, got {args.stride}")
+    if args.max_points is not None and args.max_points < 1:
+        raise _BadInput(f"--max-points must be at least 1, got {args.max_points}")
     if args.max_frames is not None and args.max_frames < 1:
         raise _BadInput(f"--max-frames must be at least 1, got {args.max_frames}")
     if args.fps is not None and args.fps <= 0:

@@ -291,7 +291,7 @@ def _frame_parts(r, conf_threshold: float, stride: int):
 def export_results(source, outputs: dict, events: Iterable = (), *, conf_threshold: float = 0.0,
                    stride: int = 1, until: Optional[int] = None, keyframes_only: bool = False,
                    frustums: bool = True, image_format: str = "jpg", glb_opencv_axes: bool = False,
-                   result_width: Optional[int] = None) -> dict:
+                   result_width: Optional[int] = None, max_points: Optional[int] = None) -> dict:
     """Export a run in any of EXPORT_FORMATS with the same options everywhere.
 
     source: a LoadedSession, a session folder, or a sequence of FrameResults (then `events`).
@@ -301,7 +301,9 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
     (`result_width` is that width when the stored results are smaller, e.g. old 256-px
     sessions). until: last frame index to include (review: the session up to frame N).
     keyframes_only: export keyframes only (all frames by default). frustums: draw camera
-    frustums in the GLB. Re-alignment events are applied first.
+    frustums in the GLB. max_points: thin the exported points evenly (every k-th point of each
+    frame) to at most this many — e.g. a COLMAP model to start Gaussian splatting from a dense
+    session (None = all). Re-alignment events are applied first.
 
     Returns {"frames", "points", "points_total", "files", "warning", "cut_short"} (cut_short: why
     the session holds less than its run was asked for, "" if it does not); every file is written
@@ -322,6 +324,11 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
     parts = None
     if {"ply", "npz", "colmap", "glb"} & set(outputs):
         parts = [_frame_parts(r, conf_threshold, s) for r in sel]
+        n_all = sum(len(p[0]) for p in parts)
+        if max_points and n_all > max_points:
+            # every k-th point of each frame (tracks stay consistent): at most max_points in all
+            k = -(-n_all // int(max_points))
+            parts = [tuple(a[::k] for a in p) for p in parts]
         points = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, 3), np.float32)
         colors = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, 3), np.uint8)
         conf = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.float32)

@@ -187,6 +187,11 @@ def test_cli_writes_colmap_and_glb_from_a_saved_session(tmp_path, capsys):
     assert rec.num_reg_images() == len(rs)
     assert "trajectory" in trimesh.load(tmp_path / "a.glb").geometry
     assert main(["run", str(tmp_path / "s"), "--colmap", str(tmp_path / "a.glb")]) == 2   # a file, not a folder
+    assert main(["run", str(tmp_path / "s"), "--colmap", str(tmp_path / "m2"), "--max-points", "1000",
+                 "--stride", "1"]) == 0
+    rec = pycolmap.Reconstruction(str(tmp_path / "m2" / "sparse" / "0"))
+    assert 500 <= len(rec.points3D) <= 1000 and rec.num_reg_images() == len(rs)
+    assert main(["run", str(tmp_path / "s"), "--ply", str(tmp_path / "x.ply"), "--max-points", "0"]) == 2
 
 
 def test_colmap_binary_model_equals_the_text_model(tmp_path):
