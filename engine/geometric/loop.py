@@ -60,6 +60,9 @@ class LoopParams:
     agree_deg: float = 1.0        # a verified loop the map already satisfies this well (rotation,
     agree_trans: float = 0.03     # translation / median depth, log scale) is recorded but moves
     agree_scale: float = 0.03     # nothing (closing it would only spread measurement noise)
+    max_edge_deg: float = 3.0     # a solved graph may bend an odometry edge by at most this much
+    max_edge_scale: float = 0.1   # (rotation, |log scale|, translation / edge length); more means
+    max_edge_trans: float = 0.5   # the loop was a false match and is dropped
     depth_sigma: float = 0.05     # relative depth noise of map points, for the loop's scale
     lag: int = 30                 # frames after the query keyframe when its answer is applied
 
@@ -126,6 +129,7 @@ class LoopCloser:
         self._df: Optional[np.ndarray] = None
         self._n_docs = 0
         self.loops: list[LoopSolution] = []
+        self.loops_rejected = 0                              # verified loops the odometry could not follow
         self.loops_consistent = 0                            # verified loops the map already agreed with
         self.detect_cpu: list[float] = []
 
@@ -220,7 +224,9 @@ class LoopCloser:
             # solves, but do not move the map for noise
             self.loops_consistent += 1
             return out
-        out.append(self._solve(node, cand, n_inl, S))
+        sol = self._solve(node, cand, n_inl, S)
+        if sol is not None:
+            out.append(sol)
         return out
 
     def _agrees(self, node, cand, S) -> bool:
@@ -246,7 +252,7 @@ class LoopCloser:
                 best = (cand, res[1], res[0])
         return best
 
-    def _solve(self, node, cand, n_inl, S) -> LoopSolution:
+    def _solve(self, node, cand, n_inl, S) -> Optional[LoopSolution]:
         t0 = time.perf_counter()
         seg = node.segment
         with self._lock:
@@ -261,6 +267,12 @@ class LoopCloser:
                 g.add_edge(slot[fi], slot[fj], Z, information=info, huber=hub)
         g.optimize(iterations=30)
         new = {f: g.pose(i) for i, f in enumerate(fids)}
+        if not self._plausible(g, edges, slot):
+            # the loop bends the odometry more than drift can: a false match; forget its edge
+            with self._lock:
+                self.edges[seg] = [e for e in self.edges[seg] if not (e[0] == cand.fid and e[1] == node.fid)]
+            self.loops_rejected += 1
+            return None
         C_last = new[fids[-1]] @ sim3_inverse(self.T_est[fids[-1]])
         for f in list(self.T_est):
             if f not in new and self.nodes[f].segment == seg:   # (T_est is the worker's own)
@@ -270,6 +282,19 @@ class LoopCloser:
         sol = LoopSolution(seg, node.fid, cand.fid, n_inl, sim3_split(S)[0], new, time.perf_counter() - t0)
         self.loops.append(sol)
         return sol
+
+    def _plausible(self, g: Sim3PoseGraph, edges, slot) -> bool:
+        """Whether the solved graph deforms every odometry edge (no Huber kernel) by no more than
+        drift can between two keyframes: rotation, scale, and translation relative to the edge."""
+        for fi, fj, Z, _info, hub in edges:
+            if hub is not None or fi not in slot or fj not in slot:
+                continue
+            r = sim3_log(sim3_inverse(Z) @ sim3_inverse(g.pose(slot[fi])) @ g.pose(slot[fj]))
+            length = max(float(np.linalg.norm(Z[:3, 3])), 1e-9)
+            if (np.degrees(np.linalg.norm(r[:3])) > self.p.max_edge_deg or abs(r[6]) > self.p.max_edge_scale
+                    or np.linalg.norm(r[3:6]) > self.p.max_edge_trans * length + 1e-3):
+                return False
+        return True
 
     # --- features and words ---------------------------------------------------------------------
     def _features(self, node: KeyframeNode) -> None:

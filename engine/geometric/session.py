@@ -242,7 +242,8 @@ class GeometricSession:
             "resolution": list(self.work_size) if self._input_size else None,
             "intrinsics": self.intrinsics_note or None,
             "loops_closed": self._loops_closed, "segments_relocalised": len(self._links),
-            "loops_consistent": self._loop.loops_consistent if self._loop is not None else 0, "loop_wait_s": self._loop_wait,
+            "loops_consistent": self._loop.loops_consistent if self._loop is not None else 0,
+            "loops_rejected": self._loop.loops_rejected if self._loop is not None else 0, "loop_wait_s": self._loop_wait,
             "loop_cpu_ms": (1e3 * float(np.mean(self._loop.detect_cpu[-50:]))
                             if self._loop is not None and self._loop.detect_cpu else None),
         }

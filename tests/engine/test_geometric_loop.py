@@ -161,3 +161,38 @@ def test_relocalisation_places_a_new_segment_in_the_existing_map(icl):
     assert any(e.kind == "realign" and e.segment == 1 and e.frames is None for e in ev)
     raw, corrected = _ate(res, seq, order), _ate(apply_realignments(res, ev), seq, order)
     assert raw > 0.05 and corrected < 0.02
+
+
+def test_a_false_loop_is_rejected_and_a_true_one_closes():
+    """A chain of keyframes around a circle with 3 % scale drift per edge, closed once with the true
+    loop similarity (accepted: the drift is spread over the chain) and once with a wrong one
+    (90° off: it would bend odometry edges beyond drift, so it is dropped with its edge)."""
+    from engine.align import sim3_exp, sim3_matrix, so3_exp
+
+    def chain():
+        lc = LoopCloser(np.eye(3))
+        T_true, T_est = [], []
+        for k in range(24):
+            a = 2 * np.pi * k / 24
+            T_true.append(sim3_matrix(1.0, so3_exp([0, -a, 0]), [np.cos(a), 0, np.sin(a)]))
+        T_est = [T_true[0]]
+        for k in range(1, 24):
+            rel = sim3_inverse(T_true[k - 1]) @ T_true[k]
+            T_est.append(T_est[-1] @ rel @ sim3_exp(np.r_[0, 0, 0, 0, 0, 0, 0.03]))
+        for k, T in enumerate(T_est):
+            lc.add_keyframe(k, 0, T, lambda f: lc.nodes[f].T_produced, np.zeros((0, 2)), np.zeros((0, 3)),
+                            None, {}, 0)
+        lc._bring_estimates()
+        return lc, T_true
+
+    lc, T_true = chain()
+    q, c = lc.nodes[23], lc.nodes[0]
+    S_true = sim3_inverse(T_true[0]) @ T_true[23]
+    lc.edges[0].append((0, 23, S_true, 1.0, 0.5))
+    sol = lc._solve(q, c, 50, S_true)
+    assert sol is not None and lc.loops_rejected == 0
+    lc2, _ = chain()
+    bad = S_true @ sim3_matrix(1.0, so3_exp([0, np.pi / 2, 0]), [0.5, 0, 0])
+    lc2.edges[0].append((0, 23, bad, 1.0, 0.5))
+    assert lc2._solve(lc2.nodes[23], lc2.nodes[0], 50, bad) is None
+    assert lc2.loops_rejected == 1 and all(e[4] is None for e in lc2.edges[0])
