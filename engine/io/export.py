@@ -353,7 +353,8 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
         cams = []
         for r in sel:
             img = _colmap_image(r)
-            cams.append((r.c2w, _image_K(r), img.shape[1], img.shape[0], r.is_keyframe))
+            cams.append((r.c2w, _image_K(r), img.shape[1], img.shape[0], r.is_keyframe,
+                         img if r.is_keyframe and np.size(r.image) else None))
         export_glb(outputs["glb"], points, colors, cams, frustums=frustums, opencv_axes=glb_opencv_axes)
         files.append(str(outputs["glb"]))
     return {"frames": len(sel), "points": kept if parts is None else int(len(points)),

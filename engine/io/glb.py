@@ -2,8 +2,10 @@
 optionally, the camera frustums, as one scene that Blender, three.js viewers and trimesh open.
 
 Nodes (geometry names): "points" (a POINTS primitive with vertex colours), "trajectory" (LINES:
-consecutive camera centres, orange), "frustums" (LINES: apex to the image corners and the image
-rectangle of each exported camera; keyframes blue, other frames grey).
+consecutive camera centres, orange), "frustums_keyframes" / "frustums" (LINES: apex to the image
+corners and the image rectangle of each exported camera; keyframes blue, other frames grey) and
+"thumbnail_NNNNNN" (a textured, double-sided quad in a keyframe's frustum showing its image, for
+at most MAX_THUMBNAILS keyframes spread over the run).
 
 glTF is y-up with the camera looking down -z; our world uses OpenCV axes (y down, z forward).
 By default every coordinate is turned 180 degrees about x (y -> -y, z -> -z) so the scene stands
@@ -25,6 +27,8 @@ TRAJECTORY_RGBA = (255, 120, 40, 255)
 KEYFRAME_RGBA = (90, 170, 255, 255)
 FRAME_RGBA = (150, 150, 160, 255)
 GLTF_FROM_OPENCV = np.diag([1.0, -1.0, -1.0])
+MAX_THUMBNAILS = 64
+THUMB_WIDTH = 160
 
 
 def _lines(segments: np.ndarray, rgba, name: str):
@@ -41,11 +45,26 @@ def _lines(segments: np.ndarray, rgba, name: str):
     return path
 
 
+def _thumbnail(corners: np.ndarray, image: np.ndarray):
+    """A double-sided quad on the image rectangle (corners TL, TR, BR, BL) textured with `image`."""
+    import trimesh
+    from PIL import Image
+
+    step = max(1, int(image.shape[1]) // THUMB_WIDTH)
+    img = Image.fromarray(np.ascontiguousarray(np.asarray(image, np.uint8)[::step, ::step, :3]))
+    uv = np.array([[0.0, 1.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])     # TL TR BR BL, v up
+    mat = trimesh.visual.material.PBRMaterial(baseColorTexture=img, doubleSided=True,
+                                              metallicFactor=0.0, roughnessFactor=1.0)
+    return trimesh.Trimesh(np.asarray(corners, np.float64), np.array([[0, 1, 2], [0, 2, 3]]),
+                           visual=trimesh.visual.TextureVisuals(uv=uv, material=mat), process=False)
+
+
 def export_glb(path: PathLike, points: np.ndarray, colors: np.ndarray, cameras: Sequence,
                frustums: bool = True, frustum_size: Optional[float] = None,
-               opencv_axes: bool = False) -> dict:
+               opencv_axes: bool = False, thumbnails: bool = True) -> dict:
     """Write the scene; `cameras` is a sequence of (c2w 4x4, K 3x3, width, height, is_keyframe)
-    in trajectory order. `frustum_size` is the drawn depth of a frustum in scene units (default:
+    or (..., is_keyframe, image) in trajectory order; keyframes with an image get a thumbnail
+    (thumbnails=True, with frustums). `frustum_size` is the drawn depth of a frustum in scene units (default:
     3 % of the cloud's extent). Returns {"points": M, "cameras": N, "file": str}."""
     import trimesh
 
@@ -67,17 +86,25 @@ def export_glb(path: PathLike, points: np.ndarray, colors: np.ndarray, cameras: 
             ref = pts if len(pts) else centres
             extent = float(np.linalg.norm(np.ptp(ref, axis=0))) if len(ref) > 1 else 1.0
             frustum_size = 0.03 * (extent or 1.0)
+        thumbs = []
         for kf, name, rgba in ((True, "frustums_keyframes", KEYFRAME_RGBA), (False, "frustums", FRAME_RGBA)):
             segs = []
-            for c2w, K, w, h, is_kf in cameras:
+            for cam in cameras:
+                c2w, K, w, h, is_kf = cam[:5]
                 if bool(is_kf) != kf:
                     continue
                 corners, _ = camera_frustum(K, c2w, int(w), int(h), near=frustum_size, look_depth=frustum_size)
                 c = corners.astype(np.float64) @ A.T
                 apex, rect = c[0], c[1:5]
                 segs += [(apex, p) for p in rect] + [(rect[i], rect[(i + 1) % 4]) for i in range(4)]
+                if kf and thumbnails and len(cam) > 5 and cam[5] is not None and np.size(cam[5]):
+                    thumbs.append((rect, cam[5]))
             if segs:
                 scene.add_geometry(_lines(np.array(segs), rgba, name), geom_name=name, node_name=name)
+        if len(thumbs) > MAX_THUMBNAILS:         # spread over the run
+            thumbs = [thumbs[i] for i in np.linspace(0, len(thumbs) - 1, MAX_THUMBNAILS).round().astype(int)]
+        for j, (rect, image) in enumerate(thumbs):
+            scene.add_geometry(_thumbnail(rect, image), geom_name=f"thumbnail_{j:06d}", node_name=f"thumbnail_{j:06d}")
     if not scene.geometry:
         raise OutputError("GLB export: nothing to write (no points and fewer than two cameras)")
     data = scene.export(file_type="glb")

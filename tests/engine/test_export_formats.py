@@ -91,6 +91,10 @@ def test_glb_has_cloud_trajectory_and_frustums(tmp_path):
     centres = np.array([r.c2w[:3, 3] for r in rs]) * [1, -1, -1]
     np.testing.assert_allclose(np.unique(traj.vertices, axis=0), np.unique(centres, axis=0), atol=1e-5)
     assert "frustums_keyframes" in geoms and "frustums" in geoms
+    thumbs = sorted(k for k in geoms if k.startswith("thumbnail_"))
+    assert len(thumbs) == sum(r.is_keyframe for r in rs) == 3           # one textured quad per keyframe
+    q = geoms[thumbs[0]]
+    assert len(q.faces) == 2 and q.visual.material.baseColorTexture.size == (64, 48)
     # colours survive
     pts, cols, _ = collect_points(rs, 0.0, 4)
     np.testing.assert_array_equal(np.asarray(geoms["points"].colors)[:, :3], cols)
