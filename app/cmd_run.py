@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--npz", metavar="OUT", help="write poses, intrinsics, depth, confidence and points (NPZ)")
     o.add_argument("--trajectory", metavar="OUT", help="write the camera trajectory (TUM format)")
     o.add_argument("--colmap", metavar="DIR",
-                   help="write a COLMAP text model (DIR/images + DIR/sparse/0) for COLMAP, nerfstudio, gsplat")
+                   help="write a COLMAP model (DIR/images + DIR/sparse/0, text and binary) for COLMAP, "
+                        "nerfstudio, gsplat")
     o.add_argument("--glb", metavar="OUT", help="write a GLB scene: point cloud, trajectory and camera frustums")
     o.add_argument("--keyframes-only", action="store_true",
                    help="export keyframes only (default: every frame)")
@@ -72,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the session store into DIR (must be new or empty; default: a new "
                         "folder under ~/.local/share/reconstudio/sessions or $RECONSTUDIO_SESSIONS)")
     o.add_argument("--conf-threshold", type=float, default=float(export.get("conf_threshold", 0.0)),
-                   metavar="X", help="export only points with confidence >= X (default %(default)s)")
+                   metavar="X", help="export only points with confidence >= X, in the engine's absolute "
+                                     "units as the GUI's Min confidence (default %(default)s)")
     o.add_argument("--stride", type=int, default=int(export.get("stride", 2)), metavar="N",
                    help="export every N-th pixel of each frame's depth map at the engine's result "
                         "resolution, as the GUI's Subsample (default %(default)s)")
