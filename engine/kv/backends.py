@@ -21,7 +21,8 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
   storing an fp32 cache in bf16 behind the user's back is exactly what we must not do). An fp8
   store runs FlashInfer's fp8-KV kernel with the per-head scales folded into q (keys) and the
   output (values); int8 stores are SDPA only.
-* ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16; else sdpa.
+* ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16; else sdpa
+  (also for fp8 stores: FlashInfer's fp8 kernel is used only when asked for by name).
 """
 from __future__ import annotations
 
@@ -84,7 +85,10 @@ def resolve_backend(name: str, device: torch.device, dtype):
     if isinstance(dtype, KVPrecision):
         dtype = dtype.storage
     if name == "auto":
-        if device.type == "cuda" and fi_ok_dtype and flashinfer_available():
+        # fp8 stores: SDPA unless FlashInfer is asked for by name -- FlashInfer 0.6.1's JIT build
+        # of its bf16-q / e4m3-KV prefill kernel failed on the H200 (docs/benchmarks_kv.md)
+        fp8 = isinstance(dtype, KVPrecision) and dtype.storage == FP8
+        if device.type == "cuda" and fi_ok_dtype and not fp8 and flashinfer_available():
             return FlashInferBackend
         return SDPABackend
     if name == "sdpa":
