@@ -104,7 +104,7 @@ class ReviewBar(QtWidgets.QWidget):
 
         self._debounce = QtCore.QTimer(self, singleShot=True, interval=120, timeout=self._apply_scrub)
         self.slider.valueChanged.connect(self._on_slider)
-        self.mode.currentIndexChanged.connect(lambda *_: self.reviewing and self._apply_scrub())
+        self.mode.currentIndexChanged.connect(self._on_mode)
         self.live.clicked.connect(self.go_live)
         self.camera.currentIndexChanged.connect(lambda i: self.set_camera_preset(CAMERA_PRESETS[i]))
         self.measure.toggled.connect(self._on_measure_toggled)
@@ -193,6 +193,13 @@ class ReviewBar(QtWidgets.QWidget):
         self._set_reviewing(True)
         self.frame_label.setText(f"frame {self.timeline.indices[min(pos, len(self.timeline) - 1)]}")
         self._debounce.start()
+
+    def _on_mode(self, *_) -> None:
+        """A mode picked while following the run reviews the newest stored frame in that mode."""
+        if self.reviewing:
+            self._apply_scrub()
+        elif self.current_mode() == "current" and self.timeline is not None and self.timeline.refresh():
+            self.scrub_to(self.timeline.indices[-1])
 
     def scrub_to(self, frame_index: int, mode: Optional[str] = None) -> None:
         """Show the session up to `frame_index` (the nearest stored frame at or before it) at once."""

@@ -193,3 +193,14 @@ def test_reopened_session_has_a_timeline_and_thumbnails(qtbot, make_window, shar
     qtbot.waitUntil(lambda: len(w2.review._thumb_nodes) > 0, timeout=10_000)
     w2.review.scrub_to(3, mode="current")
     assert w2.viewer.frame_count == 4
+
+
+def test_current_frame_mode_from_live_shows_the_newest_frame_only(qtbot, make_window, shared_data):
+    w = make_window()
+    _finished_run(qtbot, w, shared_data)
+    per_frame = w.viewer.point_count // 12
+    w.review.mode.setCurrentIndex(1)                  # "Current frame" while following
+    assert w.review.reviewing and w.review.shown_upto == 11
+    assert w.viewer.point_count == per_frame and w.viewer.frame_count == 12
+    w.review.go_live()
+    assert w.viewer.point_count == 12 * per_frame and w.review.current_mode() == "accumulated"
