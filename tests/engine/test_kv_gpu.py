@@ -30,7 +30,7 @@ def _stream(caches, pattern, scale_frames, seed=0):
             o = []
             for layer in range(L):
                 c.write(layer, k[layer], v[layer])
-                o.append(c.attend(layer, q[layer].to(c.dtype)))
+                o.append(c.attend(layer, q[layer].to(c.attn_dtype)))
             c.end_step()
             outs.append(o)
         yield outs
@@ -80,7 +80,31 @@ def test_cuda_zero_copy_equals_gather(dtype):
         c.write(layer, k, k)
         q = torch.randn(1, T, H, D, generator=gen, device="cuda").to(dtype)
         a = c.attend(layer, q)[0]
-        b = gather.attend(step, q[0], c.k_pool[layer], c.v_pool[layer])
+        b = gather.attend(step, q[0], layer)
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
     c.end_step()
+
+
+@needs_fi
+@pytest.mark.parametrize("method", ["token_partition", "random_subset", "token_merge", "block_sparse"])
+def test_flashinfer_and_sdpa_agree_on_compressed_windows(method):
+    """The kept-token tables (pages of one token) give FlashInfer the same visible set as SDPA."""
+    from engine.kv import make_compressor
+    kw = dict(scale_frames=2, window=4, special_cap=8, dtype="bf16", device="cuda")
+    caches = [PagedKVCache(L, H, D, P, backend=b, compression=make_compressor(method, 0.5, 32, 1), **kw)
+              for b in ("flashinfer", "sdpa")]
+    for fi, sd in _stream(caches, "kknkkkknkk", scale_frames=2):
+        for a, b in zip(fi, sd):
+            torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
+@needs_fi
+@pytest.mark.xfail(reason="flashinfer 0.6.1's bf16-q / e4m3-KV prefill failed to JIT-build on the H200 "
+                          "(docs/benchmarks_kv.md); kept to catch the day it builds", strict=False)
+def test_flashinfer_fp8_kv_path_agrees_with_the_dequantising_sdpa_path():
+    kw = dict(scale_frames=2, window=4, special_cap=8, dtype="fp8", attn_dtype="bf16", device="cuda")
+    caches = [PagedKVCache(L, H, D, P, backend=b, **kw) for b in ("flashinfer", "sdpa")]
+    for fi, sd in _stream(caches, "kknkkk", scale_frames=2):
+        for a, b in zip(fi, sd):
+            torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
