@@ -104,6 +104,7 @@ class StepTable:
     special_flat_t: Any = None          # int64 [F*special_tokens] on device
     pages_t: Any = None                 # int64 [len(pages)] on device (gather)
     slots_t: Any = None                 # int64 [num_kv_tokens] on device (compressed window)
+    window_range: Any = None            # block_sparse: (first, end) of the window in the visible set
     written: list = field(default_factory=list)   # per layer: write() done this step
     plan: Any = None                    # backend-private per-step data (e.g. FlashInfer plan)
     borrowed: list = field(default_factory=list)  # kept for backends/tests (always empty now)
@@ -239,14 +240,12 @@ class PageTable:
         last_len = end - (n_sp - 1) * P if n_sp else P
         slots = None
         if self.compact:
-            full = np.asarray(self._scale + new_pages, dtype=np.int64)
             parts = [(np.asarray(self._scale, np.int64)[:, None] * P + np.arange(P)).ravel()]
             parts += [self.slot_tokens(s) for s in self._window]
             parts.append((np.asarray(new_pages, np.int64)[:, None] * P + np.arange(P)).ravel())
             t = np.arange(end, dtype=np.int64)
             parts.append(sp[t // P] * P + t % P if S and end else np.zeros(0, np.int64))
             slots = np.concatenate(parts)
-            del full
             num_tokens = len(slots)
             contiguous = None
         else:

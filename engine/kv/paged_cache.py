@@ -146,6 +146,7 @@ class PagedKVCache:
     def reset(self) -> None:
         """Forget every cached frame (pool bytes are left as they are; nothing is reallocated)."""
         self.table.reset()
+        self.pool.reset_scales()
         self._step: Optional[StepTable] = None
         self._last_visible_tokens = 0
         self._last_zero_copy = None
@@ -194,7 +195,7 @@ class PagedKVCache:
             raise KVCacheError(f"KV cache attend: layer {layer} was not written in this step")
         qf = q.reshape(F * T, self.num_heads, self.head_dim)
         qa = qf if qf.dtype == self.attn_dtype else qf.to(self.attn_dtype)
-        slots_t = self._sparse_slots(layer, step, qa) if getattr(step, "window_range", None) else None
+        slots_t = self._sparse_slots(layer, step, qa) if step.window_range is not None else None
         if self.timer is None:
             out = self._attn.attend(step, qa, layer, slots_t=slots_t)
         else:

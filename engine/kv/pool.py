@@ -57,6 +57,11 @@ class KVPool:
                 f"lower the window, the resolution or use a smaller kv_dtype") from exc
         self._buf = None          # gather buffers, allocated once on first use
 
+    def reset_scales(self) -> None:
+        """fp8: the next write of each layer sets its scales again (a reset cache starts over)."""
+        if self.kind == "fp8":
+            self._scale_set = [False] * self.num_layers
+
     # ------------------------------------------------------------------ sizes
     @property
     def bytes_allocated(self) -> int:
