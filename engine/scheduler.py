@@ -119,22 +119,18 @@ class _SessionOps:
     @staticmethod
     def begin(s, keyframe: bool):
         s._ensure_caches()
-        s.kv.begin_step(1, scale=False, keyframe=keyframe)
-        s.camera_cache.begin_step(1, scale=False, keyframe=keyframe)
+        s.caches.begin_step(1, scale=False, keyframe=keyframe)     # KV + camera cache together
         from .streaming import _KVAdapter
         return _KVAdapter(s.kv), s.camera_cache, s._time
 
     @staticmethod
     def abort(s) -> None:
-        if s.kv is not None:
-            s.kv.abort_step()
-        if s.camera_cache is not None:
-            s.camera_cache.abort_step()
+        if s.caches is not None:
+            s.caches.abort_step()
 
     @staticmethod
     def commit(s, keyframe: bool) -> None:
-        s.kv.end_step()
-        s.camera_cache.end_step()
+        s.caches.end_step()
         if keyframe:
             s._advance_time(1)
 
