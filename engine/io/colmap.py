@@ -108,13 +108,12 @@ def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg",
             ids = np.arange(next_point, next_point + m)
             uv_bin, ids_bin = uv, ids
             bin_pts.append((ids, pts, cols, err, image_id))
-            # line 2 of the image: "X Y POINT3D_ID" per observation
-            obs = np.column_stack([uv, ids])
-            img_lines.append(" ".join(f"{x:.2f} {y:.2f} {int(i)}" for x, y, i in obs))
-            for j in range(m):
-                p, c = pts[j], cols[j]
-                pt_lines.append(f"{ids[j]} {p[0]:.7g} {p[1]:.7g} {p[2]:.7g} {c[0]} {c[1]} {c[2]} "
-                                f"{err[j]:.4g} {image_id} {j}")
+            # line 2 of the image: "X Y POINT3D_ID" per observation (one % over the whole frame:
+            # ~2x faster than a format call per point)
+            obs = np.column_stack([uv, ids]).ravel().tolist()
+            img_lines.append((("%.2f %.2f %d " * m) % tuple(obs)).rstrip())
+            rows = np.column_stack([ids, pts, cols, err, np.full(m, image_id), np.arange(m)]).ravel().tolist()
+            pt_lines.append(("%d %.7g %.7g %.7g %d %d %d %.4g %d %d\n" * m) % tuple(rows))
             next_point += m
             n_points += m
         else:
@@ -134,8 +133,8 @@ def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg",
     with atomic_open(sparse / "points3D.txt", "w") as fh:
         fh.write(header + "# POINT3D_ID, X, Y, Z, R, G, B, ERROR, TRACK[] as (IMAGE_ID, POINT2D_IDX)\n"
                  f"# Number of points: {n_points}, mean track length: 1\n")
-        for i in range(0, len(pt_lines), 65536):
-            fh.write("".join(l + "\n" for l in pt_lines[i:i + 65536]))
+        for chunk in pt_lines:                 # one string per frame, lines end in "\n"
+            fh.write(chunk)
     if binary:
         _write_binary(sparse, bin_cams, bin_imgs, bin_pts)
     return {"images": len(img_lines) // 2, "cameras": len(cam_lines), "points": n_points,
