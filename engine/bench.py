@@ -340,6 +340,11 @@ def format_report(res: dict) -> str:
         lines.append(f"  KV cache: {kv['pages_total']} pages x {kv['page_size']} tokens, "
                      f"{kv['bytes_allocated'] / 2**30:.2f} GiB, {kv['cached_frames']} frames cached, "
                      f"{kv['special_frames']} frames of specials, zero-copy {kv['zero_copy']}")
+        if kv.get("compression", "none") != "none" or "bytes_kept" in kv:
+            lines.append(f"  KV kept: {kv.get('compression', 'none')}, {kv.get('window_tokens_per_frame')} "
+                         f"tokens per window frame, {kv.get('kept_tokens')} tokens = "
+                         f"{kv.get('bytes_kept', 0) / 2**30:.3f} GiB ({kv['dtype']}, attention in "
+                         f"{kv.get('attn_dtype')})")
     bd = res.get("breakdown_ms_per_frame")
     if bd:
         tot = res["breakdown_total_ms_per_frame"]
