@@ -301,6 +301,7 @@ class PagedKVCache:
             "dtype": str(self.dtype).replace("torch.", ""),
             "attn_dtype": str(self.attn_dtype).replace("torch.", ""),
             "compression": self.compression.name,
+            "fp8_saturated": int(self.pool.saturated) if self.pool.kind == "fp8" else None,
             "backend": self.backend.name,
             "device": str(self.device),
         })

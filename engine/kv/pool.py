@@ -9,7 +9,7 @@ about streams or pages in use: `PageTable` decides, the pool executes.
 Quantized stores (engine/kv/dtypes.py):
 * fp8 (e4m3): one scale per layer, K/V and head, fixed at the layer's first write (the scale
   frames) as amax * FP8_HEADROOM / 448, so later tokens up to FP8_HEADROOM times larger stay in
-  range (larger ones saturate). A per-head scale can be folded into FlashInfer's fp8 kernel
+  range (larger ones saturate; `saturated` counts them, shown as stats()["fp8_saturated"]). A per-head scale can be folded into FlashInfer's fp8 kernel
   (into q for K, into the output for V), which a per-page scale cannot.
 * int8: one scale per token and head (absmax / 127), so the error of every stored value is at
   most half a step of its own vector's scale; dequantized on gather (SDPA backend).
@@ -45,6 +45,8 @@ class KVPool:
             if self.kind == "fp8":
                 self.scales = torch.ones(num_layers, 2, num_heads, dtype=torch.float32, device=self.device)
                 self._scale_set = [False] * num_layers
+                # values beyond the fixed range (clamped), counted on the device (no sync per write)
+                self.saturated = torch.zeros((), dtype=torch.int64, device=self.device)
             elif self.kind == "int8":
                 self.scales = torch.zeros(num_layers, 2, num_pages * page_size, num_heads,
                                           dtype=torch.float32, device=self.device)
@@ -103,7 +105,9 @@ class KVPool:
                 amax = x.abs().amax(dim=tuple(range(x.dim() - 2)) + (x.dim() - 1,))     # [H]
                 self.scales[layer, which] = torch.clamp(amax * FP8_HEADROOM / FP8_MAX, min=1e-8)
             s = self.scales[layer, which][:, None]
-            q = torch.clamp(x / s, -FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8)
+            y = x / s
+            self.saturated += (y.abs() > FP8_MAX).sum()
+            q = torch.clamp(y, -FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8)
             return q, None
         s = torch.clamp(x.abs().amax(dim=-1) / INT8_MAX, min=1e-12)            # [..., H]
         q = torch.clamp(torch.round(x / s[..., None]), -INT8_MAX, INT8_MAX).to(torch.int8)

@@ -223,6 +223,15 @@ def test_quantize_dequantize_error_within_the_format_bound(dtype):
     for a, b in zip(outs_q, outs_r):
         assert (a - b).abs().max() < (0.05 if dtype == "fp8" else 0.02)
     assert cache.stats()["dtype"] in ("float8_e4m3fn", "int8")
+    if dtype == "fp8":
+        sat = cache.stats()["fp8_saturated"]
+        assert sat == 0                                       # random data stays within the headroom
+        big = torch.full((1, T, H, D), 1e4)
+        cache.begin_step(1)
+        for layer in range(L):
+            cache.write(layer, big, big)
+        cache.abort_step()
+        assert cache.stats()["fp8_saturated"] == 2 * L * T * H * D
     # one byte per value (+ a 4-byte scale per head vector for int8; head_dim 8 here, 64 in the model)
     assert cache.pool.bytes_allocated <= (0.25 + (1.0 / D if dtype == "int8" else 0.0)) * ref.pool.bytes_allocated + 64
 
