@@ -86,3 +86,15 @@ def test_export_keeping_almost_nothing_asks_first(qtbot, make_window, shared_dat
     n = len(asked)
     w.export("tum", str(tmp_path / "t.txt"))    # a trajectory has no points: no question
     assert len(asked) == n and (tmp_path / "t.txt").exists()
+
+
+def test_file_export_menu_writes_in_the_background(qtbot, make_window, shared_data, tmp_path, monkeypatch):
+    from PySide6 import QtWidgets
+    w = make_window()
+    _run(qtbot, w, shared_data, frames=6)
+    monkeypatch.setattr(QtWidgets.QFileDialog, "getExistingDirectory", lambda *a, **k: str(tmp_path / "m"))
+    monkeypatch.setattr(QtWidgets.QFileDialog, "getSaveFileName", lambda *a, **k: (str(tmp_path / "s.glb"), ""))
+    for kind, target in (("colmap", tmp_path / "m" / "sparse" / "0" / "points3D.bin"), ("glb", tmp_path / "s.glb")):
+        with qtbot.waitSignal(w.exportFinished, timeout=30_000) as got:
+            w.export_actions[kind].trigger()             # File > Export > ...
+        assert got.args[0] is not None and got.args[0]["frames"] == 6 and target.exists()
