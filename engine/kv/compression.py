@@ -12,8 +12,10 @@ of its own tokens. What changes is what a *committed window frame* leaves in the
 * ``token_merge``: tokens are merged into ``keep_ratio * P`` groups of raster-adjacent patches
   (neighbours along the row); a group's key and value are the means of its members.
 * ``block_sparse`` (after Sparse-VGGT): nothing is dropped from storage; at attention time each
-  layer attends to the ``keep_ratio`` share of window blocks (``block_size`` tokens) whose mean
-  key best matches the step's mean query, plus all scale, own and special tokens.
+  layer attends to the ``keep_ratio`` share of window blocks (runs of ``block_size`` tokens of a
+  frame) whose mean key best matches the step's mean query, plus all scale, own and special
+  tokens. The block means are stored when a frame is written (engine/kv/pool.py), so choosing
+  reads ~1/block_size of the window's keys.
 
 The first three store ``keep_tokens`` per window frame (packed, engine/kv/page_table.py "compressed
 window"), so they save memory and attention time; block_sparse saves attention time only.
@@ -115,28 +117,26 @@ class BlockSparse(Compressor):
     name = "block_sparse"
     sparse_attention = True
 
-    def select(self, q: torch.Tensor, k_window: torch.Tensor) -> torch.Tensor:
-        """Indices (into the window tokens) of the kept blocks: q [n, H, D] the step's queries,
-        k_window [Nw, H, D] the window keys of this layer; blocks of block_size tokens scored by
-        the mean query . mean key, summed over heads; the top keep_ratio share is kept."""
-        Nw = k_window.shape[0]
-        B = self.block_size
-        nb = math.ceil(Nw / B)
-        keep = max(1, int(math.ceil(self.keep_ratio * nb)))
-        if keep >= nb:
-            return torch.arange(Nw, device=k_window.device)
-        blk = torch.arange(Nw, device=k_window.device) // B
-        sums = torch.zeros((nb,) + tuple(k_window.shape[1:]), dtype=torch.float32, device=k_window.device)
-        sums.index_add_(0, blk, k_window.float())
-        sizes = torch.bincount(blk, minlength=nb).to(torch.float32)[:, None, None]
-        score = ((sums / sizes) * q.float().mean(dim=0)[None]).sum(dim=(-1, -2))       # [nb]
-        chosen = torch.sort(torch.topk(score, keep).indices).values
-        return _block_tokens(chosen, B, Nw)
+    def blocks_per_page(self, page_size: int) -> int:
+        return math.ceil(page_size / self.block_size)
 
+    def select_blocks(self, q: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+        """Flat ids (page_index * blocks_per_page + block) of the kept window blocks, ascending:
+        q [n, H, D] the step's queries, means [W, nb, H, D] the mean keys of the window's blocks;
+        score = mean query . mean key summed over heads; the top keep_ratio share is kept."""
+        score = (means.float() * q.float().mean(dim=0)[None, None]).sum(dim=(-1, -2)).reshape(-1)
+        keep = max(1, int(math.ceil(self.keep_ratio * score.numel())))
+        if keep >= score.numel():
+            return torch.arange(score.numel(), device=score.device)
+        return torch.sort(torch.topk(score, keep).indices).values
 
-def _block_tokens(chosen: torch.Tensor, B: int, Nw: int) -> torch.Tensor:
-    t = (chosen[:, None] * B + torch.arange(B, device=chosen.device)[None]).reshape(-1)
-    return t[t < Nw]
+    def block_tokens(self, chosen: torch.Tensor, page_size: int) -> torch.Tensor:
+        """Token offsets (page_index * page_size + offset) of the chosen flat block ids."""
+        nb, B = self.blocks_per_page(page_size), self.block_size
+        page, blk = chosen // nb, chosen % nb
+        off = blk[:, None] * B + torch.arange(B, device=chosen.device)[None]
+        tok = page[:, None] * page_size + off
+        return tok[off < page_size]
 
 
 _CLASSES = {c.name: c for c in (Compressor, TokenPartition, RandomSubset, TokenMerge, BlockSparse)}

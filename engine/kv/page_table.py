@@ -105,6 +105,7 @@ class StepTable:
     pages_t: Any = None                 # int64 [len(pages)] on device (gather)
     slots_t: Any = None                 # int64 [num_kv_tokens] on device (compressed window)
     window_range: Any = None            # block_sparse: (first, end) of the window in the visible set
+    window_pages_t: Any = None          # block_sparse: the window's pages on device, oldest first
     written: list = field(default_factory=list)   # per layer: write() done this step
     plan: Any = None                    # backend-private per-step data (e.g. FlashInfer plan)
     borrowed: list = field(default_factory=list)  # kept for backends/tests (always empty now)

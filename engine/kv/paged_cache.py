@@ -123,6 +123,8 @@ class PagedKVCache:
         self.num_pages = self.table.num_pages
         self.pool = KVPool(self.num_layers, self.num_pages, self.page_size, self.num_heads, self.head_dim,
                            self.precision, self.device)
+        if self.compression.sparse_attention:
+            self.pool.enable_block_means(self.compression.block_size)
         backend_cls = _backends.resolve_backend(backend, self.device, self.precision) \
             if isinstance(backend, str) or backend is None else backend
         if self.compression.stores_fewer or self.compression.sparse_attention or self.precision.quantized:
@@ -161,6 +163,7 @@ class PagedKVCache:
             P = self.page_size
             a = len(self.table._scale) * P
             step.window_range = (a, a + len(self.table._window) * P)
+            step.window_pages_t = torch.tensor(self.table._window, dtype=torch.int64, device=self.device)
             if step.slots_t is None:
                 pages = np.asarray(step.pages, dtype=np.int64)
                 step.slots_t = torch.as_tensor((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens]).to(self.device)
@@ -204,12 +207,13 @@ class PagedKVCache:
         return out.reshape(want).to(q.dtype)
 
     def _sparse_slots(self, layer: int, step: StepTable, q: torch.Tensor) -> torch.Tensor:
-        """block_sparse: the visible slots of this layer (window blocks selected by the compressor)."""
+        """block_sparse: the visible slots of this layer: scale, the window blocks the compressor
+        picks from the stored block means (no gather of the window's keys), own and specials."""
         a, b = step.window_range
         if b <= a:
             return step.slots_t
-        k, _ = self.pool.visible(layer, step, slots_t=step.slots_t[a:b])
-        sel = self.compression.select(q, k)
+        means = self.pool.block_means[layer].index_select(0, step.window_pages_t)
+        sel = self.compression.block_tokens(self.compression.select_blocks(q, means), self.page_size)
         dev = step.slots_t.device
         idx = torch.cat([torch.arange(a, device=dev), a + sel, torch.arange(b, step.slots_t.numel(), device=dev)])
         return step.slots_t.index_select(0, idx)

@@ -58,6 +58,15 @@ class KVPool:
                 f"not enough memory for the KV cache ({need / 2**30:.2f} GiB on {self.device}); "
                 f"lower the window, the resolution or use a smaller kv_dtype") from exc
         self._buf = None          # gather buffers, allocated once on first use
+        self.block_means = None   # block_sparse: [L, pages, blocks, H, D] mean keys (enable_block_means)
+        self.block_size = None
+
+    def enable_block_means(self, block_size: int) -> None:
+        """Keep the mean key of every run of `block_size` patch tokens of each written page."""
+        self.block_size = int(block_size)
+        nb = math.ceil(self.page_size / self.block_size)
+        self.block_means = torch.zeros(self.num_layers, self.num_pages, nb, self.num_heads, self.head_dim,
+                                       dtype=self.precision.attn, device=self.device)
 
     def reset_scales(self) -> None:
         """fp8: the next write of each layer sets its scales again (a reset cache starts over)."""
@@ -141,6 +150,16 @@ class KVPool:
                     self.scales[layer, which].index_copy_(0, step.special_flat_t, s[:, :S].reshape(F * S, H))
         if self.kind == "fp8":
             self._scale_set[layer] = True
+        if self.block_means is not None:
+            B, nb = self.block_size, self.block_means.shape[2]
+            x = k[:, S:].to(device=self.device, dtype=torch.float32)                  # [F, P, H, D]
+            pad = nb * B - P
+            if pad:
+                x = torch.cat([x, x.new_zeros((F, pad, H, D))], dim=1)
+            sizes = torch.full((nb,), float(B), device=self.device)
+            sizes[-1] = B - pad
+            means = x.view(F, nb, B, H, D).sum(dim=2) / sizes[None, :, None, None]
+            self.block_means[layer].index_copy_(0, step.new_pages_t, means.to(self.block_means.dtype))
 
     def write_slots(self, layer: int, slots_t: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [n, H, D] (attention dtype) into flat slots of one layer (compressed window)."""

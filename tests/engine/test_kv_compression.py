@@ -165,31 +165,47 @@ def test_every_method_and_dtype_rolls_back_exactly_with_bounded_memory(method, d
 
 def test_block_sparse_attends_to_the_best_matching_blocks():
     comp = make_compressor("block_sparse", keep_ratio=0.25, block_size=4)
-    kw = torch.zeros(16, 1, 2)
-    kw[8:12, 0, 0] = 5.0                       # block 2 matches the query direction
+    means = torch.zeros(2, 2, 1, 2)                  # 2 window pages x 2 blocks of a 7-token page
+    means[1, 0, 0, 0] = 5.0                          # page 1, block 0 matches the query direction
     q = torch.tensor([[[1.0, 0.0]]]).expand(3, 1, 2)
-    assert comp.select(q, kw).tolist() == [8, 9, 10, 11]
-    # in the cache: output equals dense attention over scale + selected window blocks + own + specials
+    chosen = comp.select_blocks(q, means)
+    assert chosen.tolist() == [2] and comp.block_tokens(chosen, 7).tolist() == [7, 8, 9, 10]
+    assert comp.block_tokens(torch.tensor([3]), 7).tolist() == [11, 12, 13]      # last block is short
+    # in the cache: output equals dense attention over scale + the best window blocks (chosen
+    # here from means computed independently from the written keys) + own + specials
+    B, keep = 5, 0.5
     gen = torch.Generator().manual_seed(4)
     kv = _kv(gen, 12)
     cache = PagedKVCache(L, H, D, P, scale_frames=2, window=3, special_cap=64,
-                         compression=make_compressor("block_sparse", keep_ratio=0.5, block_size=6))
+                         compression=make_compressor("block_sparse", keep_ratio=keep, block_size=B))
     _run(cache, kv, [0, 1], scale=True)
     for f in range(2, 8):
         _run(cache, kv, [f])
-    step = cache.begin_step(1)
-    a, b = step.window_range
+    window = [5, 6, 7]                               # newest first evicted: W - 1 = 2 visible + new
+    cache.begin_step(1)
+    nb = -(-P // B)
     for layer in range(L):
         k = kv[8][0][layer][None]
         cache.write(layer, k, kv[8][1][layer][None])
         q = k * 0.7
         out = cache.attend(layer, q)
-        kvis, vvis = cache.pool.visible(layer, step)
-        sel = comp.__class__(keep_ratio=0.5, block_size=6).select(q.reshape(-1, H, D), kvis[a:b])
-        idx = torch.cat([torch.arange(a), a + sel, torch.arange(b, kvis.shape[0])])
-        want = _dense(q.reshape(-1, H, D), kvis[idx], vvis[idx]).reshape(out.shape)
+        vis = window[-2:]
+        blocks = []                                   # (score, frame, first, last)
+        qm = q.reshape(-1, H, D).mean(0)
+        for f in vis:
+            pk = kv[f][0][layer, S6:]
+            for bi in range(nb):
+                blk = pk[bi * B:(bi + 1) * B]
+                blocks.append(((blk.mean(0) * qm).sum().item(), f, bi * B, min(P, (bi + 1) * B)))
+        n_keep = -(-int(keep * 100) * len(blocks) // 100)
+        best = sorted(sorted(blocks, reverse=True)[:n_keep], key=lambda t: (vis.index(t[1]), t[2]))
+        ks = [kv[f][0][layer, S6:] for f in (0, 1)] + [kv[f][0][layer, S6 + a:S6 + b] for _, f, a, b in best]
+        vs = [kv[f][1][layer, S6:] for f in (0, 1)] + [kv[f][1][layer, S6 + a:S6 + b] for _, f, a, b in best]
+        ks += [kv[8][0][layer, S6:]] + [kv[f][0][layer, :S6] for f in range(9)]
+        vs += [kv[8][1][layer, S6:]] + [kv[f][1][layer, :S6] for f in range(9)]
+        want = _dense(q.reshape(-1, H, D), torch.cat(ks), torch.cat(vs)).reshape(out.shape)
         torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
-        assert len(sel) < b - a
+        assert cache.step.num_kv_tokens > sum(x.shape[0] for x in ks)          # fewer tokens attended
     cache.end_step()
 
 
