@@ -77,9 +77,10 @@ def peak(dev) -> float:
     return torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
 
 
-def stream(session, imgs, total: int, budget: float, checkpoints, dev, label: str) -> dict:
+def stream(session, imgs, total: int, budget: float, checkpoints, dev, label: str, on_row=None) -> dict:
     """Push frames until `total` or the budget; per checkpoint: peak GiB since the previous one,
-    frames/s over that stretch (results returned / wall time)."""
+    frames/s over that stretch (results returned / wall time). `on_row(rows)` after every
+    checkpoint, so a run killed at its time limit still leaves the rows so far on disk."""
     rows, done, results = [], 0, 0
     t0 = t_last = time.perf_counter()
     last_frames, last_results = 0, 0
@@ -101,6 +102,8 @@ def stream(session, imgs, total: int, budget: float, checkpoints, dev, label: st
                "segments": st.get("segments")}
         rows.append(row)
         print(f"[{label}] {json.dumps(row)}", flush=True)
+        if on_row is not None:
+            on_row(rows)
         t_last, last_results, last_frames = now, results, done
         peak_reset(dev)
         if now - t0 > budget:
@@ -141,6 +144,12 @@ def main() -> None:
     imgs = frames(32, a.height, a.width)
     checkpoints = [200, 500, 1000, 2000, 3000, 4000, 5000] if not a.tiny else [10, 20, 40, 60]
 
+    def save_partial(key):
+        def write(rows):
+            with open(a.out, "w") as f:
+                json.dump({**report, key: {"rows": rows, "partial": True}}, f, indent=1)
+        return write
+
     t = time.perf_counter()
     vggt = build("vggt-tiny" if a.tiny else "vggt-1b", dev, dtype)
     print(f"[build] vggt {time.perf_counter() - t:.1f}s", flush=True)
@@ -148,7 +157,8 @@ def main() -> None:
         cfg = SessionConfig(engine="vggt-1b", device=a.device, dtype=a.dtype, backend="sdpa", image_width=a.width,
                             chunk_size=a.chunk, sliding_window_num=a.window_chunks, overlap=a.overlap)
         s = open_session(cfg, model=vggt)
-        report["vggt_chunked"] = stream(s, imgs, a.frames, a.budget_chunked, checkpoints, dev, "vggt-chunked")
+        report["vggt_chunked"] = stream(s, imgs, a.frames, a.budget_chunked, checkpoints, dev, "vggt-chunked",
+                                      on_row=save_partial("vggt_chunked"))
         report["vggt_chunked"]["last_alignment"] = s.stats()["last_alignment"]
         s.close()
         del s
@@ -189,7 +199,7 @@ def main() -> None:
                             scale_frames=8 if not a.tiny else 2, window=64 if not a.tiny else 4)
         s = open_session(cfg, model=lb)
         report["lingbot_windowed"] = stream(s, imgs, a.frames, a.budget_windowed, checkpoints, dev,
-                                            "lingbot-windowed")
+                                            "lingbot-windowed", on_row=save_partial("lingbot_windowed"))
         report["lingbot_windowed"]["alignments"] = len(s.alignments)
         s.close()
     with open(a.out, "w") as f:
