@@ -47,6 +47,8 @@ def main(args: argparse.Namespace) -> int:
     import os
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from engine.memory import bound_heap
+    bound_heap()                    # long runs: RSS follows what is held (engine/memory.py)
     from PySide6 import QtCore, QtWidgets
 
     from app.settings import AppSettings

@@ -217,6 +217,9 @@ def main(args) -> int:
 def _run(args) -> int:
     from tqdm import tqdm
 
+    from engine.memory import bound_heap
+    bound_heap()                    # long runs: RSS follows what is held (engine/memory.py)
+
     from engine.api import open_session
     from engine.io.sources import open_source
     from engine.io.store import SessionStore, default_session_root, load_session, new_session_folder
