@@ -21,6 +21,7 @@ from engine.api import EngineError, engine_capabilities
 from engine.intrinsics import attach_found_intrinsics
 from engine.scene import DEFAULT_POINT_BUDGET, MAX_POINT_BUDGET, MIN_POINT_BUDGET
 
+from .heap import tune_malloc
 from .monitors import MonitorsPanel
 from .review import ReviewBar
 from .review_confidence import ConfidenceControl
@@ -202,6 +203,7 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def __init__(self, settings=None, session_root: Optional[str] = None):
         super().__init__()
+        tune_malloc()          # large per-frame arrays: keep the heap from fragmenting (ui/heap.py)
         self.setWindowTitle("ReconStudio")
         icon = Path(__file__).resolve().parents[1] / "resources" / "icons" / "reconstudio.png"
         if icon.exists():
