@@ -382,6 +382,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.point_budget.setSingleStep(1.0)
         self.point_budget.setSuffix(" M points")
         self.point_budget.setValue(DEFAULT_POINT_BUDGET / 1e6)
+        self.point_budget.setKeyboardTracking(False)   # typing "10" must not thin to 1 M on the way
         self.point_budget.setToolTip(
             "Most points the 3D view keeps (each takes ~28 bytes of GPU memory and ~30 of RAM). "
             "Past it, older frames are thinned to a voxel grid (keyframes finer, recent frames "
