@@ -28,7 +28,7 @@ def _counts() -> dict:
     return {"None": sys.getrefcount(None), "True": sys.getrefcount(True), "False": sys.getrefcount(False)}
 
 
-def paint_main_window(repaints: int = REPAINTS, noise: int = NOISE) -> dict:
+def paint_main_window(repaints: int = REPAINTS, noise: int = NOISE, close: bool = True) -> dict:
     """Build the real MainWindow, feed the monitors, force `repaints` synchronous repaints of
     the window and its pyqtgraph views; return the counts before and after (stops early once a
     count has fallen by more than `noise`, before the interpreter would abort)."""
@@ -70,7 +70,10 @@ def paint_main_window(repaints: int = REPAINTS, noise: int = NOISE) -> dict:
         if any(before[k] - now[k] > noise for k in now):
             break
     after = _counts()
-    w.close()
+    if close:
+        w.close()
+    else:
+        paint_main_window.window = w          # keep it alive until the interpreter exits
     return {"repaints": done, "before": before, "after": after,
             "lost": {k: before[k] - after[k] for k in before}}
 
@@ -95,9 +98,26 @@ def test_painting_the_window_keeps_refcounts(tmp_path):
     assert r["repaints"] == REPAINTS
 
 
+def test_exit_with_the_window_alive(tmp_path):
+    """`reconstudio gui` used to tear its window down by hand before exiting because PySide6
+    6.12.0 aborted in the interpreter's final garbage collection (bool_dealloc/none_dealloc,
+    exit 134) after as few as 5 repaints. A script that paints the window and simply returns
+    must exit 0 (6.12.0: 134)."""
+    env = dict(os.environ, RECONSTUDIO_SETTINGS=str(tmp_path / "settings.ini"),
+               RECONSTUDIO_SESSIONS=str(tmp_path / "sessions"))
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--exit", "5"],
+                          cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "painted" in proc.stdout, proc.stderr[-3000:]
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from PySide6 import __version__ as _pyside
+    if sys.argv[1:2] == ["--exit"]:          # paint, then leave with the window alive
+        r = paint_main_window(int(sys.argv[2]), close=False)
+        print("painted", r["repaints"], flush=True)
+        sys.exit(0)
     res = paint_main_window()
     res["pyside6"] = _pyside
     print(json.dumps(res), flush=True)
