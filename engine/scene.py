@@ -2,10 +2,21 @@
 
 `SceneModel` holds what the 3D view shows of a run: the points of every frame (segment-local
 positions, colours, confidence, depth in the capturing camera, segment, frame sequence number,
-keyframe flag), the per-segment transforms that re-alignment events set, and the cameras
-(frustum corners, centre, segment, keyframe flag) for the frustum and trajectory layers. The view
+keyframe flag), the cameras (frustum corners, centre, segment, keyframe flag, frame sequence
+number) for the frustum and trajectory layers, and one transform per frame that the
+re-alignment events set. The view
 (`ui/viewer.py`) uploads the rows that changed (`take_changes`) into GPU buffers of the model's
 capacity; nothing here knows about GL.
+
+Re-alignment: events are kept and resolved with `engine.geometry.result_transforms` (the rule
+the exports and eval use: absolute similarities; for each frame the latest event of its segment
+whose range — `frames=(first, last)` input indices, or the whole segment — contains it wins).
+Each frame (sequence number) holds a *slot*: the number of the event placing it (0 = none,
+identity). Points and cameras stay stored as emitted and carry their frame's sequence number
+(thinning keeps it), so an event changes the slots of the frames it covers (O(frames), never
+O(points)); the view keeps one matrix per frame in a texture and rewrites only the rows of
+changed frames (`SceneChanges.transforms_from`). Events are resolved in batches at the next
+query or `take_changes`, so a loop closure's hundreds of per-stretch events cost one pass.
 
 Point budget: the arrays never hold more than `point_budget` points. Appending writes at the end
 (O(new points)). When a frame does not fit, one *thinning pass* makes room:
@@ -37,6 +48,7 @@ is dropped, which nobody sees.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
@@ -67,10 +79,13 @@ _MASK20 = np.int64((1 << 20) - 1)
 class SceneChanges:
     """What changed since the last `take_changes`: point rows [points_from, count) and camera
     rows [cameras_from, camera_count) must be (re-)uploaded; `capacity_changed` means the point
-    arrays were reallocated (re-create the GPU buffers at the new capacity)."""
+    arrays were reallocated (re-create the GPU buffers at the new capacity); the per-frame
+    transforms of frames [transforms_from, frames) must be re-read (`frame_matrices`)."""
     points_from: int
     cameras_from: int
     capacity_changed: bool
+    transforms_from: int = 0    # frames [transforms_from, frames) have new transforms (frame_matrices)
+    frames: int = 0             # frames (sequence numbers) known so far
 
 
 class SceneModel:
@@ -103,7 +118,17 @@ class SceneModel:
         self.voxel: Optional[float] = None   # grid size of the thinned rows (segment units)
         self._vkeys = np.zeros(0, np.uint64)  # sorted voxel hashes of rows [0, thinned)
         self._seq = 0                        # frames added (the per-point frame sequence number)
-        self.segments: dict[int, np.ndarray] = {}
+        self.segments: dict[int, np.ndarray] = {}   # whole-segment transforms (latest per segment)
+        self.events: list = []               # every "realign" applied, in order
+        self._ev_seg = np.zeros(64, np.int64)    # per event: segment, first / last input index
+        self._ev_lo = np.zeros(64, np.int64)
+        self._ev_hi = np.zeros(64, np.int64)
+        self._mats = np.eye(4)[None].copy()  # slot k > 0 = event k-1's matrix; slot 0 = identity
+        self._pending = 0                    # events[-pending:] not yet resolved onto frames
+        self._fseg = np.zeros(256, np.int64)    # per frame sequence number: segment, input index,
+        self._findex = np.zeros(256, np.int64)  # slot of its transform
+        self._fslot = np.zeros(256, np.int64)
+        self._dirty_xf = 0                   # frames from here on have new transforms
         self.conf_range = (0.0, 1.0)
         self._conf_seen = False
         self.depth_hi = 0.0
@@ -132,7 +157,7 @@ class SceneModel:
     def _alloc_cameras(self, cap: int, keep: int = 0) -> None:
         new = {"cam_frustum": np.zeros((cap, 5, 3), np.float32), "cam_center": np.zeros((cap, 3), np.float32),
                "cam_segment": np.zeros(cap, np.int32), "cam_keyframe": np.zeros(cap, bool),
-               "cam_index": np.zeros(cap, np.int64)}
+               "cam_index": np.zeros(cap, np.int64), "cam_frame": np.zeros(cap, np.int64)}
         for k, a in new.items():
             if keep:
                 a[:keep] = getattr(self, k)[:keep]
@@ -152,9 +177,11 @@ class SceneModel:
         self.point_budget = _clamp_budget(budget)
 
     def take_changes(self) -> SceneChanges:
+        self._resolve()
         ch = SceneChanges(min(self._dirty_points, self.count), min(self._dirty_cameras, self.camera_count),
-                          self._capacity_changed)
+                          self._capacity_changed, min(self._dirty_xf, self._seq), self._seq)
         self._dirty_points, self._dirty_cameras, self._capacity_changed = self.count, self.camera_count, False
+        self._dirty_xf = self._seq
         return ch
 
     # -- frames -------------------------------------------------------------------------------
@@ -164,6 +191,7 @@ class SceneModel:
         frustum [5,3] (apex then the image corners) and c2w [4,4]."""
         seg = int(f.segment)
         self.segments.setdefault(seg, np.eye(4))
+        self._add_frame_key(seg, int(f.index))
         pts = np.asarray(f.points, np.float32).reshape(-1, 3)
         n = len(pts)
         colors, conf, depth = f.colors, f.conf, f.depth
@@ -219,6 +247,7 @@ class SceneModel:
         self.cam_segment[i] = seg
         self.cam_keyframe[i] = bool(f.is_keyframe)
         self.cam_index[i] = int(f.index)
+        self.cam_frame[i] = self._seq
         self.camera_count += 1
 
     def _decimate_cameras(self) -> None:
@@ -232,7 +261,7 @@ class SceneModel:
             k = np.flatnonzero(keep[:old])
             keep[k[1::2]] = False                # then every other old camera
         idx = np.flatnonzero(keep)
-        for name in ("cam_frustum", "cam_center", "cam_segment", "cam_keyframe", "cam_index"):
+        for name in ("cam_frustum", "cam_center", "cam_segment", "cam_keyframe", "cam_index", "cam_frame"):
             a = getattr(self, name)
             a[: len(idx)] = a[idx]
         self.camera_count = len(idx)
@@ -240,7 +269,109 @@ class SceneModel:
 
     def set_segment_transform(self, segment: int, matrix) -> None:
         """Place segment `segment` with an absolute similarity (4x4); its points stay as stored."""
-        self.segments[int(segment)] = np.asarray(matrix, np.float64).reshape(4, 4)
+        self.add_realign(segment, matrix)
+
+    # -- re-alignment -------------------------------------------------------------------------
+    def add_realign(self, segment: int, matrix, frames=None) -> None:
+        """Apply a "realign" event: the absolute similarity `matrix` places segment `segment`'s
+        frames (all, or input indices `frames=(first, last)` inclusive), replacing earlier events
+        on those frames; frames added later that it covers get it too. Resolved lazily."""
+        T = np.asarray(matrix, np.float64).reshape(4, 4)
+        seg = int(segment)
+        fr = None if frames is None else (int(frames[0]), int(frames[1]))
+        k = len(self.events)
+        if k >= len(self._ev_seg):
+            for name in ("_ev_seg", "_ev_lo", "_ev_hi"):
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
+        if k + 1 >= len(self._mats):
+            self._mats = np.concatenate([self._mats, np.zeros_like(self._mats)])
+        self._ev_seg[k] = seg
+        self._ev_lo[k], self._ev_hi[k] = fr if fr is not None else (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
+        self._mats[k + 1] = T
+        self.events.append(SimpleNamespace(kind="realign", segment=seg, transform=T, frames=fr))
+        self._pending += 1
+        if fr is None:
+            self.segments[seg] = T
+
+    def apply_events(self, events) -> None:
+        """`add_realign` for every "realign" event of `events` (others are ignored)."""
+        for e in events:
+            if getattr(e, "kind", None) == "realign" and e.transform is not None:
+                self.add_realign(e.segment, e.transform, getattr(e, "frames", None))
+
+    def _add_frame_key(self, seg: int, index: int) -> None:
+        """Record frame `self._seq` = (segment, input index) and the slot of the latest event
+        covering it (decided by engine.geometry.result_transforms)."""
+        i = self._seq
+        if i >= len(self._fseg):
+            for name in ("_fseg", "_findex", "_fslot"):
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
+        self._fseg[i], self._findex[i] = seg, index
+        k = len(self.events)
+        # a vectorised pre-selection of the events that may contain it; the rule is the engine's
+        cand = np.flatnonzero((self._ev_seg[:k] == seg) & (self._ev_lo[:k] <= index) & (self._ev_hi[:k] >= index))
+        self._fslot[i] = max(0, self._winning_slots([(seg, index)], cand)[0]) if len(cand) else 0
+        self._dirty_xf = min(self._dirty_xf, i)
+
+    def _winning_slots(self, keys, event_numbers) -> np.ndarray:
+        """For (segment, index) keys: the slot (event number + 1) of the event among
+        `event_numbers` that engine.geometry.result_transforms places each key by, -1 where none
+        covers it. Each event is passed with its slot number as its "transform", so the
+        function's answer names the winning event (the rule is not copied here)."""
+        from .geometry import result_transforms
+        proxies = [SimpleNamespace(kind="realign", segment=self.events[j].segment,
+                                   frames=self.events[j].frames, transform=np.full((4, 4), float(j + 1)))
+                   for j in event_numbers]
+        won = result_transforms(keys, proxies)
+        return np.array([-1 if T is None else int(T[0, 0]) for T in won], np.int64)
+
+    def _resolve(self) -> None:
+        """Apply the pending events to the frames they cover (one pass over those segments' frames)."""
+        if not self._pending:
+            return
+        k = len(self.events)
+        pend = range(k - self._pending, k)
+        self._pending = 0
+        n = self._seq
+        rows = np.flatnonzero(np.isin(self._fseg[:n], np.unique(self._ev_seg[pend.start:k])))
+        if not len(rows):
+            return
+        keys = list(zip(self._fseg[rows].tolist(), self._findex[rows].tolist()))
+        slots = self._winning_slots(keys, pend)
+        hit = slots >= 0
+        if hit.any():
+            self._fslot[rows[hit]] = slots[hit]
+            self._dirty_xf = min(self._dirty_xf, int(rows[hit][0]))
+
+    def frame_matrices(self, lo: int = 0, hi: Optional[int] = None) -> np.ndarray:
+        """4x4 transforms (float64 [n,4,4]) of frames (sequence numbers) [lo, hi)."""
+        self._resolve()
+        hi = self._seq if hi is None else hi
+        return self._mats[self._fslot[lo:hi]]
+
+    def frame_transform(self, seq: int = -1) -> np.ndarray:
+        """The 4x4 transform placing frame `seq` (sequence number; -1 = the newest frame)."""
+        seq = self._seq - 1 if seq < 0 else seq
+        return self.frame_matrices(seq, seq + 1)[0] if 0 <= seq < self._seq else np.eye(4)
+
+    def _transformed(self, p: np.ndarray, frames: np.ndarray) -> np.ndarray:
+        """Positions p [n,3] of frames `frames` (sequence numbers) in world: grouped by slot, so
+        the cost is one sort plus a matrix product per distinct transform."""
+        self._resolve()
+        p = p.astype(np.float64)
+        slot = self._fslot[frames]
+        if not slot.any():
+            return p
+        order = np.argsort(slot, kind="stable")
+        out = p.copy()
+        for grp in np.split(order, np.flatnonzero(np.diff(slot[order])) + 1):
+            k = slot[grp[0]]
+            if k:
+                m = self._mats[k]
+                out[grp] = p[grp] @ m[:3, :3].T + m[:3, 3]
+        return out
 
     # -- thinning -----------------------------------------------------------------------------
     def _make_room(self, n: int) -> None:
@@ -346,16 +477,8 @@ class SceneModel:
 
     # -- queries ------------------------------------------------------------------------------
     def world_positions(self, rows: slice = slice(None)) -> np.ndarray:
-        """Positions of rows (default all) with their segment transforms applied."""
-        p = self.positions[: self.count][rows].astype(np.float64)
-        s = self.segment[: self.count][rows]
-        out = p.copy()
-        for seg, m in self.segments.items():
-            if np.allclose(m, np.eye(4)):
-                continue
-            sel = s == seg
-            out[sel] = p[sel] @ m[:3, :3].T + m[:3, 3]
-        return out
+        """Positions of rows (default all) with their frames' transforms applied."""
+        return self._transformed(self.positions[: self.count][rows], self.frame[: self.count][rows])
 
     def sample(self, max_points: int = 20000) -> np.ndarray:
         """About `max_points` world positions spread over the scene (for framing the view)."""
@@ -363,15 +486,8 @@ class SceneModel:
         return self.world_positions(slice(None, None, step))
 
     def camera_centers(self) -> np.ndarray:
-        """World positions of the cameras kept (segment transforms applied)."""
-        c = self.cam_center[: self.camera_count].astype(np.float64)
-        seg = self.cam_segment[: self.camera_count]
-        out = c.copy()
-        for s, m in self.segments.items():
-            sel = seg == s
-            if sel.any() and not np.allclose(m, np.eye(4)):
-                out[sel] = c[sel] @ m[:3, :3].T + m[:3, 3]
-        return out
+        """World positions of the cameras kept (their frames' transforms applied)."""
+        return self._transformed(self.cam_center[: self.camera_count], self.cam_frame[: self.camera_count])
 
     def framing(self, max_points: int = 20000) -> Optional[tuple[np.ndarray, float]]:
         """(centre, extent) that frames the cloud (5-95 % of a sample) and the camera path;

@@ -192,3 +192,98 @@ def test_framing_and_chase_view():
     v = chase_view(c2w, [0, 0, 2], 2.0, T)
     assert abs(v["azimuth"] - 90.0) < 1e-6 and abs(v["elevation"] - 15.0) < 1e-6
     assert v["center"] == (0.0, 100.0, 2.0) and v["distance"] == 4.0
+
+
+# -- frame-range re-alignment (loop closure events) --------------------------------------------
+
+def _sim(s=1.0, t=(0, 0, 0), yaw=0.0):
+    c, n = np.cos(yaw), np.sin(yaw)
+    T = np.eye(4)
+    T[:3, :3] = s * np.array([[c, 0, n], [0, 1, 0], [-n, 0, c]])
+    T[:3, 3] = t
+    return T
+
+
+def _cam_frame(i, segment=0, n=2000):
+    f = _frame(i, n=n, segment=segment, x0=0.1 * i)
+    f.c2w = np.eye(4)
+    f.c2w[0, 3] = 0.1 * i
+    return f
+
+
+def _expected_centres(m, events):
+    """Camera centres as engine.geometry (the exports) places them."""
+    from engine.api import FrameResult
+    from engine.geometry import apply_realignments
+    n = m.camera_count
+    rs = []
+    for s, i, c in zip(m.cam_segment[:n], m.cam_index[:n], m.cam_center[:n].astype(np.float64)):
+        c2w = np.eye(4)
+        c2w[:3, 3] = c
+        rs.append(FrameResult(index=int(i), timestamp=0.0, is_keyframe=True, c2w=c2w, K=np.eye(3),
+                              image=None, depth=None, conf=None, segment=int(s)))
+    return np.array([r.c2w[:3, 3] for r in apply_realignments(rs, events)])
+
+
+def test_frame_range_realign_moves_exactly_those_frames():
+    from engine.api import EngineEvent
+    m = SceneModel(BUDGET)
+    for i in range(20):
+        m.add_frame(_cam_frame(i, segment=0 if i < 15 else 1))
+    stored_p = m.positions[: m.count].astype(np.float64)
+    stored_c = m.cam_center[: m.camera_count].astype(np.float64)
+    m.take_changes()
+    T = _sim(1.5, (0, 2, 0), 0.3)
+    ev = [EngineEvent("realign", 0, T, frames=(5, 9))]
+    m.apply_events(ev)
+    ch = m.take_changes()
+    assert ch.transforms_from == 5 and ch.frames == 20          # only frames 5.. are re-read
+    w = m.world_positions()
+    inside = (m.frame[: m.count] >= 5) & (m.frame[: m.count] <= 9)
+    assert np.allclose(w[~inside], stored_p[~inside])
+    assert np.allclose(w[inside], stored_p[inside] @ T[:3, :3].T + T[:3, 3], atol=1e-5)
+    c = m.camera_centers()
+    assert np.allclose(c[:5], stored_c[:5]) and np.allclose(c[10:], stored_c[10:])
+    assert np.allclose(c[5:10], stored_c[5:10] @ T[:3, :3].T + T[:3, 3])
+    assert np.allclose(c, _expected_centres(m, ev))
+    assert np.allclose(m.frame_matrices(5, 10), T) and np.allclose(m.frame_transform(4), np.eye(4))
+
+
+def test_later_events_replace_earlier_ones_on_their_frames_only():
+    from engine.api import EngineEvent
+    m = SceneModel(BUDGET)
+    for i in range(12):
+        m.add_frame(_cam_frame(i))
+    A, B, C, D = _sim(2.0, (1, 0, 0)), _sim(1.0, (0, 3, 0), 0.5), _sim(0.5, (0, 0, 7)), _sim(1.2, (4, 4, 4))
+    ev = [EngineEvent("realign", 0, A),                          # whole segment
+          EngineEvent("realign", 0, B, frames=(2, 6)),
+          EngineEvent("realign", 0, C, frames=(5, 20)),          # later: replaces B on 5, 6
+          EngineEvent("realign", 1, D)]                          # another segment: no effect
+    m.apply_events(ev[:2])
+    m.take_changes()                                             # resolved in two batches
+    m.apply_events(ev[2:])
+    assert np.allclose(m.camera_centers(), _expected_centres(m, ev))
+    mats = m.frame_matrices()
+    assert np.allclose(mats[:2], A) and np.allclose(mats[2:5], B) and np.allclose(mats[5:], C)
+    for i in range(12, 16):                                      # later frames the range covers
+        m.add_frame(_cam_frame(i))
+    assert np.allclose(m.frame_matrices(12, 16), C)
+    assert np.allclose(m.camera_centers(), _expected_centres(m, ev))
+    m.apply_events([EngineEvent("realign", 0, A)])               # a whole-segment event replaces all
+    assert np.allclose(m.frame_matrices(), A)
+
+
+def test_frame_range_transforms_survive_thinning_within_budget():
+    from engine.api import EngineEvent
+    m = SceneModel(BUDGET)
+    T = _sim(1.0, (0, 50, 0))
+    m.apply_events([EngineEvent("realign", 0, T, frames=(0, 9))])
+    for i in range(80):                          # 400k points offered: thinned to the budget
+        m.add_frame(_frame(i, x0=0.1 * i))
+        assert m.count <= BUDGET
+    assert m.thinning_passes >= 1
+    old = m.frame[: m.count] < 10
+    assert old.any() and m.thinned > 0
+    w = m.world_positions()
+    assert np.all(w[old, 1] >= 50) and np.all(w[~old, 1] <= 1.0)   # thinned rows keep their frame
+    assert np.allclose(w[old], m.positions[: m.count][old] + [0, 50, 0], atol=1e-5)
