@@ -682,10 +682,10 @@ class MainWindow(QtWidgets.QMainWindow):
         self.monitors.update_stats(stats)
         self._status_dirty = True
 
-    def _on_realigned(self, segment: int, transform) -> None:
+    def _on_realigned(self, segment: int, transform, frames=None) -> None:
         if not self._is_current():
             return
-        self.viewer.apply_realign(segment, transform)
+        self.viewer.apply_realign(segment, transform, frames)
 
     def _on_worker_message(self, text: str) -> None:
         if self._is_current():
@@ -834,7 +834,6 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def open_session_folder(self, folder: str) -> bool:
         """Show a saved session (engine.io.store.load_session) in the viewer; exports then use it."""
-        from engine.geometry import segment_transforms
         from engine.io.store import load_session
 
         from .display import FRUSTUM_FRACTION, make_display_frame
@@ -859,8 +858,7 @@ class MainWindow(QtWidgets.QMainWindow):
             if fd is None and len(d.depth):
                 fd = FRUSTUM_FRACTION * d.median_depth
             frames.append(d)
-        for seg, T in segment_transforms(loaded.events).items():
-            self.viewer.apply_realign(seg, T)
+        self.viewer.apply_events(loaded.events)   # whole-segment and frame-range realigns, in order
         self.viewer.add_frames(frames)
         for d in frames:
             self.conf_control.add(d.conf)

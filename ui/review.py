@@ -286,9 +286,7 @@ class ReviewBar(QtWidgets.QWidget):
         state = (cam.center, cam.distance, cam.azimuth, cam.elevation)
         if not incremental:
             v.clear()
-            from engine.geometry import segment_transforms
-            for seg, T in segment_transforms(self.timeline.events()).items():
-                v.apply_realign(seg, T)
+            v.apply_events(self.timeline.events())   # every "realign", frame ranges included
         follow = v.follow
         v.follow = False
         if frames:
@@ -375,7 +373,7 @@ class ReviewBar(QtWidgets.QWidget):
         n = m.camera_count
         if not n:
             return None
-        world = np.array([_to_world(m, m.cam_center[i], int(m.cam_segment[i])) for i in range(n)])
+        world = m.camera_centers()                # each camera placed by its frame's transform
         xy, w = project(self.viewer, world)
         k = pick_nearest(xy, w, pos, CAMERA_PICK_PX)
         if k is None:
@@ -503,7 +501,7 @@ class ReviewBar(QtWidgets.QWidget):
                     continue
                 node.visible = True
                 self._thumb_nodes[idx] = node
-            corners = np.array([_to_world(m, c, int(m.cam_segment[k])) for c in m.cam_frustum[k][1:5]])
+            corners = np.array([_to_world(m, c, int(m.cam_frame[k])) for c in m.cam_frustum[k][1:5]])
             node.transform.matrix = _image_plane(corners, img.shape[1], img.shape[0])
         self.viewer.canvas.update()
         if loads >= max_loads and not self._thumb_timer.isActive():
@@ -522,7 +520,7 @@ def _image_plane(corners: np.ndarray, w: int, h: int) -> np.ndarray:
     return M
 
 
-def _to_world(m, p, seg: int) -> np.ndarray:
-    T = m.segments.get(seg)
-    p = np.asarray(p, np.float64)
-    return p if T is None else T[:3, :3] @ p + T[:3, 3]
+def _to_world(m, p, frame: int) -> np.ndarray:
+    """Point p of frame `frame` (sequence number in the SceneModel) placed in the world."""
+    T = m.frame_transform(frame)
+    return T[:3, :3] @ np.asarray(p, np.float64) + T[:3, 3]

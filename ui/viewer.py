@@ -10,8 +10,10 @@ Why a custom visual: vispy's stock Markers re-upload the whole cloud on every `s
 costs O(total points) per frame. Here every attribute (position, colour, confidence,
 depth+segment) lives in ONE GPU vertex buffer written with `set_subdata`. Everything the user tunes live — confidence threshold,
 point size, colour mode — is a shader uniform, so changing it uploads no vertex data. Each vertex
-carries its segment id; the segment transforms live in a small float texture, so a re-alignment
-event moves an already-drawn segment by rewriting one texture row (64 bytes), not its points.
+carries its frame's sequence number; the per-frame transforms (`SceneModel.frame_matrices`) live
+in one float texture shared by every layer (256 matrices per texture row), so a re-alignment
+event — a whole segment or a loop closure's frame range — moves already-drawn points and cameras
+by rewriting the texture rows of the frames it covers (64 bytes per frame), not their points.
 The trajectory and the camera frustums use the same visual in line mode (also append-only).
 
 The viewer does no geometry: points come back-projected by `engine.geometry` (see ui/display.py);
@@ -36,8 +38,8 @@ COLOR_MODES = ("rgb", "depth", "confidence")
 _OVERLAY_CONF = 3.0e38          # lines carry this confidence so the threshold never hides them
 
 _VERT = """
-uniform sampler2D u_seg_tex;     // row s = segment s, 4 RGBA texels = the 4 matrix columns
-uniform float u_seg_rows;
+uniform sampler2D u_xf_tex;      // frame i: texture row i / 256, 4 RGBA texels = the 4 columns
+uniform float u_xf_rows;
 uniform float u_size;
 uniform float u_conf_min;
 uniform float u_color_mode;      // 0 rgb, 1 depth, 2 confidence
@@ -47,7 +49,7 @@ uniform float u_overlay;         // 1 = lines: keep own colour, ignore the thres
 attribute vec3 a_position;
 attribute float a_color;         // r + 256 g + 65536 b (exact in float32)
 attribute float a_conf;
-attribute vec2 a_depth_seg;      // (depth in the capturing camera, segment id)
+attribute vec2 a_depth_seg;      // (depth in the capturing camera, frame sequence number)
 varying vec4 v_color;
 
 vec3 ramp(float t) {             // blue -> cyan -> green -> yellow -> red
@@ -55,10 +57,13 @@ vec3 ramp(float t) {             // blue -> cyan -> green -> yellow -> red
                       1.5 - abs(4.0 * t - 1.0)), 0.0, 1.0);
 }
 
-mat4 segment_matrix(float s) {
-    float v = (s + 0.5) / u_seg_rows;
-    return mat4(texture2D(u_seg_tex, vec2(0.125, v)), texture2D(u_seg_tex, vec2(0.375, v)),
-                texture2D(u_seg_tex, vec2(0.625, v)), texture2D(u_seg_tex, vec2(0.875, v)));
+mat4 frame_matrix(float i) {
+    float row = floor(i / 256.0);                 // exact: i < 2^24 and a power-of-two divisor
+    float u = (4.0 * (i - 256.0 * row) + 0.5) / 1024.0;
+    float v = (row + 0.5) / u_xf_rows;
+    float du = 1.0 / 1024.0;
+    return mat4(texture2D(u_xf_tex, vec2(u, v)), texture2D(u_xf_tex, vec2(u + du, v)),
+                texture2D(u_xf_tex, vec2(u + 2.0 * du, v)), texture2D(u_xf_tex, vec2(u + 3.0 * du, v)));
 }
 
 void main() {
@@ -67,7 +72,7 @@ void main() {
         gl_PointSize = 1.0;
         v_color = vec4(0.0);
     } else {
-        vec4 world = segment_matrix(a_depth_seg.y) * vec4(a_position, 1.0);
+        vec4 world = frame_matrix(a_depth_seg.y) * vec4(a_position, 1.0);
         gl_Position = $transform(world);
         gl_PointSize = u_size;
         vec3 rgb = vec3(mod(a_color, 256.0), mod(floor(a_color / 256.0), 256.0),
@@ -151,27 +156,80 @@ class _GrowableAttribute:
         self.uploaded_bytes += rows.nbytes
 
 
+class FrameTransforms:
+    """The per-frame 4x4 transforms as one RGBA32F texture shared by the viewer's layers: frame i
+    is row i // 256, texels 4 (i % 256) .. + 3 = its columns. Rows grow by doubling (one full
+    upload); `write` uploads only the texture rows of the frames written."""
+
+    PER_ROW = 256
+
+    def __init__(self, rows: int = 4):
+        self.host = self._identity(rows)
+        self.texture = gloo.Texture2D(self.host, format="rgba", internalformat="rgba32f",
+                                      interpolation="nearest", wrapping="clamp_to_edge")
+        self.uploads = 0
+        self.uploaded_bytes = self.host.nbytes
+
+    @classmethod
+    def _identity(cls, rows: int) -> np.ndarray:
+        return np.tile(np.eye(4, dtype=np.float32)[None, None], (rows, cls.PER_ROW, 1, 1)).reshape(
+            rows, 4 * cls.PER_ROW, 4)
+
+    @property
+    def rows(self) -> int:
+        return self.host.shape[0]
+
+    def write(self, lo: int, mats: np.ndarray) -> None:
+        """Frames [lo, lo + n) get the 4x4 matrices `mats` [n,4,4]."""
+        n = len(mats)
+        if n == 0:
+            return
+        hi = lo + n
+        rows = self.rows
+        while rows * self.PER_ROW < hi:
+            rows *= 2
+        grown = rows != self.rows
+        if grown:
+            host = self._identity(rows)
+            host[: self.rows] = self.host
+            self.host = host
+        flat = self.host.reshape(-1, 4, 4)          # texel c of frame i = column c of its matrix
+        flat[lo:hi] = np.transpose(np.asarray(mats, np.float32), (0, 2, 1))
+        if grown:
+            self.texture.set_data(self.host)
+            self.uploaded_bytes += self.host.nbytes
+        else:
+            r0, r1 = lo // self.PER_ROW, (hi - 1) // self.PER_ROW + 1
+            block = self.host[r0:r1].copy()          # GLIR uploads later
+            self.texture.set_data(block, offset=(r0, 0))
+            self.uploaded_bytes += block.nbytes
+        self.uploads += 1
+
+    def reset(self) -> None:
+        self.host[:] = self._identity(1)[0]
+        self.texture.set_data(self.host)
+        self.uploads += 1
+
+
 class SegmentCloudVisual(Visual):
-    """Points or lines with per-vertex segment ids and uniform-driven styling: appended (line
-    layers, `append`) or written row ranges from a SceneModel (the cloud, `write_rows`)."""
+    """Points or lines with per-vertex frame numbers (placed by the shared `FrameTransforms`)
+    and uniform-driven styling: appended (line layers, `append`) or written row ranges from a
+    SceneModel (the cloud, `write_rows`)."""
 
     _ATTRS = (("a_position", 3, 0.0), ("a_color", 1, 0.0), ("a_conf", 1, 0.0), ("a_depth_seg", 2, 0.0))
     BYTES_PER_VERTEX = 4 * sum(w for _, w, _ in _ATTRS)
 
     def __init__(self, mode: str = "points", capacity: int = 1 << 16, overlay: bool = False,
-                 mirror: bool = True):
+                 mirror: bool = True, frame_xf: Optional[FrameTransforms] = None):
         Visual.__init__(self, vcode=_VERT, fcode=_FRAG)
         self._draw_mode = mode
         self.count = 0
         self._attrs = {name: _GrowableAttribute(w, capacity, fill, mirror) for name, w, fill in self._ATTRS}
-        self._seg = np.tile(np.eye(4, dtype=np.float32).T[None], (16, 1, 1))   # rows = M.T
-        self._seg_tex = gloo.Texture2D(self._seg, format="rgba", internalformat="rgba32f",
-                                       interpolation="nearest", wrapping="clamp_to_edge")
-        self.seg_uploads = 0
+        self.frame_xf = frame_xf if frame_xf is not None else FrameTransforms()
         self._uniforms: dict[str, bytes] = {}
         p = self.shared_program
-        p["u_seg_tex"] = self._seg_tex
-        p["u_seg_rows"] = float(self._seg.shape[0])
+        p["u_xf_tex"] = self.frame_xf.texture
+        self.set_uniform("u_xf_rows", float(self.frame_xf.rows))
         p["u_size"] = 2.0
         p["u_conf_min"] = -3.0e38
         p["u_color_mode"] = 0.0
@@ -201,20 +259,21 @@ class SegmentCloudVisual(Visual):
             for a in self._attrs.values():
                 a.grow(capacity, min(self.count, capacity))
 
-    def write_rows(self, offset: int, positions, packed_colors, conf, depth, segment) -> None:
+    def write_rows(self, offset: int, positions, packed_colors, conf, depth, frame) -> None:
         """Overwrite vertices [offset, offset + n) and draw the first offset + n."""
         n = len(positions)
         self._attrs["a_position"].write(offset, positions)
         self._attrs["a_color"].write(offset, packed_colors)
         self._attrs["a_conf"].write(offset, conf)
         self._attrs["a_depth_seg"].write(offset, np.stack([np.asarray(depth, np.float32),
-                                                           np.asarray(segment, np.float32)], 1))
+                                                           np.asarray(frame, np.float32)], 1))
         self.count = offset + n
         self._bind()
         self.update()
 
-    def append(self, positions, packed_colors, conf, depth, segment) -> None:
-        """Append n vertices (all arrays length n except `segment`, a scalar or [n])."""
+    def append(self, positions, packed_colors, conf, depth, frame) -> None:
+        """Append n vertices (all arrays length n except `frame`, a scalar or [n]: the frame
+        sequence numbers whose transforms place them)."""
         n = len(positions)
         if n == 0:
             return
@@ -225,7 +284,7 @@ class SegmentCloudVisual(Visual):
                 cap *= 2
             for a in self._attrs.values():
                 a.grow(cap, self.count)
-        seg = np.broadcast_to(np.asarray(segment, np.float32), (n,))
+        seg = np.broadcast_to(np.asarray(frame, np.float32), (n,))
         self._attrs["a_position"].write(self.count, positions)
         self._attrs["a_color"].write(self.count, packed_colors)
         self._attrs["a_conf"].write(self.count, conf)
@@ -244,24 +303,10 @@ class SegmentCloudVisual(Visual):
         for name, a in self._attrs.items():
             self.shared_program[name] = a.vbo[: self.count]
 
-    def set_segment_matrix(self, segment: int, matrix: np.ndarray) -> None:
-        if segment >= self._seg.shape[0]:
-            rows = self._seg.shape[0]
-            while rows <= segment:
-                rows *= 2
-            seg = np.tile(np.eye(4, dtype=np.float32).T[None], (rows, 1, 1))
-            seg[: self._seg.shape[0]] = self._seg
-            self._seg = seg
-            self.shared_program["u_seg_rows"] = float(rows)
-        self._seg[segment] = np.asarray(matrix, np.float32).T
-        self._seg_tex.set_data(self._seg)
-        self.seg_uploads += 1
-        self.update()
-
-    def reset_segments(self) -> None:
-        self._seg[:] = np.eye(4, dtype=np.float32).T
-        self._seg_tex.set_data(self._seg)
-        self.update()
+    @property
+    def seg_uploads(self) -> int:
+        """Uploads of the (shared) transform texture."""
+        return self.frame_xf.uploads
 
     # -- styling (uniforms only) --------------------------------------------------------------
     def set_uniform(self, name: str, value) -> None:
@@ -357,7 +402,8 @@ class ViewerCanvas(scene.SceneCanvas):
 class PointCloudViewer(QtWidgets.QWidget):
     """Qt widget hosting the canvas: point cloud, trajectory, frustums, current camera.
 
-    Feed it `ui.display.DisplayFrame`s with `add_frames`; move segments with `apply_realign`.
+    Feed it `ui.display.DisplayFrame`s with `add_frames`; re-place segments or frame ranges with
+    `apply_realign` / `apply_events` (engine "realign" events, as the exports apply them).
     The scene state lives in `self.scene` (an `engine.scene.SceneModel`, bounded by
     `point_budget`); this widget draws it.
     """
@@ -372,11 +418,16 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.view = self.canvas.central_widget.add_view()
         self.view.camera = scene.cameras.TurntableCamera(up="-y", fov=50.0, elevation=20.0,
                                                          azimuth=90.0, distance=3.0)
+        self.frame_xf = FrameTransforms()        # per-frame placement, shared by every layer
+        xf = self.frame_xf
         self.cloud = SegmentCloud(mode="points", capacity=self.scene.capacity, mirror=False,
-                                  parent=self.view.scene)
-        self.trajectory = SegmentCloud(mode="lines", capacity=1 << 12, overlay=True, parent=self.view.scene)
-        self.frustums = SegmentCloud(mode="lines", capacity=1 << 14, overlay=True, parent=self.view.scene)
-        self.current = SegmentCloud(mode="lines", capacity=64, overlay=True, parent=self.view.scene)
+                                  frame_xf=xf, parent=self.view.scene)
+        self.trajectory = SegmentCloud(mode="lines", capacity=1 << 12, overlay=True, frame_xf=xf,
+                                       parent=self.view.scene)
+        self.frustums = SegmentCloud(mode="lines", capacity=1 << 14, overlay=True, frame_xf=xf,
+                                     parent=self.view.scene)
+        self.current = SegmentCloud(mode="lines", capacity=64, overlay=True, frame_xf=xf,
+                                    parent=self.view.scene)
         self.current.set_gl_state(depth_test=False)
         # the trajectory is drawn last and over everything: frustums and points never hide it
         self.trajectory.set_gl_state(depth_test=False)
@@ -409,11 +460,11 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.scene.clear()
         for layer in self._layers:
             layer.clear()
-            layer.reset_segments()
+        self.frame_xf.reset()
         self.result_width = 0       # width of the live results (for matching export density)
-        self._last_center: dict[int, np.ndarray] = {}      # segment → last camera centre drawn
-        self._seg_shown: dict[int, np.ndarray] = {}        # segment → transform in the texture
+        self._last_center: dict[int, tuple] = {}   # segment → (last camera centre drawn, its frame)
         self._last_frame = None
+        self._last_seq = 0          # the newest frame's sequence number in the scene model
         self._current_shown = None
         self._rebuild_cameras = False
         self._dirty = True
@@ -484,6 +535,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         if last is None:
             return
         self._last_frame = last
+        self._last_seq = self.scene.frames_added - 1
         self._dirty = True
         if self.follow:
             self._follow(last)
@@ -509,7 +561,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         if start < m.count or m.count != self.cloud.count:
             s = slice(start, m.count)
             self.cloud.write_rows(start, m.positions[s], pack_rgb(m.colors[s]), m.conf[s], m.depth[s],
-                                  m.segment[s])
+                                  m.frame[s])
         self.cloud.set_uniform("u_conf_range", m.conf_range)
         if m.depth_hi > 0:
             self.cloud.set_uniform("u_depth_range", (0.0, m.depth_hi))
@@ -519,11 +571,10 @@ class PointCloudViewer(QtWidgets.QWidget):
             self.trajectory.clear()
             self._last_center = {}
         self._append_cameras(self.frustums.count // 16, m.camera_count)
-        for seg, mat in m.segments.items():      # re-alignments since the last draw
-            if self._seg_shown.get(seg) is not mat:
-                for layer in self._layers:
-                    layer.set_segment_matrix(seg, mat)
-                self._seg_shown[seg] = mat
+        if ch.transforms_from < ch.frames:       # new frames, re-alignments since the last draw
+            self.frame_xf.write(ch.transforms_from, m.frame_matrices(ch.transforms_from, ch.frames))
+            for layer in self._layers:
+                layer.set_uniform("u_xf_rows", float(self.frame_xf.rows))
 
     def _append_cameras(self, lo: int, hi: int) -> None:
         """Frustum and trajectory lines of cameras [lo, hi): 8 line segments per frustum (apex →
@@ -535,6 +586,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         fr = m.cam_frustum[lo:hi].astype(np.float32)
         kf = m.cam_keyframe[lo:hi]
         seg = m.cam_segment[lo:hi]
+        fid = m.cam_frame[lo:hi]
         apex, corners = fr[:, :1], fr[:, 1:5]
         # non-keyframes: half size and grey, or collapsed to their apex (invisible) unless
         # every frame's frustum is asked for; one 16-vertex block per camera either way
@@ -549,20 +601,24 @@ class PointCloudViewer(QtWidgets.QWidget):
         col = np.repeat(np.where(kf, blue, grey).astype(np.float32), 16)
         n = 16 * (hi - lo)
         self.frustums.append(lines.reshape(-1, 3), col, np.full(n, _OVERLAY_CONF, np.float32),
-                             np.zeros(n), np.repeat(seg, 16))
+                             np.zeros(n), np.repeat(fid, 16))
         orange = pack_rgb(np.array([[255, 120, 40]]))[0]
         for s in np.unique(seg):
             c = m.cam_center[lo:hi][seg == s]
+            ids = fid[seg == s]
             prev = self._last_center.get(int(s))
             if prev is not None:
-                c = np.concatenate([prev[None], c])
-            self._last_center[int(s)] = c[-1].copy()
+                c = np.concatenate([prev[0][None], c])
+                ids = np.concatenate([[prev[1]], ids])
+            self._last_center[int(s)] = (c[-1].copy(), int(ids[-1]))
             if len(c) < 2:
                 continue
+            # each end of a line is placed by its own camera's frame transform
             pairs = np.stack([c[:-1], c[1:]], 1).reshape(-1, 3)
+            pair_ids = np.stack([ids[:-1], ids[1:]], 1).reshape(-1)
             k = len(pairs)
             self.trajectory.append(pairs, np.full(k, orange, np.float32), np.full(k, _OVERLAY_CONF, np.float32),
-                                   np.zeros(k), int(s))
+                                   np.zeros(k), pair_ids)
 
     def _set_current(self, f) -> None:
         apex, corners = f.frustum[0], f.frustum[1:5]
@@ -573,18 +629,29 @@ class PointCloudViewer(QtWidgets.QWidget):
         lines[9:16:2] = np.roll(corners, -1, axis=0)
         self.current.clear()
         self.current.append(lines, np.full(16, pack_rgb(np.array([[255, 220, 0]]))[0], np.float32),
-                            np.full(16, _OVERLAY_CONF, np.float32), np.zeros(16), int(f.segment))
+                            np.full(16, _OVERLAY_CONF, np.float32), np.zeros(16), self._last_seq)
         self._last_frame = f
 
-    def apply_realign(self, segment: int, transform: np.ndarray) -> None:
-        """Place segment `segment` with the similarity `transform` (engines send absolute
-        transforms: a later event replaces the earlier one, see engine.geometry). Only the
-        segment's row of the transform texture changes: no point is re-uploaded."""
-        self.set_segment_transform(segment, transform)
+    def apply_realign(self, segment: int, transform: np.ndarray, frames=None) -> None:
+        """Place segment `segment` (or only its input frames `frames=(first, last)`) with the
+        similarity `transform` — engines send absolute transforms and the latest event covering
+        a frame wins, as engine.geometry applies them for the exports. Only the texture rows of
+        the frames it covers are rewritten (at the next draw): no point is re-uploaded."""
+        self.scene.add_realign(segment, transform, frames)
+        self._realigned()
+
+    def apply_events(self, events: Iterable) -> None:
+        """Apply the "realign" events of `events` in order (a reopened session's event log)."""
+        self.scene.apply_events(events)
+        self._realigned()
 
     def set_segment_transform(self, segment: int, matrix: np.ndarray) -> None:
-        self.scene.set_segment_transform(segment, matrix)
-        self._dirty = True                  # the texture row is written at the next draw
+        self.apply_realign(segment, matrix)
+
+    def _realigned(self) -> None:
+        self._dirty = True                  # the texture rows are written at the next draw
+        if self.follow and self._last_frame is not None:
+            self._follow(self._last_frame)
         self.canvas.update()
 
     # -- styling (uniforms only: nothing is re-uploaded) -------------------------------------
@@ -627,7 +694,7 @@ class PointCloudViewer(QtWidgets.QWidget):
 
     def _follow(self, f) -> None:
         """Chase view (engine.scene.chase_view): from just behind the current camera."""
-        v = chase_view(f.c2w, f.look_at, f.median_depth, self.segments.get(int(f.segment)))
+        v = chase_view(f.c2w, f.look_at, f.median_depth, self.scene.frame_transform(self._last_seq))
         cam = self.view.camera
         cam.azimuth, cam.elevation = v["azimuth"], v["elevation"]
         cam.center, cam.distance = v["center"], v["distance"]

@@ -90,9 +90,9 @@ class _DisplaySink(Sink):
 
     def on_event(self, e) -> None:
         if e.kind == "realign" and e.transform is not None:
-            if getattr(e, "frames", None) is not None:
-                return   # a frame-range correction (loop closure): the viewer moves whole segments only
-            self.w.realigned.emit(int(e.segment), e.transform)
+            frames = getattr(e, "frames", None)     # a frame range (loop closure) or None = all
+            self.w.realigned.emit(int(e.segment), e.transform,
+                                  None if frames is None else (int(frames[0]), int(frames[1])))
         elif e.message:
             self.w.message.emit(e.message)
 
@@ -122,7 +122,7 @@ class _DisplaySink(Sink):
 class EngineWorker(QtCore.QObject):
     frameResult = QtCore.Signal(object)      # list[DisplayFrame], coalesced
     stats = QtCore.Signal(object)            # dict: session.stats() + run counters
-    realigned = QtCore.Signal(int, object)   # segment, 4x4 similarity (absolute)
+    realigned = QtCore.Signal(int, object, object)   # segment, 4x4 similarity (absolute), frames (first, last) | None
     message = QtCore.Signal(str)             # info / warning text for the status bar
     error = QtCore.Signal(str)               # user-facing failure; the run ends
     opened = QtCore.Signal(object)           # dict: source name, kind, frames, fps, session folder

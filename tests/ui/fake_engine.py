@@ -3,6 +3,9 @@ or tracking: each pushed frame gives one result at once (a tilted plane in front
 slides along x). `config.extra` tunes it:
   delay_s      seconds each push sleeps (keeps a run alive while a test drives the transport)
   realign_at   after this input index, emit a "realign" event moving segment 0 by +1 in y
+  loop_at      after this input index, emit a loop closure as frame-range "realign" events: one
+               per keyframe stretch (first, first + 1) of frames before it (a similarity that
+               grows with `first`), then one for frames (0, 3) that replaces the first two
   segment_every  start a new segment every N frames
   hold         return nothing for the first `hold` pushes, then all of them (a scale phase)
 Registered as "ui-test" on import."""
@@ -16,6 +19,20 @@ from engine.api import EngineEvent, FrameResult, SessionConfig, register_engine
 
 NAME = "ui-test"
 W, H = 64, 48
+
+
+def loop_events(last: int) -> list:
+    """The frame-range corrections `loop_at` emits after input frame `last`."""
+    def sim(s, yaw, t):
+        c, n = np.cos(yaw), np.sin(yaw)
+        T = np.eye(4)
+        T[:3, :3] = s * np.array([[c, 0, n], [0, 1, 0], [-n, 0, c]])
+        T[:3, 3] = t
+        return T
+    out = [EngineEvent("realign", segment=0, transform=sim(1.0 + 0.02 * f, 0.05 * f, (0.0, 0.1 * f, 0.0)),
+                       frames=(f, f + 1)) for f in range(0, last, 2)]
+    out.append(EngineEvent("realign", segment=0, transform=sim(0.9, -0.2, (0.0, -0.5, 0.3)), frames=(0, 3)))
+    return out
 
 
 class FakeSession:
@@ -45,6 +62,8 @@ class FakeSession:
             T = np.eye(4)
             T[1, 3] = 1.0
             self.events.append(EngineEvent("realign", segment=0, transform=T))
+        if self.extra.get("loop_at") is not None and i == int(self.extra["loop_at"]):
+            self.events += loop_events(i)
         r = FrameResult(index=i, timestamp=float(timestamp or 0.0), is_keyframe=(i % 2 == 0), c2w=c2w,
                         K=K, image=small, depth=depth, conf=conf, segment=seg)
         held = getattr(self, "_held", [])
