@@ -578,11 +578,13 @@ def _clamp_budget(n) -> int:
     return int(min(MAX_POINT_BUDGET, max(MIN_POINT_BUDGET, int(n))))
 
 
-def _bench(budget: int, frames: int, points: int, background: bool, fps: float) -> None:
+def _bench(budget: int, frames: int, points: int, background: bool, fps: float, realign: int = 0) -> None:
     """Benchmark (prints figures): `python -m engine.scene [--budget N] [--frames F] [--points P]
-    [--background] [--fps R]`. Synthetic frames of P points on a cylinder wall seen by a turning
-    camera, 1 keyframe in 5, offered at R frames/s (0 = back to back); times every add_frame +
-    take_changes (what the GUI thread pays)."""
+    [--background] [--fps R] [--realign K]`. Synthetic frames of P points on a cylinder wall seen
+    by a turning camera, 1 keyframe in 5, offered at R frames/s (0 = back to back); times every
+    add_frame + take_changes (what the GUI thread pays). With --realign K, then K loop closures
+    are applied, each one frame-range "realign" event per keyframe stretch (as
+    engine/geometric/session.py sends them), timing what the GUI thread pays per closure."""
     import platform
     import time
     from types import SimpleNamespace
@@ -616,6 +618,42 @@ def _bench(budget: int, frames: int, points: int, background: bool, fps: float) 
           f"appended {m.rows_rewritten / m.points_added:.2f}")
     print(f"add_frame on the calling thread: median {np.median(t):.1f} ms, p99 {np.percentile(t, 99):.0f} ms, "
           f"max {t.max():.0f} ms, total {t.sum() / 1e3:.1f} s")
+    if realign:
+        _bench_realign(m, frames, realign)
+
+
+def _bench_realign(m: "SceneModel", frames: int, closures: int) -> None:
+    import time
+    kfs = list(range(0, frames, 5))
+    m.wait()
+    m.take_changes()
+    for c in range(closures):
+        t0 = time.perf_counter()
+        for k, first in enumerate(kfs):        # what the viewer's apply_realign does per event
+            last = kfs[k + 1] - 1 if k + 1 < len(kfs) else frames - 1
+            T = np.eye(4)
+            T[:3, 3] = (0.001 * (c + 1) * k, 0.0, 0.0)
+            m.add_realign(0, T, frames=(first, last))
+        t1 = time.perf_counter()
+        ch = m.take_changes()                   # resolves the closure's events (next draw)
+        mats = m.frame_matrices(ch.transforms_from, ch.frames)
+        t2 = time.perf_counter()
+        print(f"closure {c + 1}: {len(kfs)} frame-range events over {frames} frames ({m.count:,} points): "
+              f"queue {1e3 * (t1 - t0):.1f} ms, resolve + per-frame matrices {1e3 * (t2 - t1):.1f} ms, "
+              f"texture upload {ch.frames - ch.transforms_from} frames = {len(mats) * 64 / 2**10:.0f} KiB, "
+              f"point rows re-uploaded {ch.points_from and m.count - ch.points_from}")
+    from types import SimpleNamespace as NS
+    t0 = time.perf_counter()
+    for i in range(frames, frames + 100):       # frames after the closures: looked up among all events
+        m.add_frame(NS(index=i, segment=0, is_keyframe=False, points=np.zeros((0, 3), np.float32),
+                       colors=np.zeros((0, 3), np.uint8), conf=np.zeros(0, np.float32),
+                       depth=np.zeros(0, np.float32), c2w=np.eye(4), frustum=np.zeros((5, 3), np.float32)))
+    print(f"a frame added after them ({len(m.events):,} events kept): "
+          f"{1e3 * (time.perf_counter() - t0) / 100:.2f} ms of transform lookup + camera")
+    t0 = time.perf_counter()
+    w = m.world_positions()
+    print(f"for comparison, re-transforming every point on the CPU (world_positions, {len(w):,} points): "
+          f"{1e3 * (time.perf_counter() - t0):.0f} ms, and re-uploading them {len(w) * 28 / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":
@@ -626,5 +664,6 @@ if __name__ == "__main__":
     ap.add_argument("--points", type=int, default=50_000)
     ap.add_argument("--background", action="store_true", help="passes computed on a thread (as the viewer)")
     ap.add_argument("--fps", type=float, default=0.0, help="offer frames at this rate (0 = back to back)")
+    ap.add_argument("--realign", type=int, default=0, help="then apply this many loop closures")
     a = ap.parse_args()
-    _bench(a.budget, a.frames, a.points, a.background, a.fps)
+    _bench(a.budget, a.frames, a.points, a.background, a.fps, a.realign)
