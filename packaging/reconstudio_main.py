@@ -1,7 +1,5 @@
 """Entry script of the PyInstaller bundle: the same `reconstudio` command as the installed one."""
-import logging
 import multiprocessing
-import os
 import sys
 
 from app.cli import main
@@ -22,12 +20,6 @@ if __name__ == "__main__":
         code = _exit_code(main())
     except SystemExit as exc:          # argparse --help / usage errors
         code = _exit_code(exc.code)
-    if getattr(sys, "frozen", False) and "PySide6" in sys.modules:
-        # In the frozen app, CPython's final garbage collection can abort inside PySide6's
-        # wrappers ("Fatal Python error: none_dealloc", exit 134) after all work is done. By
-        # now the session store is closed and QSettings synced, so skip finalization.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    # No os._exit here any more: the abort in the final garbage collection ("none_dealloc",
+    # exit 134) was PySide6 6.12.0's, which pyproject.toml now excludes (docs/packaging.md).
     sys.exit(code)
