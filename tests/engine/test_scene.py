@@ -287,3 +287,58 @@ def test_frame_range_transforms_survive_thinning_within_budget():
     w = m.world_positions()
     assert np.all(w[old, 1] >= 50) and np.all(w[~old, 1] <= 1.0)   # thinned rows keep their frame
     assert np.allclose(w[old], m.positions[: m.count][old] + [0, 50, 0], atol=1e-5)
+
+
+def test_real_loop_closure_events_place_cameras_as_the_export(monkeypatch):
+    """The geometric engine's own loop-closure events (ICL forward then back with the artificial
+    scale drift of test_geometric_loop), applied as they arrive, interleaved with the frames:
+    the cameras end where engine.geometry.apply_realignments puts them for the exports."""
+    import cv2
+
+    import engine.geometric.session as GS
+    from engine.api import SessionConfig, open_session
+    from engine.evaluate import load_sequence
+    from engine.geometric.geometry import camera_center
+    from engine.geometry import apply_realignments
+    from tests.conftest import DATA
+    orig = GS.GeometricSession._apply
+
+    def drifting_apply(self, step, gray):
+        orig(self, step, gray)
+        if step.keyframe and self.tracker.initialised:
+            kf = self.tracker.keyframes[-1]
+            c = camera_center(kf.R, kf.t)
+            S = np.eye(4)
+            S[:3, :3] *= 1.01
+            S[:3, 3] = c - 1.01 * c
+            self.tracker.transform_world(S)
+
+    monkeypatch.setattr(GS.GeometricSession, "_apply", drifting_apply)
+    seq = load_sequence(DATA / "icl_livingroom_kt3")
+    frames = [cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in seq.frames]
+    s = open_session(SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple(), extra={"depth": False}))
+    m = SceneModel(BUDGET)
+    res, ev = [], []
+
+    def feed(rs, es):
+        for r in rs:
+            f = _frame(r.index, n=10, segment=r.segment)
+            f.c2w = r.c2w
+            m.add_frame(f)
+        m.apply_events(es)
+        res.extend(rs)
+        ev.extend(es)
+    for k, i in enumerate(list(range(200)) + list(range(199, -1, -1))):
+        feed(s.push(frames[i], k / 30.0), s.poll_events())
+        if k % 37 == 0:
+            m.take_changes()                     # resolved in several batches, as the viewer draws
+    feed(s.flush(), s.poll_events())
+    s.close()
+    ranged = [e for e in ev if e.kind == "realign" and e.frames is not None]
+    assert len(ranged) >= 10
+    want = {r.index: r.c2w[:3, 3] for r in apply_realignments(res, ev)}
+    got = m.camera_centers()
+    idx = m.cam_index[: m.camera_count]
+    assert len(idx) == 400
+    assert max(np.abs(m.cam_center[j] - want[int(i)]).max() for j, i in enumerate(idx)) > 0.005   # moved
+    np.testing.assert_allclose(got, np.array([want[int(i)] for i in idx]), atol=1e-5)
