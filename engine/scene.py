@@ -357,20 +357,19 @@ class SceneModel:
         return self.frame_matrices(seq, seq + 1)[0] if 0 <= seq < self._seq else np.eye(4)
 
     def _transformed(self, p: np.ndarray, frames: np.ndarray) -> np.ndarray:
-        """Positions p [n,3] of frames `frames` (sequence numbers) in world: grouped by slot, so
-        the cost is one sort plus a matrix product per distinct transform."""
+        """Positions p [n,3] of frames `frames` (sequence numbers) in world: each row times its
+        frame's matrix, gathered in chunks (O(n) whatever the number of distinct transforms: a
+        loop closure gives one per keyframe stretch)."""
         self._resolve()
         p = p.astype(np.float64)
         slot = self._fslot[frames]
         if not slot.any():
             return p
-        order = np.argsort(slot, kind="stable")
-        out = p.copy()
-        for grp in np.split(order, np.flatnonzero(np.diff(slot[order])) + 1):
-            k = slot[grp[0]]
-            if k:
-                m = self._mats[k]
-                out[grp] = p[grp] @ m[:3, :3].T + m[:3, 3]
+        out = np.empty_like(p)
+        for a in range(0, len(p), 1 << 18):
+            b = min(len(p), a + (1 << 18))
+            M, q = self._mats[slot[a:b], :3], p[a:b]
+            out[a:b] = M[:, :, 3] + M[:, :, 0] * q[:, :1] + M[:, :, 1] * q[:, 1:2] + M[:, :, 2] * q[:, 2:3]
         return out
 
     # -- thinning -----------------------------------------------------------------------------
@@ -650,6 +649,10 @@ def _bench_realign(m: "SceneModel", frames: int, closures: int) -> None:
                        depth=np.zeros(0, np.float32), c2w=np.eye(4), frustum=np.zeros((5, 3), np.float32)))
     print(f"a frame added after them ({len(m.events):,} events kept): "
           f"{1e3 * (time.perf_counter() - t0) / 100:.2f} ms of transform lookup + camera")
+    t0 = time.perf_counter()
+    m.framing()
+    print(f"framing() (auto-fit, per batch; 20k sampled points + {m.camera_count:,} cameras under "
+          f"{len(m.events):,} transforms): {1e3 * (time.perf_counter() - t0):.1f} ms")
     t0 = time.perf_counter()
     w = m.world_positions()
     print(f"for comparison, re-transforming every point on the CPU (world_positions, {len(w):,} points): "
