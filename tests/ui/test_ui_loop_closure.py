@@ -62,6 +62,13 @@ def test_loop_closure_moves_the_drawn_cameras_as_the_export(qtbot, make_window, 
         assert len(p) and np.allclose(world[fseq == seq], p @ T[:3, :3].T + T[:3, 3], atol=1e-5)
         assert (Ts[seq] is None) == (seq >= LOOP_AT)
 
+    # the review timeline rebuilds the view from the store: corrected cameras up to frame 7
+    w.review.scrub_to(7, mode="accumulated")
+    sub = _drawn_camera_centres(w.viewer)
+    assert sorted(sub) == list(range(8))
+    assert all(np.allclose(sub[i], expected[i], atol=1e-4) for i in sub)
+    w.review.go_live()
+
     # reopening the session (File > Open session) draws the same corrected cameras
     assert w.open_session_folder(w.session_folder)
     _assert_same(_drawn_camera_centres(w.viewer), expected)
