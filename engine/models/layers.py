@@ -26,6 +26,23 @@ def sdpa_bnhd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return out.transpose(1, 2)
 
 
+def global_attend(layer: int, kv) -> AttendFn:
+    """The attend function of global (cross-frame) block `layer`, on [S, T, H, D] tensors.
+    kv None: one bidirectional batch, all S frames see each other. Else a KV cache with
+    write(layer, k, v) / attend(layer, q): the new keys/values are stored, then q attends to all kept."""
+    if kv is None:
+        def attend(q, k, v):
+            S, T, Hh, D = q.shape
+            flat = lambda t: t.reshape(1, S * T, Hh, D)
+            return sdpa_bnhd(flat(q), flat(k), flat(v)).reshape(S, T, Hh, D)
+        return attend
+
+    def attend(q, k, v):
+        kv.write(layer, k, v)
+        return kv.attend(layer, q)
+    return attend
+
+
 class LayerScale(nn.Module):
     def __init__(self, dim: int, init_value: float = 1e-5):
         super().__init__()

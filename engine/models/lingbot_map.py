@@ -33,7 +33,7 @@ import torch.nn as nn
 from .camera_head import CameraCache, CameraHead
 from .dinov2 import DinoV2
 from .dpt_head import DPTHead
-from .layers import Block, sdpa_bnhd
+from .layers import Block, global_attend
 from .rope import Rope2D, Rotation, VideoRope3D
 
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -153,26 +153,12 @@ class Aggregator(nn.Module):
                     q, k, v = self.graphs.run(("global_pre", i), lambda t, c, s, blk=blk: blk.attn_pre(
                         t, Rotation(c, s, rot3d.interleaved, rot3d.chunks)), x, rot3d.cos, rot3d.sin)
                     x = self.graphs.run(("global_post", i), blk.attn_post, x,
-                                        self._global_attend(i, kv)(q, k, v))
+                                        global_attend(i, kv)(q, k, v))
                 else:
-                    x = blk(x, rope=rot3d, attend=self._global_attend(i, kv))
+                    x = blk(x, rope=rot3d, attend=global_attend(i, kv))
             if i in wanted:
                 feats.append(torch.cat((x_frame, x), dim=-1))
         return feats
-
-    @staticmethod
-    def _global_attend(layer: int, kv):
-        if kv is None:
-            def attend(q, k, v):          # one bidirectional batch: all S frames see each other
-                S, T, Hh, D = q.shape
-                flat = lambda t: t.reshape(1, S * T, Hh, D)
-                return sdpa_bnhd(flat(q), flat(k), flat(v)).reshape(S, T, Hh, D)
-            return attend
-
-        def attend(q, k, v):
-            kv.write(layer, k, v)
-            return kv.attend(layer, q)
-        return attend
 
 
 class LingBotMap(nn.Module):

@@ -32,7 +32,7 @@ import torch.nn as nn
 from ..models.camera_head import CameraHead
 from ..models.dinov2 import DinoV2
 from ..models.dpt_head import DPTHead
-from ..models.layers import Block, sdpa_bnhd
+from ..models.layers import Block, global_attend
 from ..models.rope import Rope2D
 from .heads import PointHead
 from .track import TrackHead
@@ -123,24 +123,10 @@ class VGGTAggregator(nn.Module):
                 x = self.frame_blocks[i](x, rope=rot)
                 x_frame = x
             with self._section("global_blocks"):
-                x = self.global_blocks[i](x, rope=rot, attend=_global_attend(i, kv))
+                x = self.global_blocks[i](x, rope=rot, attend=global_attend(i, kv))
             if i in wanted:
                 feats.append(torch.cat((x_frame, x), dim=-1))
         return feats
-
-
-def _global_attend(layer: int, kv):
-    if kv is None:
-        def attend(q, k, v):            # all S frames see each other
-            S, T, Hh, D = q.shape
-            flat = lambda t: t.reshape(1, S * T, Hh, D)
-            return sdpa_bnhd(flat(q), flat(k), flat(v)).reshape(S, T, Hh, D)
-        return attend
-
-    def attend(q, k, v):
-        kv.write(layer, k, v)
-        return kv.attend(layer, q)
-    return attend
 
 
 class VGGT(nn.Module):
