@@ -19,9 +19,9 @@ from PySide6 import QtCore, QtGui, QtWidgets
 
 from engine.api import EngineError, engine_capabilities
 from engine.intrinsics import attach_found_intrinsics
+from engine.memory import bound_heap, trim_heap
 from engine.scene import DEFAULT_POINT_BUDGET, MAX_POINT_BUDGET, MIN_POINT_BUDGET
 
-from .heap import tune_malloc
 from .monitors import MonitorsPanel
 from .review import ReviewBar
 from .review_confidence import ConfidenceControl
@@ -192,6 +192,9 @@ class LoopGapProbe(QtCore.QObject):
         return float(np.percentile(gaps, 99)) if gaps else None
 
 
+TRIM_EVERY_S = 5             # seconds of a run between malloc_trim calls (engine/memory.py)
+
+
 class _Relay(QtCore.QObject):
     done = QtCore.Signal(object, object)
 
@@ -203,7 +206,7 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def __init__(self, settings=None, session_root: Optional[str] = None):
         super().__init__()
-        tune_malloc()          # large per-frame arrays: keep the heap from fragmenting (ui/heap.py)
+        bound_heap()           # large per-frame arrays: keep the heap from fragmenting (engine/memory.py)
         self.setWindowTitle("ReconStudio")
         icon = Path(__file__).resolve().parents[1] / "resources" / "icons" / "reconstudio.png"
         if icon.exists():
@@ -768,6 +771,9 @@ class MainWindow(QtWidgets.QMainWindow):
         self._last_draws = draws
         if self.running:
             self.monitors.update_viewer_fps(self.viewer_fps)
+            self._trim_ticks = getattr(self, "_trim_ticks", 0) + 1
+            if self._trim_ticks % TRIM_EVERY_S == 0:
+                trim_heap()    # hand freed arena pages back: RSS follows what is held (issue #7)
 
     def gui_stats(self) -> dict:
         """The GUI's own figures for `--stats-csv` (one call per row): viewer redraws in the

@@ -30,7 +30,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 from vispy import gloo, scene
 from vispy.visuals import Visual
 
-from engine.scene import DEFAULT_POINT_BUDGET, SceneModel, chase_view
+from engine.scene import DEFAULT_CAMERA_BUDGET, DEFAULT_POINT_BUDGET, SceneModel, chase_view
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,10 @@ def pack_rgb(colors: np.ndarray) -> np.ndarray:
     """uint8 [N,3] → float32 [N] holding r + 256 g + 65536 b (one 4-byte attribute per point)."""
     c = np.asarray(colors, dtype=np.uint32)
     return (c[:, 0] + (c[:, 1] << 8) + (c[:, 2] << 16)).astype(np.float32)
+
+
+FRUSTUM_VERTICES = 16       # line vertices per camera frustum (apex → 4 corners, image rectangle)
+TRAJECTORY_VERTICES = 2     # line vertices per camera on the trajectory (one segment to the previous)
 
 
 class _GrowableAttribute:
@@ -411,9 +415,10 @@ class PointCloudViewer(QtWidgets.QWidget):
     drawn = QtCore.Signal()
 
     def __init__(self, parent: Optional[QtWidgets.QWidget] = None, capacity: int = 1 << 20,
-                 point_budget: int = DEFAULT_POINT_BUDGET):
+                 point_budget: int = DEFAULT_POINT_BUDGET, camera_budget: int = DEFAULT_CAMERA_BUDGET):
         super().__init__(parent)
-        self.scene = SceneModel(point_budget, initial_capacity=capacity, background=True)
+        self.scene = SceneModel(point_budget, camera_budget=camera_budget, initial_capacity=capacity,
+                                background=True)
         self.canvas = ViewerCanvas()
         self.view = self.canvas.central_widget.add_view()
         self.view.camera = scene.cameras.TurntableCamera(up="-y", fov=50.0, elevation=20.0,
@@ -422,10 +427,13 @@ class PointCloudViewer(QtWidgets.QWidget):
         xf = self.frame_xf
         self.cloud = SegmentCloud(mode="points", capacity=self.scene.capacity, mirror=False,
                                   frame_xf=xf, parent=self.view.scene)
-        self.trajectory = SegmentCloud(mode="lines", capacity=1 << 12, overlay=True, frame_xf=xf,
-                                       parent=self.view.scene)
-        self.frustums = SegmentCloud(mode="lines", capacity=1 << 14, overlay=True, frame_xf=xf,
-                                     parent=self.view.scene)
+        # overlays sized once at the scene's camera budget (which decimates old cameras): their
+        # buffers never grow, so a long run's buffer bytes stay flat (issue #7)
+        cams = self.scene.camera_budget
+        self.trajectory = SegmentCloud(mode="lines", capacity=TRAJECTORY_VERTICES * cams, overlay=True,
+                                       frame_xf=xf, parent=self.view.scene)
+        self.frustums = SegmentCloud(mode="lines", capacity=FRUSTUM_VERTICES * cams, overlay=True,
+                                     frame_xf=xf, parent=self.view.scene)
         self.current = SegmentCloud(mode="lines", capacity=64, overlay=True, frame_xf=xf,
                                     parent=self.view.scene)
         self.current.set_gl_state(depth_test=False)

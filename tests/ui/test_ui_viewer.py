@@ -118,6 +118,32 @@ def test_point_budget_bounds_buffers_and_keeps_old_frames(qtbot):
     assert cols.max() - cols.min() > 0.6 * img.shape[1]
 
 
+def test_overlays_stay_under_their_cap(qtbot):
+    """The frustum and trajectory buffers are allocated once at the camera budget: past it the
+    scene decimates old cameras and the overlays redraw inside the same buffers (issue #7: a
+    long run's buffer bytes must not grow)."""
+    from engine.scene import RECENT_CAMERAS
+    from ui.viewer import FRUSTUM_VERTICES, TRAJECTORY_VERTICES
+    budget = 2 * RECENT_CAMERAS
+    v = PointCloudViewer(capacity=1 << 14, point_budget=100_000, camera_budget=budget)
+    qtbot.addWidget(v)
+    v.resize(320, 240)
+    v.show()
+    qtbot.waitExposed(v)
+    v.set_all_frustums(True)
+    fr_bytes, tr_bytes = v.frustums.buffer_bytes, v.trajectory.buffer_bytes
+    for i in range(0, 3 * budget, 50):              # 1,200 frames in batches of 50
+        v.add_frames([_frame(j, w=8, h=6, x=0.01 * j) for j in range(i, i + 50)])
+        v.sync()
+        assert v.frustum_count <= budget
+        assert v.frustums.count <= FRUSTUM_VERTICES * budget == v.frustums.capacity
+        assert v.trajectory.count <= TRAJECTORY_VERTICES * budget == v.trajectory.capacity
+    assert v.frustums.count == FRUSTUM_VERTICES * v.frustum_count   # every kept camera drawn
+    assert (v.frustums.buffer_bytes, v.trajectory.buffer_bytes) == (fr_bytes, tr_bytes)
+    assert v.scene.cam_frame[: v.scene.camera_count].max() == 3 * budget - 1     # newest kept
+    assert v.scene.cam_frame[0] == 0                                         # oldest still drawn
+
+
 def test_uniform_changes_do_not_reupload(viewer):
     viewer.add_frames([_frame(0)])
     viewer.reset_view()
