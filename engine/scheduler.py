@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from .api import EngineError, FrameResult, SessionConfig
-from .preprocess import preprocess, target_size
+from .preprocess import target_size
 
 _ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
@@ -104,14 +104,7 @@ class _SessionOps:
     def prepare(s, frame, timestamp):
         """What `push` does before running: preprocess, size check, index, timestamp, keyframe."""
         s._check_open()
-        prep = preprocess(frame, s.config.image_width)
-        hw = tuple(prep.tensor.shape[1:])
-        if hw != s._hw:
-            raise EngineError(f"frame size changed: this session runs at {s._hw[1]}x{s._hw[0]} but the "
-                              f"frame becomes {hw[1]}x{hw[0]}; start a new session for a different source")
-        index = s._next_index
-        s._next_index += 1
-        ts = float(timestamp) if timestamp is not None else index / float(s.config.fps)
+        prep, index, ts = s._take_frame(frame, timestamp)      # engine/session_timing.py
         k = s.config.keyframe_interval
         keyframe = k <= 1 or (index - s._num_scale) % k == 0
         return prep, index, ts, keyframe
@@ -136,9 +129,7 @@ class _SessionOps:
 
     @staticmethod
     def result(s, b, index, ts, prep, out, keyframe, seconds: float) -> FrameResult:
-        s._last_latency = seconds
-        s._latency.append(seconds)
-        s._rate.append((1, seconds))
+        s._record_run(seconds, 1)
         return s._result(b, index, ts, prep, out, keyframe)
 
 

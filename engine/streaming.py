@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import deque
 from typing import Any, Optional
 
 import numpy as np
@@ -46,7 +45,7 @@ import torch
 
 from .api import EngineError, EngineEvent, FrameResult, SessionConfig
 from .pose import decode_pose
-from .preprocess import preprocess
+from .session_timing import SessionTiming, resolve_device
 
 from .kv.dtypes import COMPUTE_DTYPES as _DTYPES, KV_DTYPES as _KV_DTYPES  # the one dtype table
 
@@ -87,18 +86,7 @@ def _validate(cfg: SessionConfig) -> None:
 
 
 def _device(cfg: SessionConfig) -> torch.device:
-    try:
-        dev = torch.device(cfg.device)
-    except (RuntimeError, TypeError):
-        raise _config_error(f"unknown device {cfg.device!r}; use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise _config_error("device 'cuda' was chosen but no CUDA GPU is available; use cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise _config_error(f"{cfg.device} does not exist ({torch.cuda.device_count()} GPU(s) found)")
-    elif dev.type != "cpu":
-        raise _config_error(f"unsupported device {cfg.device!r}; use cpu, cuda or cuda:N")
-    return dev
+    return resolve_device(cfg.device, _config_error)
 
 
 def load_lingbot_map(cfg: SessionConfig, device: torch.device, dtype: torch.dtype):
@@ -116,10 +104,12 @@ def load_lingbot_map(cfg: SessionConfig, device: torch.device, dtype: torch.dtyp
     return model
 
 
-class LingBotMapSession:
+class LingBotMapSession(SessionTiming):
     """Streaming session of the "lingbot-map" engine (see the module docstring).
 
     A model passed in is moved to `device` and converted to `dtype` in place (trunk only)."""
+
+    _SESSION_NAME = "LingBot-Map"
 
     def __init__(self, config: SessionConfig, model: Any = None):
         _validate(config)
@@ -165,26 +155,14 @@ class LingBotMapSession:
         self._time = 0                  # 3D-RoPE time index of the next cached frame
         self._frames = 0
         self._keyframes = 0
-        self._latency = deque(maxlen=256)
-        self._rate = deque(maxlen=32)   # (results, seconds) of recent model runs
-        self._last_latency: Optional[float] = None
-        self._closed = False
+        self._init_timing()             # latency / rate of recent model runs, closed flag
         self._pinned: dict = {}         # pinned host buffers of the outputs (CUDA), by shape
 
     # ------------------------------------------------------------------ contract
     def push(self, frame, timestamp: Optional[float] = None) -> list[FrameResult]:
         self._check_open()
         t0 = time.perf_counter()
-        prep = preprocess(frame, self.config.image_width)
-        hw = tuple(prep.tensor.shape[1:])
-        if self._hw is None:
-            self._hw = hw
-        elif hw != self._hw:
-            raise EngineError(f"frame size changed: this session runs at {self._hw[1]}x{self._hw[0]} but the "
-                              f"frame becomes {hw[1]}x{hw[0]}; start a new session for a different source")
-        index = self._next_index
-        self._next_index += 1
-        ts = float(timestamp) if timestamp is not None else index / float(self.config.fps)
+        prep, index, ts = self._take_frame(frame, timestamp)
         if self._num_scale == 0:
             self._pending.append((index, ts, prep))
             if len(self._pending) < self.config.scale_frames:
@@ -199,19 +177,11 @@ class LingBotMapSession:
         return []
 
     def stats(self) -> dict:
-        lat = np.asarray(self._latency, dtype=np.float64) * 1e3
-        n_res = sum(r for r, _ in self._rate)
-        secs = sum(s for _, s in self._rate)
-        gpu = self.device.type == "cuda"
         out = {
             "frames": self._frames,
             "keyframes": self._keyframes,
-            "fps": (n_res / secs) if secs > 0 else None,
-            "latency_ms": self._last_latency * 1e3 if self._last_latency is not None else None,
-            "latency_p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
-            "latency_p95_ms": float(np.percentile(lat, 95)) if lat.size else None,
-            "gpu_allocated_bytes": torch.cuda.memory_allocated(self.device) if gpu else None,
-            "gpu_reserved_bytes": torch.cuda.memory_reserved(self.device) if gpu else None,
+            **self._timing_stats(),
+            **self._gpu_stats(),
             "segments": 1,
             "kv": self.kv.stats() if self.kv is not None else None,
             "kv_page_map": self.kv.page_map() if self.kv is not None else None,
@@ -238,20 +208,6 @@ class LingBotMapSession:
         self._pinned.clear()
 
     # ------------------------------------------------------------------ internals
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineError("this LingBot-Map session is closed; open a new one")
-
-    def _timed(self, t0: float, run) -> list[FrameResult]:
-        results = run()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        dt = time.perf_counter() - t0
-        self._last_latency = dt
-        self._latency.append(dt)
-        self._rate.append((len(results), dt))
-        return results
-
     def _ensure_caches(self) -> None:
         if self.kv is not None:
             return
@@ -279,10 +235,9 @@ class LingBotMapSession:
         self.caches.begin_step(n, scale=scale, keyframe=keyframe)
         try:
             out = forward(images.to(self.device, non_blocking=True),
-                                          time_index=range(self._time, self._time + n), first_frame=first,
-                                          scale_phase=scale, kv=_KVAdapter(self.kv),
-                                          camera_cache=self.camera_cache,
-                                          iterations=self.config.camera_iterations)
+                          time_index=range(self._time, self._time + n), first_frame=first,
+                          scale_phase=scale, kv=_KVAdapter(self.kv), camera_cache=self.camera_cache,
+                          iterations=self.config.camera_iterations)
         except BaseException as exc:
             self.caches.abort_step()
             if isinstance(exc, torch.OutOfMemoryError):

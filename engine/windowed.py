@@ -29,6 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .api import EngineError, EngineEvent, FrameResult, SessionConfig
+from .session_timing import SessionTiming
 
 
 def backproject(c2w: np.ndarray, K: np.ndarray, depth: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,8 +116,10 @@ def _validate(cfg: SessionConfig) -> None:
                           f"({cfg.window_size}) so every window adds new frames")
 
 
-class WindowedSession:
+class WindowedSession(SessionTiming):
     """See the module docstring. `model` is shared by every window (loaded once if None)."""
+
+    _SESSION_NAME = "windowed"
 
     def __init__(self, config: SessionConfig, model: Any = None):
         _validate(config)
@@ -139,9 +142,7 @@ class WindowedSession:
         self._next_index = 0
         self._frames = 0
         self.alignments: list[dict] = []
-        self._latency = deque(maxlen=256)
-        self._rate = deque(maxlen=32)
-        self._closed = False
+        self._init_timing()             # latency / rate of recent calls, closed flag
 
     # ------------------------------------------------------------------ contract
     def push(self, frame, timestamp: Optional[float] = None) -> list[FrameResult]:
@@ -172,12 +173,9 @@ class WindowedSession:
 
     def stats(self) -> dict:
         st = dict(self.inner.stats())
-        lat = np.asarray(self._latency, dtype=np.float64) * 1e3
-        n_res = sum(r for r, _ in self._rate)
-        secs = sum(s for _, s in self._rate)
-        st.update({"frames": self._frames, "fps": (n_res / secs) if secs > 0 else None,
-                   "latency_p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
-                   "latency_p95_ms": float(np.percentile(lat, 95)) if lat.size else None,
+        # fps and percentiles over this wrapper's calls; latency_ms stays the inner session's last run
+        st.update({k: v for k, v in self._timing_stats().items() if k != "latency_ms"})
+        st.update({"frames": self._frames,
                    "segments": self.window + 1, "window": self.window, "window_frames": self._in_window,
                    "last_alignment": self.alignments[-1] if self.alignments else None})
         return st
@@ -194,14 +192,8 @@ class WindowedSession:
         self._tail_geom.clear()
 
     # ------------------------------------------------------------------ internals
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineError("this windowed session is closed; open a new one")
-
     def _account(self, t0: float, out: list) -> None:
-        dt = time.perf_counter() - t0
-        self._latency.append(dt)
-        self._rate.append((len(out), dt))
+        self._record_run(time.perf_counter() - t0, len(out))
         self._frames += len(out)
 
     def _push_inner(self, frame, ts: float, index: int) -> list[FrameResult]:

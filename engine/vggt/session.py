@@ -31,7 +31,6 @@ VGGT does not use), whatever the length of the stream.
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Any, Optional
 
 import numpy as np
@@ -39,7 +38,7 @@ import torch
 
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from ..pose import decode_pose
-from ..preprocess import preprocess
+from ..session_timing import SessionTiming, resolve_device
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -68,15 +67,7 @@ def validate(cfg: SessionConfig) -> None:
 
 
 def _device(cfg: SessionConfig) -> torch.device:
-    try:
-        dev = torch.device(cfg.device)
-    except (RuntimeError, TypeError):
-        raise _error(f"unknown device {cfg.device!r}; use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise _error("device 'cuda' was chosen but no CUDA GPU is available; use cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise _error(f"unsupported device {cfg.device!r}; use cpu, cuda or cuda:N")
-    return dev
+    return resolve_device(cfg.device, _error)
 
 
 def load_vggt(cfg: SessionConfig, device: torch.device, dtype: torch.dtype):
@@ -94,9 +85,11 @@ def load_vggt(cfg: SessionConfig, device: torch.device, dtype: torch.dtype):
     return model
 
 
-class VGGTChunkedSession:
+class VGGTChunkedSession(SessionTiming):
     """Chunked VGGT session (see the module docstring). A model passed in is moved to `device` and
     converted to `dtype` in place (aggregator only; the heads stay float32)."""
+
+    _SESSION_NAME = "VGGT"
 
     def __init__(self, config: SessionConfig, model: Any = None):
         validate(config)
@@ -122,25 +115,13 @@ class VGGTChunkedSession:
         self._frames = 0
         self._last_align: Optional[dict] = None
         self._events: list[EngineEvent] = []
-        self._latency = deque(maxlen=256)
-        self._rate = deque(maxlen=32)
-        self._last_latency: Optional[float] = None
-        self._closed = False
+        self._init_timing()             # latency / rate of recent model runs, closed flag
 
     # ------------------------------------------------------------------ contract
     def push(self, frame, timestamp: Optional[float] = None) -> list[FrameResult]:
         self._check_open()
         t0 = time.perf_counter()
-        prep = preprocess(frame, self.config.image_width)
-        hw = tuple(prep.tensor.shape[1:])
-        if self._hw is None:
-            self._hw = hw
-        elif hw != self._hw:
-            raise EngineError(f"frame size changed: this session runs at {self._hw[1]}x{self._hw[0]} but the "
-                              f"frame becomes {hw[1]}x{hw[0]}; start a new session for a different source")
-        index = self._next_index
-        self._next_index += 1
-        ts = float(timestamp) if timestamp is not None else index / float(self.config.fps)
+        prep, index, ts = self._take_frame(frame, timestamp)
         self._pending.append((index, ts, prep))
         if len(self._carry) + len(self._pending) < self.C:
             return []
@@ -153,20 +134,12 @@ class VGGTChunkedSession:
         return self._timed(time.perf_counter(), self._run_chunk)
 
     def stats(self) -> dict:
-        lat = np.asarray(self._latency, dtype=np.float64) * 1e3
-        n_res = sum(r for r, _ in self._rate)
-        secs = sum(s for _, s in self._rate)
-        gpu = self.device.type == "cuda"
         return {
             "frames": self._frames,
             "keyframes": self._frames,
             "chunks": self._chunks,
-            "fps": (n_res / secs) if secs > 0 else None,
-            "latency_ms": self._last_latency * 1e3 if self._last_latency is not None else None,
-            "latency_p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
-            "latency_p95_ms": float(np.percentile(lat, 95)) if lat.size else None,
-            "gpu_allocated_bytes": torch.cuda.memory_allocated(self.device) if gpu else None,
-            "gpu_reserved_bytes": torch.cuda.memory_reserved(self.device) if gpu else None,
+            **self._timing_stats(),
+            **self._gpu_stats(),
             "segments": 1,
             "kv": self.kv.stats() if self.kv is not None else None,
             "kv_page_map": self.kv.page_map() if self.kv is not None else None,
@@ -187,20 +160,6 @@ class VGGTChunkedSession:
         self._placed.clear()
 
     # ------------------------------------------------------------------ internals
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineError("this VGGT session is closed; open a new one")
-
-    def _timed(self, t0: float, run) -> list[FrameResult]:
-        results = run()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        dt = time.perf_counter() - t0
-        self._last_latency = dt
-        self._latency.append(dt)
-        self._rate.append((len(results), dt))
-        return results
-
     def _ensure_cache(self) -> None:
         if self.kv is not None:
             return
