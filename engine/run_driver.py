@@ -351,8 +351,39 @@ class RunControl:
             self.cond.notify_all()
 
 
-class RunDriver:
-    """See the module docstring. Control methods may be called from any thread."""
+class Controls:
+    """pause / resume / step / seek / stop / wake / paused forwarded to `self.control` (a
+    RunControl): for RunDriver and for a GUI worker that holds the control before its driver exists
+    (ui/worker.py). Callable from any thread; they only set flags and return at once."""
+
+    control: RunControl
+
+    def pause(self) -> None:
+        self.control.pause()
+
+    def resume(self) -> None:
+        self.control.resume()
+
+    def step(self, n: int = 1) -> None:
+        """Process n more input frames, then stay paused."""
+        self.control.step(n)
+
+    def seek(self, index: int) -> None:
+        self.control.seek(index)
+
+    def stop(self, reason: str = "") -> None:
+        self.control.stop(reason)
+
+    def wake(self) -> None:
+        self.control.wake()
+
+    @property
+    def paused(self) -> bool:
+        return self.control.paused
+
+
+class RunDriver(Controls):
+    """See the module docstring. Control methods (Controls) may be called from any thread."""
 
     def __init__(self, source, session, sinks: Iterable[Sink] = (), *, speed: float = 0.0,
                  max_frames: Optional[int] = None, start_paused: bool = False, stats_hz: float = 4.0,
@@ -376,29 +407,7 @@ class RunDriver:
         self._t0 = time.perf_counter()
         self._times: collections.deque = collections.deque(maxlen=64)   # wall time per result
 
-    # -- control (any thread) ----------------------------------------------------------------
-    def pause(self) -> None:
-        self.control.pause()
-
-    def resume(self) -> None:
-        self.control.resume()
-
-    def step(self, n: int = 1) -> None:
-        self.control.step(n)
-
-    def seek(self, index: int) -> None:
-        self.control.seek(index)
-
-    def stop(self, reason: str = "") -> None:
-        self.control.stop(reason)
-
-    def wake(self) -> None:
-        self.control.wake()
-
-    @property
-    def paused(self) -> bool:
-        return self.control.paused
-
+    # -- control (any thread): pause / resume / step / seek / stop / wake / paused from Controls
     @property
     def stopping(self) -> bool:
         return self.control.stop_requested

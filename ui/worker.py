@@ -22,7 +22,7 @@ from typing import Any, Optional
 from PySide6 import QtCore
 
 from engine.api import EngineError, SessionConfig
-from engine.run_driver import RunControl, RunDriver, Sink, StoreSink
+from engine.run_driver import Controls, RunControl, RunDriver, Sink, StoreSink
 
 from .display import FRUSTUM_FRACTION, make_display_frame
 
@@ -119,7 +119,7 @@ class _DisplaySink(Sink):
             self.w.frameResult.emit(pending)
 
 
-class EngineWorker(QtCore.QObject):
+class EngineWorker(QtCore.QObject, Controls):
     frameResult = QtCore.Signal(object)      # list[DisplayFrame], coalesced
     stats = QtCore.Signal(object)            # dict: session.stats() + run counters
     realigned = QtCore.Signal(int, object, object)   # segment, 4x4 similarity (absolute), frames (first, last) | None
@@ -140,30 +140,11 @@ class EngineWorker(QtCore.QObject):
         self._running = False
 
     # -- control (GUI thread): flags only, they return at once ------------------------------------
-    def pause(self) -> None:
-        self.control.pause()
-
-    def resume(self) -> None:
-        self.control.resume()
-
-    def step(self, n: int = 1) -> None:
-        """Process n more input frames, then stay paused."""
-        self.control.step(n)
-
-    def seek(self, index: int) -> None:
-        self.control.seek(index)
-
-    def stop(self) -> None:
-        self.control.stop()
-
+    # pause / resume / step / seek / stop / paused: Controls (engine/run_driver.py)
     def ack(self) -> None:
         """The GUI has drawn a batch; the next one may be sent."""
         self._acked += 1
         self.control.wake()
-
-    @property
-    def paused(self) -> bool:
-        return self.control.paused
 
     @property
     def frames_in(self) -> int:
