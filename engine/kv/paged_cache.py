@@ -149,7 +149,6 @@ class PagedKVCache:
         """Forget every cached frame (pool bytes are left as they are; nothing is reallocated)."""
         self.table.reset()
         self.pool.reset_scales()
-        self._step: Optional[StepTable] = None
         self._last_visible_tokens = 0
         self._last_zero_copy = None
         self._frame_counter = 0
@@ -167,7 +166,6 @@ class PagedKVCache:
             if step.slots_t is None:
                 pages = np.asarray(step.pages, dtype=np.int64)
                 step.slots_t = torch.as_tensor((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens]).to(self.device)
-        self._step = step
         self._last_visible_tokens = step.num_kv_tokens
         self._last_zero_copy = step.contiguous is not None and step.slots_t is None
         self._attn.plan(step)
@@ -223,7 +221,6 @@ class PagedKVCache:
         Non-keyframe: restore every table, counter and the free list exactly as before `begin_step`
         (committed pool bytes are never written)."""
         step = self._require_step()
-        self._step = None
         plan = self.table.end_step()
         if step.keyframe:
             self._execute(plan)
@@ -244,19 +241,15 @@ class PagedKVCache:
         """Undo a step that failed half-way (e.g. an exception inside a layer). Tables return to
         their state before `begin_step`, except that window frames a keyframe already evicted stay
         evicted (their pages may have been overwritten)."""
-        if self._step is not None:
-            self._step = None
-            self.table.abort_step()
+        self.table.abort_step()
 
     def _require_step(self) -> StepTable:
-        if self._step is None:
-            raise KVCacheError("KV cache: no step in progress (call begin_step first)")
-        return self._step
+        return self.table._require_step()       # the step in progress is the table's
 
     # ------------------------------------------------------------------ inspection
     @property
     def step(self) -> Optional[StepTable]:
-        return self._step
+        return self.table.step
 
     @property
     def scale_pages(self) -> tuple:
