@@ -23,7 +23,6 @@ bf16). The camera and depth heads always stay float32 and read float32 features,
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -31,13 +30,11 @@ import torch
 import torch.nn as nn
 
 from .camera_head import CameraCache, CameraHead
-from .dinov2 import DinoV2
 from .dpt_head import DPTHead
-from .layers import Block, global_attend
+from .layers import global_attend
 from .rope import Rope2D, Rotation, VideoRope3D
+from .trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkModel
 
-_IMAGENET_MEAN = (0.485, 0.456, 0.406)
-_IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @dataclass
@@ -68,27 +65,18 @@ class LingBotMapConfig:
         return 2 + self.num_register_tokens          # camera, registers, scale
 
 
-class Aggregator(nn.Module):
-    """Patch embed + 6 special tokens per frame + alternating frame / global blocks."""
+class Aggregator(Trunk):
+    """Patch embed + 6 special tokens per frame + alternating frame / global blocks (engine/models/trunk.py)."""
 
     def __init__(self, cfg: LingBotMapConfig):
-        super().__init__()
-        C, R = cfg.embed_dim, cfg.num_register_tokens
-        self.cfg = cfg
-        self.patch_embed = DinoV2(C, cfg.patch_embed_depth, cfg.patch_embed_heads, cfg.patch_size,
-                                  cfg.img_size, R, cfg.mlp_ratio)
-        self.frame_blocks = nn.ModuleList(Block(C, cfg.num_heads, cfg.mlp_ratio, qk_norm=True) for _ in range(cfg.depth))
-        self.global_blocks = nn.ModuleList(Block(C, cfg.num_heads, cfg.mlp_ratio, qk_norm=True) for _ in range(cfg.depth))
-        # variant 0: frame 0 (camera, register) / scale-phase frames (scale); variant 1: the rest
-        self.camera_token = nn.Parameter(torch.zeros(1, 2, 1, C))
-        self.register_token = nn.Parameter(torch.zeros(1, 2, R, C))
-        self.scale_token = nn.Parameter(torch.zeros(1, 2, 1, C))
-        self.register_buffer("_mean", torch.tensor(_IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("_std", torch.tensor(_IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
-        head_dim = C // cfg.num_heads
+        super().__init__(cfg)
+        # scale token: variant 0 for scale-phase frames, variant 1 for the rest
+        self.scale_token = nn.Parameter(torch.zeros(1, 2, 1, cfg.embed_dim))
+        self.register_buffer("_mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("_std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        head_dim = cfg.embed_dim // cfg.num_heads
         self.rope2d = Rope2D(head_dim, cfg.rope_freq)
         self.rope3d = VideoRope3D(head_dim, cfg.rope3d_theta, cfg.rope3d_split)
-        self.timer = None
         self.graphs = None      # engine.models.graphs.GraphCache: replay fixed-shape parts (CUDA)
         # "fixed" (default): patch embed, frame blocks, depth head. "all": also both halves of
         # each global block (around the eager attention) and the camera head (static-shape cache)
@@ -103,9 +91,6 @@ class Aggregator(nn.Module):
         if self.graphs is None or inputs[0].shape[0] > self.graph_batch:
             return fn(*inputs)
         return self.graphs.run(name, fn, *inputs)
-
-    def _section(self, name):
-        return self.timer(name) if self.timer is not None else contextlib.nullcontext()
 
     def special_tokens(self, num_frames: int, first_frame: bool, scale_phase: bool) -> torch.Tensor:
         """[S, 6, C]: camera, registers, scale for S consecutive frames (frame 0 first if `first_frame`)."""
@@ -161,35 +146,22 @@ class Aggregator(nn.Module):
         return feats
 
 
-class LingBotMap(nn.Module):
+class LingBotMap(TrunkModel, nn.Module):
     def __init__(self, cfg: Optional[LingBotMapConfig] = None):
         super().__init__()
         self.config = cfg = cfg or LingBotMapConfig()
-        if len(cfg.intermediate_layers) != 4 or max(cfg.intermediate_layers) >= cfg.depth:
-            raise ValueError(f"intermediate_layers {tuple(cfg.intermediate_layers)} must be 4 indices < depth {cfg.depth}")
+        self.check_layers(cfg)
         self.aggregator = Aggregator(cfg)
         self.camera_head = CameraHead(2 * cfg.embed_dim, cfg.camera_depth, cfg.camera_heads, cfg.mlp_ratio)
         self.depth_head = DPTHead(2 * cfg.embed_dim, cfg.patch_size, cfg.dpt_features, tuple(cfg.dpt_out_channels))
         self.residual_fp32 = True       # set_dtype's default precision policy (see there)
         self.eval()
 
-    # -- configuration ------------------------------------------------------------------------
-    @property
-    def timer(self):
-        return self.aggregator.timer
-
-    @timer.setter
-    def timer(self, fn):
-        self.aggregator.timer = fn
-
+    # -- configuration (timer, device: TrunkModel) ---------------------------------------------
     @property
     def compute_dtype(self) -> torch.dtype:
         """dtype of the trunk's matmul weights."""
         return self.aggregator.frame_blocks[0].attn.qkv.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.aggregator.camera_token.device
 
     def set_dtype(self, dtype: torch.dtype, residual_fp32: Optional[bool] = None) -> "LingBotMap":
         """Trunk matmuls (Linear, Conv2d weights) and qk-norms in `dtype`; with `residual_fp32`

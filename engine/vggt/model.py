@@ -1,7 +1,8 @@
 """VGGT-1B (facebookresearch/vggt): aggregator + camera, depth, point and track heads.
 
 Built from the shared layers of engine/models (one `Block`, one `Rope2D`, the DINOv2 patch
-embed, the camera head and the DPT): VGGT and LingBot-Map share the aggregator design. VGGT
+embed, the camera head and the DPT): VGGT and LingBot-Map share the aggregator design
+(engine/models/trunk.py `Trunk`, and `global_attend` of engine/models/layers.py). VGGT
 differs from LingBot-Map in:
 - 5 special tokens per frame (camera, 4 registers; no scale token); variant 0 for the reference
   frame (frame 0 of a batch), variant 1 for the others;
@@ -22,7 +23,6 @@ The decoded [R|t] of VGGT's pose encoding is world-to-camera (shared/DESIGN.md).
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -30,15 +30,13 @@ import torch
 import torch.nn as nn
 
 from ..models.camera_head import CameraHead
-from ..models.dinov2 import DinoV2
 from ..models.dpt_head import DPTHead
-from ..models.layers import Block, global_attend
+from ..models.layers import global_attend
 from ..models.rope import Rope2D
+from ..models.trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkModel
 from .heads import PointHead
 from .track import TrackHead
 
-_IMAGENET_MEAN = (0.485, 0.456, 0.406)
-_IMAGENET_STD = (0.229, 0.224, 0.225)
 ALL_HEADS = ("camera", "depth", "point", "track")
 
 
@@ -75,26 +73,14 @@ class VGGTConfig:
         return 1 + self.num_register_tokens          # camera, registers
 
 
-class VGGTAggregator(nn.Module):
-    """Patch embed + 5 special tokens per frame + alternating frame / global blocks."""
+class VGGTAggregator(Trunk):
+    """Patch embed + 5 special tokens per frame + alternating frame / global blocks (engine/models/trunk.py)."""
 
     def __init__(self, cfg: VGGTConfig):
-        super().__init__()
-        C, R = cfg.embed_dim, cfg.num_register_tokens
-        self.cfg = cfg
-        self.patch_embed = DinoV2(C, cfg.patch_embed_depth, cfg.patch_embed_heads, cfg.patch_size,
-                                  cfg.img_size, R, cfg.mlp_ratio)
-        self.frame_blocks = nn.ModuleList(Block(C, cfg.num_heads, cfg.mlp_ratio, qk_norm=True) for _ in range(cfg.depth))
-        self.global_blocks = nn.ModuleList(Block(C, cfg.num_heads, cfg.mlp_ratio, qk_norm=True) for _ in range(cfg.depth))
-        self.camera_token = nn.Parameter(torch.zeros(1, 2, 1, C))
-        self.register_token = nn.Parameter(torch.zeros(1, 2, R, C))
-        self.register_buffer("_resnet_mean", torch.tensor(_IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("_resnet_std", torch.tensor(_IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
-        self.rope = Rope2D(C // cfg.num_heads, cfg.rope_freq)
-        self.timer = None
-
-    def _section(self, name):
-        return self.timer(name) if self.timer is not None else contextlib.nullcontext()
+        super().__init__(cfg)
+        self.register_buffer("_resnet_mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("_resnet_std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        self.rope = Rope2D(cfg.embed_dim // cfg.num_heads, cfg.rope_freq)
 
     def special_tokens(self, num_frames: int, first_frame: bool) -> torch.Tensor:
         """[S, 5, C]: variant 0 for frame 0 when `first_frame`, variant 1 for the rest."""
@@ -129,12 +115,11 @@ class VGGTAggregator(nn.Module):
         return feats
 
 
-class VGGT(nn.Module):
+class VGGT(TrunkModel, nn.Module):
     def __init__(self, cfg: Optional[VGGTConfig] = None):
         super().__init__()
         self.config = cfg = cfg or VGGTConfig()
-        if len(cfg.intermediate_layers) != 4 or max(cfg.intermediate_layers) >= cfg.depth:
-            raise ValueError(f"intermediate_layers {tuple(cfg.intermediate_layers)} must be 4 indices < depth {cfg.depth}")
+        self.check_layers(cfg)
         D2 = 2 * cfg.embed_dim
         oc = tuple(cfg.dpt_out_channels)
         self.aggregator = VGGTAggregator(cfg)
@@ -149,20 +134,8 @@ class VGGT(nn.Module):
         self.eval()
 
     @property
-    def timer(self):
-        return self.aggregator.timer
-
-    @timer.setter
-    def timer(self, fn):
-        self.aggregator.timer = fn
-
-    @property
     def compute_dtype(self) -> torch.dtype:
         return self.aggregator.camera_token.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.aggregator.camera_token.device
 
     def set_dtype(self, dtype: torch.dtype) -> "VGGT":
         """Aggregator in `dtype`; the heads stay float32 and read float32 features (as upstream)."""

@@ -1,0 +1,61 @@
+"""The aggregator design VGGT and LingBot-Map share: a DINOv2 patch embed, per-frame special tokens
+(camera, registers; each in two variants) and `depth` pairs of frame / global blocks. Each model's
+aggregator subclasses `Trunk` and adds what differs (its own special tokens, RoPE, caches, forward);
+`TrunkModel` is the model-level part both share (timer, device, the heads' layer check)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+
+from .dinov2 import DinoV2
+from .layers import Block
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class Trunk(nn.Module):
+    """Patch embed, frame blocks, global blocks, camera / register tokens and the section timer.
+    `cfg` has embed_dim, num_register_tokens, patch_embed_depth, patch_embed_heads, patch_size,
+    img_size, mlp_ratio, num_heads and depth."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        C, R = cfg.embed_dim, cfg.num_register_tokens
+        self.cfg = cfg
+        self.patch_embed = DinoV2(C, cfg.patch_embed_depth, cfg.patch_embed_heads, cfg.patch_size,
+                                  cfg.img_size, R, cfg.mlp_ratio)
+        self.frame_blocks = nn.ModuleList(Block(C, cfg.num_heads, cfg.mlp_ratio, qk_norm=True) for _ in range(cfg.depth))
+        self.global_blocks = nn.ModuleList(Block(C, cfg.num_heads, cfg.mlp_ratio, qk_norm=True) for _ in range(cfg.depth))
+        # variant 0: the reference frame (frame 0 of the first batch); variant 1: the rest
+        self.camera_token = nn.Parameter(torch.zeros(1, 2, 1, C))
+        self.register_token = nn.Parameter(torch.zeros(1, 2, R, C))
+        self.timer = None           # name -> context manager, entered around each section
+
+    def _section(self, name):
+        return self.timer(name) if self.timer is not None else contextlib.nullcontext()
+
+
+class TrunkModel:
+    """Mixin of the full models (VGGT, LingBotMap), whose `aggregator` is a Trunk."""
+
+    @staticmethod
+    def check_layers(cfg) -> None:
+        """The heads read 4 aggregator layers: ValueError unless `intermediate_layers` are 4 indices < depth."""
+        if len(cfg.intermediate_layers) != 4 or max(cfg.intermediate_layers) >= cfg.depth:
+            raise ValueError(f"intermediate_layers {tuple(cfg.intermediate_layers)} must be 4 indices < depth {cfg.depth}")
+
+    @property
+    def timer(self):
+        return self.aggregator.timer
+
+    @timer.setter
+    def timer(self, fn):
+        self.aggregator.timer = fn
+
+    @property
+    def device(self) -> torch.device:
+        return self.aggregator.camera_token.device
