@@ -1,5 +1,5 @@
 """Bookkeeping shared by the neural sessions (engine/streaming.py LingBot-Map, engine/vggt/session.py
-VGGT chunked, engine/windowed.py): the device setting, the closed flag, taking a frame (preprocess,
+VGGT chunked, engine/windowed.py): checks of the device and integer settings, the closed flag, taking a frame (preprocess,
 size check, index, timestamp) and the latency / throughput of recent model runs for `stats()`.
 
 `SessionTiming` is a mixin: the session calls `_init_timing()` in its constructor and sets
@@ -33,6 +33,14 @@ def resolve_device(device, error: Callable[[str], EngineError]) -> torch.device:
     elif dev.type != "cpu":
         raise error(f"unsupported device {device!r}; use cpu, cuda or cuda:N")
     return dev
+
+
+def require_ints(cfg, limits, error: Callable[[str], EngineError]) -> None:
+    """Each (name, lo) of `limits` names a setting of `cfg` that must be an int (not a bool) >= lo."""
+    for name, lo in limits:
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise error(f"{name} must be an integer >= {lo} (got {v!r})")
 
 
 class SessionTiming:

@@ -45,7 +45,7 @@ import torch
 
 from .api import EngineError, EngineEvent, FrameResult, SessionConfig
 from .pose import decode_pose
-from .session_timing import SessionTiming, resolve_device
+from .session_timing import SessionTiming, require_ints, resolve_device
 
 from .kv.dtypes import COMPUTE_DTYPES as _DTYPES, KV_DTYPES as _KV_DTYPES  # the one dtype table
 
@@ -71,11 +71,8 @@ def _validate(cfg: SessionConfig) -> None:
                             f"(got {cfg.kv_keep_ratio!r}, {cfg.kv_block_size!r})")
     if cfg.weight_dtype not in ("auto", "bf16", "int8", "fp8"):
         raise _config_error(f"weight_dtype must be auto, bf16, int8 or fp8 (got {cfg.weight_dtype!r})")
-    for name, lo in (("scale_frames", 1), ("window", 1), ("keyframe_interval", 1), ("camera_iterations", 1),
-                     ("special_cap", 1), ("image_width", 14)):
-        v = getattr(cfg, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise _config_error(f"{name} must be an integer >= {lo} (got {v!r})")
+    require_ints(cfg, (("scale_frames", 1), ("window", 1), ("keyframe_interval", 1), ("camera_iterations", 1),
+                       ("special_cap", 1), ("image_width", 14)), _config_error)
     if cfg.image_width % 14:
         raise _config_error(f"image_width must be a multiple of 14 (got {cfg.image_width})")
     if cfg.special_cap < cfg.scale_frames + cfg.window:

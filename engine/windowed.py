@@ -29,7 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .api import EngineError, EngineEvent, FrameResult, SessionConfig
-from .session_timing import SessionTiming
+from .session_timing import SessionTiming, require_ints
 
 
 def backproject(c2w: np.ndarray, K: np.ndarray, depth: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -107,10 +107,7 @@ def _inner_class(engine: str):
 
 
 def _validate(cfg: SessionConfig) -> None:
-    for name, lo in (("window_size", 2), ("overlap", 1)):
-        v = getattr(cfg, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise EngineError(f"windowed mode: {name} must be an integer >= {lo} (got {v!r})")
+    require_ints(cfg, (("window_size", 2), ("overlap", 1)), lambda msg: EngineError(f"windowed mode: {msg}"))
     if cfg.overlap >= cfg.window_size:
         raise EngineError(f"windowed mode: overlap ({cfg.overlap}) must be smaller than window_size "
                           f"({cfg.window_size}) so every window adds new frames")

@@ -38,7 +38,7 @@ import torch
 
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from ..pose import decode_pose
-from ..session_timing import SessionTiming, resolve_device
+from ..session_timing import SessionTiming, require_ints, resolve_device
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -54,11 +54,8 @@ def validate(cfg: SessionConfig) -> None:
         raise _error(f"backend must be auto, sdpa or flashinfer (got {cfg.backend!r})")
     if cfg.mode != "streaming":
         raise _error(f"mode {cfg.mode!r} is handled by the windowed wrapper, not by the chunked session")
-    for name, lo in (("chunk_size", 2), ("sliding_window_num", 1), ("overlap", 1), ("camera_iterations", 1),
-                     ("image_width", 14)):
-        v = getattr(cfg, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise _error(f"{name} must be an integer >= {lo} (got {v!r})")
+    require_ints(cfg, (("chunk_size", 2), ("sliding_window_num", 1), ("overlap", 1), ("camera_iterations", 1),
+                       ("image_width", 14)), _error)
     if cfg.overlap >= cfg.chunk_size:
         raise _error(f"overlap ({cfg.overlap}) must be smaller than chunk_size ({cfg.chunk_size}): each chunk "
                      f"repeats `overlap` frames of the previous one to align it and must add new ones")
