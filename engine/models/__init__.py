@@ -43,17 +43,8 @@ def build_model(name: str = "lingbot-map", **overrides) -> LingBotMap:
         return build_vggt(name, **overrides)
     if name not in MODELS:
         raise EngineError(f"unknown model {name!r}; available: {', '.join((*MODELS, *VGGT_MODELS))}")
-    params = {**MODELS[name], **overrides}
-    try:
-        cfg = LingBotMapConfig(**params)
-    except TypeError as e:
-        raise EngineError(f"bad model option for {name!r}: {e}") from None
-    try:
-        model = LingBotMap(cfg)
-    except ValueError as e:
-        raise EngineError(f"bad model configuration for {name!r}: {e}") from None
-    model.name = name
-    return model
+    from .trunk import build_preset
+    return build_preset(name, MODELS, LingBotMapConfig, LingBotMap, overrides)
 
 
 __all__ = ["build_model", "LingBotMap", "LingBotMapConfig", "MODELS"]

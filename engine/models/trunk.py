@@ -1,7 +1,8 @@
 """The aggregator design VGGT and LingBot-Map share: a DINOv2 patch embed, per-frame special tokens
 (camera, registers; each in two variants) and `depth` pairs of frame / global blocks. Each model's
 aggregator subclasses `Trunk` and adds what differs (its own special tokens, RoPE, caches, forward);
-`TrunkModel` is the model-level part both share (timer, device, the heads' layer check)."""
+`TrunkModel` is the model-level part both share (timer, device, the heads' layer check);
+`build_preset` builds one of a model's named configurations."""
 
 from __future__ import annotations
 
@@ -15,6 +16,22 @@ from .layers import Block
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def build_preset(name: str, presets: dict, config_cls, model_cls, overrides: dict):
+    """model_cls(config_cls(**presets[name], **overrides)), named `name` (a key of `presets`);
+    an unknown option or a configuration the model rejects raises EngineError."""
+    from ..api import EngineError
+    try:
+        cfg = config_cls(**{**presets[name], **overrides})
+    except TypeError as e:
+        raise EngineError(f"bad model option for {name!r}: {e}") from None
+    try:
+        model = model_cls(cfg)
+    except ValueError as e:
+        raise EngineError(f"bad model configuration for {name!r}: {e}") from None
+    model.name = name
+    return model
 
 
 class Trunk(nn.Module):

@@ -33,7 +33,7 @@ from ..models.camera_head import CameraHead
 from ..models.dpt_head import DPTHead
 from ..models.layers import global_attend
 from ..models.rope import Rope2D
-from ..models.trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkModel
+from ..models.trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkModel, build_preset
 from .heads import PointHead
 from .track import TrackHead
 
@@ -201,13 +201,4 @@ def build_vggt(name: str = "vggt-1b", **overrides) -> VGGT:
     from ..api import EngineError
     if name not in MODELS:
         raise EngineError(f"unknown VGGT model {name!r}; available: {', '.join(MODELS)}")
-    try:
-        cfg = VGGTConfig(**{**MODELS[name], **overrides})
-    except TypeError as e:
-        raise EngineError(f"bad model option for {name!r}: {e}") from None
-    try:
-        model = VGGT(cfg)
-    except ValueError as e:
-        raise EngineError(f"bad model configuration for {name!r}: {e}") from None
-    model.name = name
-    return model
+    return build_preset(name, MODELS, VGGTConfig, VGGT, overrides)
