@@ -33,10 +33,14 @@ from .ring_attention import ring_attention, split_lengths
 
 def ring_active(config, group=None) -> bool:
     """True when `config` asks for ring attention and a process group of > 1 ranks exists.
-    Asking for it without a group is an error with a clear message (EngineError)."""
-    if getattr(config, "sequence_parallel", "off") != "ring":
-        return False
+    Asking for it without a group, or a mode other than off / ring, is an error with a clear
+    message (EngineError)."""
     from ..api import EngineError
+    mode = getattr(config, "sequence_parallel", "off")
+    if mode not in ("off", "ring"):
+        raise EngineError(f"sequence_parallel must be 'off' or 'ring' (got {mode!r})")
+    if mode != "ring":
+        return False
     if not (dist.is_available() and dist.is_initialized()):
         raise EngineError("sequence_parallel 'ring' needs torch.distributed: start one process per GPU "
                           "(e.g. torchrun --nproc-per-node 2) and call torch.distributed.init_process_group; "
@@ -100,10 +104,6 @@ class _RingKV:
 def ring_forward(model, config, group=None):
     """The forward the session uses for its scale step: `model.forward_step` itself, or its
     sequence-parallel equivalent when `config.sequence_parallel` is "ring" over > 1 ranks."""
-    mode = getattr(config, "sequence_parallel", "off")
-    if mode not in ("off", "ring"):
-        from ..api import EngineError
-        raise EngineError(f"sequence_parallel must be 'off' or 'ring' (got {mode!r})")
     if not ring_active(config, group):
         return model.forward_step
     return lambda images, **kw: scale_forward(model, images, group=group, **kw)

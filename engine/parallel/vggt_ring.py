@@ -28,10 +28,6 @@ from .ring_attention import split_lengths
 def chunk_forward_fn(model, config, group=None):
     """`model.forward_chunk`, or its sequence-parallel equivalent when `config.sequence_parallel`
     is "ring" over > 1 ranks."""
-    mode = getattr(config, "sequence_parallel", "off")
-    if mode not in ("off", "ring"):
-        from ..api import EngineError
-        raise EngineError(f"sequence_parallel must be 'off' or 'ring' (got {mode!r})")
     if not ring_active(config, group):
         return model.forward_chunk
     return lambda images, **kw: chunk_forward(model, images, group=group, **kw)
