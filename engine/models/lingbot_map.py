@@ -123,27 +123,22 @@ class Aggregator(Trunk):
             patches = self._graphed("patch_embed", self.patch_embed, x)
         # [S, T, C] residual stream, in the dtype of the tokens and norms (float32 but in full fp16/bf16)
         x = torch.cat((self.special_tokens(S, first_frame, scale_phase), patches.to(self.camera_token.dtype)), dim=1)
-        wanted = set(cfg.intermediate_layers)
-        feats = []
-        for i in range(cfg.depth):
-            with self._section("frame_blocks"):
-                blk = self.frame_blocks[i]
-                x = self._graphed(("frame", i), lambda t, blk=blk: blk(t, rope=rot2d), x)
-                x_frame = x
-            with self._section("global_blocks"):
-                blk = self.global_blocks[i]
-                if self.graphs is not None and S == 1 and kv is not None and self.graph_scope == "all":
-                    # fixed-shape halves as CUDA graphs; the cache write + attention over the
-                    # growing KV set run eagerly in between
-                    q, k, v = self.graphs.run(("global_pre", i), lambda t, c, s, blk=blk: blk.attn_pre(
-                        t, Rotation(c, s, rot3d.interleaved, rot3d.chunks)), x, rot3d.cos, rot3d.sin)
-                    x = self.graphs.run(("global_post", i), blk.attn_post, x,
-                                        global_attend(i, kv)(q, k, v))
-                else:
-                    x = blk(x, rope=rot3d, attend=global_attend(i, kv))
-            if i in wanted:
-                feats.append(torch.cat((x_frame, x), dim=-1))
-        return feats
+
+        def frame_step(i, x):
+            blk = self.frame_blocks[i]
+            return self._graphed(("frame", i), lambda t: blk(t, rope=rot2d), x)
+
+        def global_step(i, x):
+            blk = self.global_blocks[i]
+            if self.graphs is not None and S == 1 and kv is not None and self.graph_scope == "all":
+                # fixed-shape halves as CUDA graphs; the cache write + attention over the
+                # growing KV set run eagerly in between
+                q, k, v = self.graphs.run(("global_pre", i), lambda t, c, s: blk.attn_pre(
+                    t, Rotation(c, s, rot3d.interleaved, rot3d.chunks)), x, rot3d.cos, rot3d.sin)
+                return self.graphs.run(("global_post", i), blk.attn_post, x, global_attend(i, kv)(q, k, v))
+            return blk(x, rope=rot3d, attend=global_attend(i, kv))
+
+        return self.run_blocks(x, frame_step, global_step)
 
 
 class LingBotMap(TrunkModel, nn.Module):

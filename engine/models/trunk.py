@@ -55,6 +55,21 @@ class Trunk(nn.Module):
     def _section(self, name):
         return self.timer(name) if self.timer is not None else contextlib.nullcontext()
 
+    def run_blocks(self, x: torch.Tensor, frame_step, global_step) -> list[torch.Tensor]:
+        """The alternating blocks on tokens x [S, T, C]: for each layer i, x = frame_step(i, x), then
+        x = global_step(i, x). Returns the 4 feature maps the heads read: frame-block output ‖
+        global-block output [S, T, 2C] of each of `cfg.intermediate_layers`."""
+        wanted = set(self.cfg.intermediate_layers)
+        feats = []
+        for i in range(self.cfg.depth):
+            with self._section("frame_blocks"):
+                x = x_frame = frame_step(i, x)
+            with self._section("global_blocks"):
+                x = global_step(i, x)
+            if i in wanted:
+                feats.append(torch.cat((x_frame, x), dim=-1))
+        return feats
+
 
 class TrunkModel:
     """Mixin of the full models (VGGT, LingBotMap), whose `aggregator` is a Trunk."""

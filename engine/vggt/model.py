@@ -102,17 +102,8 @@ class VGGTAggregator(Trunk):
         with self._section("patch_embed"):
             patches = self.patch_embed(x)
         x = torch.cat((self.special_tokens(S, first_frame).to(patches.dtype), patches), dim=1)   # [S, T, C]
-        wanted = set(cfg.intermediate_layers)
-        feats = []
-        for i in range(cfg.depth):
-            with self._section("frame_blocks"):
-                x = self.frame_blocks[i](x, rope=rot)
-                x_frame = x
-            with self._section("global_blocks"):
-                x = self.global_blocks[i](x, rope=rot, attend=global_attend(i, kv))
-            if i in wanted:
-                feats.append(torch.cat((x_frame, x), dim=-1))
-        return feats
+        return self.run_blocks(x, lambda i, t: self.frame_blocks[i](t, rope=rot),
+                               lambda i, t: self.global_blocks[i](t, rope=rot, attend=global_attend(i, kv)))
 
 
 class VGGT(TrunkModel, nn.Module):
