@@ -22,6 +22,7 @@ from engine.intrinsics import attach_found_intrinsics
 from engine.memory import bound_heap, trim_heap
 from engine.scene import DEFAULT_POINT_BUDGET, MAX_POINT_BUDGET, MIN_POINT_BUDGET
 
+from . import gc_guard
 from .monitors import MonitorsPanel
 from .review import ReviewBar
 from .review_confidence import ConfidenceControl
@@ -207,6 +208,8 @@ class MainWindow(QtWidgets.QMainWindow):
     def __init__(self, settings=None, session_root: Optional[str] = None):
         super().__init__()
         bound_heap()           # large per-frame arrays: keep the heap from fragmenting (engine/memory.py)
+        gc_guard.acquire()     # cyclic GC only on this thread: Qt wrappers collected on the worker deadlock
+        self._gc_held = True
         self.setWindowTitle("ReconStudio")
         icon = Path(__file__).resolve().parents[1] / "resources" / "icons" / "reconstudio.png"
         if icon.exists():
@@ -1033,4 +1036,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.save_settings()
         self.stop_run(wait=True)
         self._fps_timer.stop()
+        if self._gc_held:
+            self._gc_held = False
+            gc_guard.release()
         super().closeEvent(e)
