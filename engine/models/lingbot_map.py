@@ -33,27 +33,13 @@ from .camera_head import CameraCache, CameraHead
 from .dpt_head import DPTHead
 from .layers import global_attend
 from .rope import Rope2D, Rotation, VideoRope3D
-from .trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkModel
+from .trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkConfig, TrunkModel
 
 
 
 @dataclass
-class LingBotMapConfig:
-    img_size: int = 518                 # DINOv2 pos-embed grid = img_size // patch_size
-    patch_size: int = 14
-    embed_dim: int = 1024               # aggregator and patch-embed width
-    depth: int = 24                     # frame blocks = global blocks = depth
-    num_heads: int = 16
-    mlp_ratio: float = 4.0
-    patch_embed_depth: int = 24         # DINOv2 ViT-L: 24 blocks, 16 heads
-    patch_embed_heads: int = 16
-    num_register_tokens: int = 4
-    intermediate_layers: Sequence[int] = (4, 11, 17, 23)
-    camera_depth: int = 4
-    camera_heads: int = 16
-    dpt_features: int = 256
-    dpt_out_channels: Sequence[int] = (256, 512, 1024, 1024)
-    rope_freq: float = 100.0
+class LingBotMapConfig(TrunkConfig):
+    """TrunkConfig (engine/models/trunk.py) and the 3D RoPE / training sizes."""
     rope3d_theta: float = 1e4
     rope3d_split: Optional[Sequence[int]] = None     # default (20, 22, 22) at head dim 64
     max_frame_num: int = 1024           # size of the released 3D-RoPE table (see streaming.py)

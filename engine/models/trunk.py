@@ -7,6 +7,8 @@ aggregator subclasses `Trunk` and adds what differs (its own special tokens, RoP
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -16,6 +18,28 @@ from .layers import Block
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class TrunkConfig:
+    """The fields VGGTConfig and LingBotMapConfig share (the released sizes: DINOv2 ViT-L/14-reg
+    patch embed, 24 frame + 24 global blocks at 1024, camera head, DPT); each model's config
+    subclasses it with its own fields."""
+    img_size: int = 518                 # DINOv2 pos-embed grid = img_size // patch_size
+    patch_size: int = 14
+    embed_dim: int = 1024               # aggregator and patch-embed width
+    depth: int = 24                     # frame blocks = global blocks = depth
+    num_heads: int = 16
+    mlp_ratio: float = 4.0
+    patch_embed_depth: int = 24         # DINOv2 ViT-L: 24 blocks, 16 heads
+    patch_embed_heads: int = 16
+    num_register_tokens: int = 4
+    intermediate_layers: Sequence[int] = (4, 11, 17, 23)    # the 4 layers the heads read
+    camera_depth: int = 4
+    camera_heads: int = 16
+    dpt_features: int = 256
+    dpt_out_channels: Sequence[int] = (256, 512, 1024, 1024)
+    rope_freq: float = 100.0
 
 
 def build_preset(name: str, presets: dict, config_cls, model_cls, overrides: dict):

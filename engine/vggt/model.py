@@ -33,7 +33,7 @@ from ..models.camera_head import CameraHead
 from ..models.dpt_head import DPTHead
 from ..models.layers import global_attend
 from ..models.rope import Rope2D
-from ..models.trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkModel, build_preset
+from ..models.trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkConfig, TrunkModel, build_preset
 from .heads import PointHead
 from .track import TrackHead
 
@@ -41,22 +41,8 @@ ALL_HEADS = ("camera", "depth", "point", "track")
 
 
 @dataclass
-class VGGTConfig:
-    img_size: int = 518
-    patch_size: int = 14
-    embed_dim: int = 1024
-    depth: int = 24
-    num_heads: int = 16
-    mlp_ratio: float = 4.0
-    patch_embed_depth: int = 24
-    patch_embed_heads: int = 16
-    num_register_tokens: int = 4
-    intermediate_layers: Sequence[int] = (4, 11, 17, 23)
-    camera_depth: int = 4
-    camera_heads: int = 16
-    dpt_features: int = 256
-    dpt_out_channels: Sequence[int] = (256, 512, 1024, 1024)
-    rope_freq: float = 100.0
+class VGGTConfig(TrunkConfig):
+    """TrunkConfig (engine/models/trunk.py) and the track head's sizes."""
     track_features: int = 128
     track_hidden: int = 384
     track_heads: int = 8
