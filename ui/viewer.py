@@ -578,7 +578,10 @@ class PointCloudViewer(QtWidgets.QWidget):
             self.frustums.clear()
             self.trajectory.clear()
             self._last_center = {}
-        self._append_cameras(self.frustums.count // 16, m.camera_count)
+        # vispy queues a layer's uploads until it is next drawn: while both overlays are hidden
+        # nothing is uploaded (the queue would grow with the run); showing one catches up
+        if self.frustums.visible or self.trajectory.visible:
+            self._append_cameras(self.frustums.count // 16, m.camera_count)
         if ch.transforms_from < ch.frames:       # new frames, re-alignments since the last draw
             self.frame_xf.write(ch.transforms_from, m.frame_matrices(ch.transforms_from, ch.frames))
             for layer in self._layers:
@@ -679,6 +682,7 @@ class PointCloudViewer(QtWidgets.QWidget):
 
     def set_show_frustums(self, on: bool) -> None:
         self.frustums.visible = bool(on)
+        self._dirty = True             # cameras added while both overlays were hidden
         self.canvas.update()
 
     def set_all_frustums(self, on: bool) -> None:
@@ -692,6 +696,7 @@ class PointCloudViewer(QtWidgets.QWidget):
 
     def set_show_trajectory(self, on: bool) -> None:
         self.trajectory.visible = bool(on)
+        self._dirty = True             # cameras added while both overlays were hidden
         self.canvas.update()
 
     # -- camera ------------------------------------------------------------------------------

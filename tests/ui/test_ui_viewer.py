@@ -144,6 +144,23 @@ def test_overlays_stay_under_their_cap(qtbot):
     assert v.scene.cam_frame[0] == 0                                         # oldest still drawn
 
 
+def test_hidden_overlays_upload_nothing_and_catch_up(viewer):
+    """Hidden layers are not drawn, so vispy would queue their uploads for as long as they stay
+    hidden: with frustums and trajectory off no camera is uploaded; showing them catches up."""
+    viewer.add_frames([_frame(0)])
+    viewer.sync()
+    viewer.set_show_frustums(False)
+    viewer.set_show_trajectory(False)
+    before = viewer.frustums.uploaded_bytes + viewer.trajectory.uploaded_bytes
+    for i in range(1, 20):
+        viewer.add_frames([_frame(i, w=8, h=6, x=0.1 * i)])
+        viewer.sync()
+    assert viewer.frustums.uploaded_bytes + viewer.trajectory.uploaded_bytes == before
+    viewer.set_show_trajectory(True)
+    viewer.sync()
+    assert viewer.frustums.count == 16 * 20 and viewer.trajectory.count == 2 * 19
+
+
 def test_uniform_changes_do_not_reupload(viewer):
     viewer.add_frames([_frame(0)])
     viewer.reset_view()
