@@ -37,10 +37,9 @@ import numpy as np
 import torch
 
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
+from ..kv.dtypes import COMPUTE_DTYPES as _DTYPES   # the one dtype table
 from ..pose import decode_pose
 from ..session_timing import SessionTiming, require_ints, resolve_device
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _error(msg: str) -> EngineError:
