@@ -9,8 +9,12 @@ With 2+ GPUs it spawns 2 processes (one per GPU, NCCL; NVLink multicast stays of
 2. LingBot-Map's scale phase (full-size model, recipe-scaled random weights, bf16, SDPA) of S
    frames through a session: one GPU against `sequence_parallel="ring"` on 2 GPUs; pose/depth
    compared, peak memory per GPU;
+3. a VGGT-1B chunk (recipe-scaled random weights, bf16 trunk, camera + depth heads, 518x392) of C
+   frames that sees only itself (`sliding_window_num = 1`): one GPU against the chunk split over
+   2 GPUs (engine/parallel/vggt_ring.py); time per chunk, peak memory per GPU, outputs compared,
+   and the memory per frame from which the longest chunk that fits follows;
 then on GPU 0 alone
-3. the stream scheduler: 1 stream, 4 streams batched, 4 streams one at a time (max_batch 1) at
+4. the stream scheduler: 1 stream, 4 streams batched, 4 streams one at a time (max_batch 1) at
    518x378, aggregate FPS over `--frames` streamed frames per stream and memory per stream.
 Writes DIR/parallel_bench.json and prints a summary. Needs CUDA.
 """
@@ -31,12 +35,14 @@ for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "
 W, H = 518, 378
 TOKENS = 6 + (W // 14) * (H // 14)        # 1005 per frame
 MODEL, DEV, HEADS, HEAD_DIM = "lingbot-map", "cuda", 16, 64
+VGGT_MODEL, VGGT_HW = "vggt-1b", (392, 518)
 
 
 def _smoke():
     """--smoke: the same code on the CPU (gloo, lingbot-map-tiny, 70x56), to check it runs."""
-    global W, H, TOKENS, MODEL, DEV, HEADS, HEAD_DIM
+    global W, H, TOKENS, MODEL, DEV, HEADS, HEAD_DIM, VGGT_MODEL, VGGT_HW
     W, H, MODEL, DEV, HEADS, HEAD_DIM = 70, 56, "lingbot-map-tiny", "cpu", 4, 16
+    VGGT_MODEL, VGGT_HW = "vggt-tiny", (56, 70)
     TOKENS = 6 + (W // 14) * (H // 14)
 
 
@@ -200,6 +206,94 @@ def _scale_phase_part(rank, world, model, args, log):
     return rows
 
 
+def _vggt_model():
+    from ..bench import random_init_
+    from ..models import build_model
+    with torch.device(DEV):
+        m = build_model(VGGT_MODEL)
+    random_init_(m, 0)
+    return m.set_dtype(torch.bfloat16 if DEV == "cuda" else torch.float32).eval()
+
+
+def _vggt_chunk_part(rank, world, args, log):
+    """Part 3: one VGGT chunk on one GPU (rank 0) against the chunk split over the ring."""
+    import torch.distributed as dist
+    from .vggt_ring import chunk_forward
+    vh, vw = VGGT_HW
+    model = _vggt_model()
+    heads = ("camera", "depth")
+
+    def images(n):
+        g = torch.Generator().manual_seed(n)
+        x = torch.rand(n, 3, vh // 8, vw // 8, generator=g)
+        return torch.nn.functional.interpolate(x, size=(vh, vw), mode="bilinear").clamp(0, 1).to(DEV)
+
+    def timed(fn, imgs):
+        mem.sync()
+        mem.empty()
+        mem.reset_peak()
+        base = mem.allocated()
+        t0 = time.perf_counter()
+        out = fn(imgs)
+        mem.sync()
+        dt = time.perf_counter() - t0
+        out = {k: out[k].float().cpu().numpy() for k in ("pose_enc", "depth")}
+        return dt, mem.peak() - base, out
+
+    single = lambda imgs: model.forward_chunk(imgs, heads=heads)
+    ring = lambda imgs: chunk_forward(model, imgs, heads=heads)
+    warm = images(max(world, 4))
+    if rank == 0:
+        timed(single, warm)
+    dist.barrier()
+    timed(ring, warm)
+    rows = []
+    for n in args.vggt_chunks:
+        imgs = images(n)
+        row = {"frames": n, "tokens": n * (5 + (vh // 14) * (vw // 14))}
+        ref = None
+        if rank == 0:
+            try:
+                row["one_gpu_s"], row["one_gpu_peak_bytes"], ref = timed(single, imgs)
+            except torch.OutOfMemoryError:
+                row["one_gpu_oom"] = True
+                mem.empty()
+        dist.barrier()
+        dt, peak, out = timed(ring, imgs)
+        peaks = [torch.zeros(1, dtype=torch.float64, device=DEV) for _ in range(world)]
+        dist.all_gather(peaks, torch.tensor([float(peak)], dtype=torch.float64, device=DEV))
+        if rank == 0:
+            row["ring_s"] = dt
+            row["ring_peak_bytes_per_gpu"] = [int(p.item()) for p in peaks]
+            msg = (f"vggt chunk {n} frames: ring x{world} {dt:.2f} s ({n / dt:.1f} FPS; "
+                   f"peak +{max(row['ring_peak_bytes_per_gpu']) / 2**30:.2f} GiB/GPU)")
+            if ref is not None:
+                pe = float(np.abs(out["pose_enc"] - ref["pose_enc"]).max())
+                dep = float(np.median(np.abs(out["depth"] - ref["depth"]) / np.maximum(np.abs(ref["depth"]), 1e-6)))
+                row.update(pose_max_abs_diff=pe, depth_median_rel_diff=dep, speedup=row["one_gpu_s"] / dt)
+                msg += (f"; one GPU {row['one_gpu_s']:.2f} s (peak +{row['one_gpu_peak_bytes'] / 2**30:.2f} GiB), "
+                        f"x{row['speedup']:.2f}; pose max |diff| {pe:.2e}, depth median rel diff {dep:.2e}")
+            log(msg)
+            rows.append(row)
+        del imgs, out, ref
+        mem.empty()
+    fit = {}
+    if rank == 0 and DEV == "cuda" and len(rows) >= 2:
+        cap = torch.cuda.get_device_properties(0).total_memory - torch.cuda.memory_allocated()
+        for key, get in (("one_gpu", lambda r: r.get("one_gpu_peak_bytes")),
+                         ("ring", lambda r: max(r["ring_peak_bytes_per_gpu"]))):
+            pts = [(r["frames"], get(r)) for r in rows if get(r)]
+            if len(pts) >= 2:
+                (n0, b0), (n1, b1) = pts[-2], pts[-1]
+                per_frame = (b1 - b0) / (n1 - n0)
+                fit[key] = {"bytes_per_frame": per_frame,
+                            "frames_that_fit_estimate": int(n1 + (cap * 0.95 - b1) / per_frame)}
+        log(f"vggt chunk memory per frame / longest chunk that fits (linear in the last two sizes): {fit}")
+    del model
+    mem.empty()
+    return {"rows": rows, "fit": fit, "resolution": [vw, vh], "heads": list(heads)}
+
+
 def _scheduler_part(model, args, log):
     from ..scheduler import StreamScheduler, stream_cache_bytes
     rows = []
@@ -288,6 +382,12 @@ def _rank(rank, world, args, rdzv):
         if args.scale_sizes:
             res["scale_phase"] = _scale_phase_part(rank, world, model, args, log)
             save()
+        if args.vggt_chunks:
+            del model
+            mem.empty()
+            res["vggt_chunk"] = _vggt_chunk_part(rank, world, args, log)
+            save()
+            model = _model(torch.device("cuda", rank) if cuda else torch.device("cpu")) if args.streams else None
         dist.barrier()
         dist.destroy_process_group()
         if rank != 0:
@@ -303,6 +403,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=".")
     p.add_argument("--ring-frames", type=ints, default=[32, 64, 128, 256])
     p.add_argument("--scale-sizes", type=ints, default=[8, 32, 64, 128])
+    p.add_argument("--vggt-chunks", type=ints, default=[64, 128, 256, 512])
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--frames", type=int, default=40)
     p.add_argument("--smoke", action="store_true", help="run the same code on 2 CPU processes, tiny model")
