@@ -226,6 +226,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.last_stats: dict = {}
         self.source_info: dict = {}
         self.model = None                              # a preloaded network (optional)
+        self.second_views: list = []                   # open ui.second_view.StreamView docks' views
         self._build()
         self._restore_settings()
         self._set_running(False)
@@ -440,6 +441,9 @@ class MainWindow(QtWidgets.QMainWindow):
         m.addAction("Open &video…", self._open_video_dialog, QtGui.QKeySequence.StandardKey.Open)
         m.addAction("Open image &folder…", self._open_folder_dialog)
         m.addAction("Open saved &session…", self._open_session_dialog)
+        # a second stream in its own view and session folder (ui/second_view.py)
+        self.act_second = m.addAction("Open s&econd source…", self._open_second_dialog)
+        self.act_second.setToolTip("Run another video, folder or webcam beside this one, in a second view")
         m.addAction("Sessions &folder…", self.sessions_dialog)   # where runs go, their size, retention
         m.addSeparator()
         # one entry per engine.io.export.EXPORT_FORMATS (the CLI's --ply/--npz/--trajectory/--colmap/--glb)
@@ -1014,6 +1018,48 @@ class MainWindow(QtWidgets.QMainWindow):
         self.statusBar().showMessage(f"Screenshot saved to {path}", 5000)
         return path
 
+    # -- second source (ui/second_view.py) ------------------------------------------------------
+    def _open_second_dialog(self) -> None:
+        from .second_view import SourceDialog
+        dlg = SourceDialog(self)
+        if dlg.exec() == QtWidgets.QDialog.DialogCode.Accepted:
+            self.open_second_source(dlg.panel.spec(), webcam_resolution=dlg.panel.webcam_resolution())
+
+    def open_second_source(self, spec, webcam_resolution=None):
+        """Run `spec` (a path or "webcam:N") in a second view with the current engine settings:
+        its own worker, session folder and monitors line; the running stream is not touched.
+        Returns the StreamView, or None (with a message) when the settings are not usable."""
+        from .second_view import StreamDock, StreamView, source_title
+        if spec is None or (isinstance(spec, str) and not spec.strip()):
+            self.show_message("Choose the second source first: a video file, an image folder or a webcam", "warning")
+            return None
+        try:
+            cfg = self.settings_panel.config()
+        except EngineError as exc:
+            self.show_message(str(exc))
+            return None
+        if "intrinsics" in engine_capabilities(cfg.engine).get("fields", []):
+            attach_found_intrinsics(cfg, spec)
+        keep = tuple(f for f in (self.session_folder, *(v.session_folder for v in self.second_views)) if f)
+        opts = RunOptions(source=spec, config=cfg, session_root=self.session_root,
+                          speed=float(self.speed.currentData()), loop=self.loop.isChecked(),
+                          max_frames=int(self.max_frames.value()) or None,
+                          display_stride=int(self.stride.value()), webcam_resolution=webcam_resolution,
+                          model=None, retention=None, keep_sessions=keep)   # own network: see second_view.py
+        view = StreamView(opts, f"Second view — {source_title(spec)}")
+        dock = StreamDock(view, self)
+        view.failed.connect(lambda text, v=view: self.show_message(f"{v.title}: {text}", "error"))
+        dock.closed.connect(self._second_closed)
+        self.addDockWidget(QtCore.Qt.DockWidgetArea.RightDockWidgetArea, dock)
+        self.second_views.append(view)
+        view.start()
+        return view
+
+    def _second_closed(self, dock) -> None:
+        if dock.view in self.second_views:
+            self.second_views.remove(dock.view)
+        dock.deleteLater()
+
     # -- drag and drop -------------------------------------------------------------------------
     def dragEnterEvent(self, e: QtGui.QDragEnterEvent) -> None:
         if e.mimeData().hasUrls():
@@ -1034,6 +1080,8 @@ class MainWindow(QtWidgets.QMainWindow):
     # -- shutdown ------------------------------------------------------------------------------
     def closeEvent(self, e: QtGui.QCloseEvent) -> None:
         self.save_settings()
+        for view in list(self.second_views):       # second streams end with the window
+            view.shutdown(wait=True)
         self.stop_run(wait=True)
         self._fps_timer.stop()
         if self._gc_held:
