@@ -17,6 +17,10 @@ identity). Points and cameras stay stored as emitted and carry their frame's seq
 O(points)); the view keeps one matrix per frame in a texture and rewrites only the rows of
 changed frames (`SceneChanges.transforms_from`). Events are resolved in batches at the next
 query or `take_changes`, so a loop closure's hundreds of per-stretch events cost one pass.
+Events are bounded: once as many have come again as were in effect, those whose range lies inside
+later events' ranges of their segment (never the winner again, for frames held or to come) are
+dropped and the frames' slots renumbered, so repeated loop closures re-sending every stretch
+keep ~2x the stretches in effect, not every event of the run.
 
 Point budget: the arrays never hold more than `point_budget` points. Appending writes at the end
 (O(new points)). When a frame does not fit, one *thinning pass* makes room:
@@ -70,6 +74,7 @@ OLD_FRACTION = 0.5                 # thinned rows above this → coarsen the gri
 KEYFRAME_VOXEL_RATIO = 0.5         # keyframe points: grid this much finer
 RECENT_CAMERAS = 200               # newest cameras never decimated
 HIGH_WATER = 0.8                   # background mode: start a pass when this full
+MIN_EVENTS_COMPACTED = 64          # superseded realign events are dropped once this many are kept
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MASK20 = np.int64((1 << 20) - 1)
@@ -119,7 +124,9 @@ class SceneModel:
         self._vkeys = np.zeros(0, np.uint64)  # sorted voxel hashes of rows [0, thinned)
         self._seq = 0                        # frames added (the per-point frame sequence number)
         self.segments: dict[int, np.ndarray] = {}   # whole-segment transforms (latest per segment)
-        self.events: list = []               # every "realign" applied, in order
+        self.events: list = []               # the "realign" events in effect, in order (superseded ones dropped)
+        self._events_live = 0                # events left by the last compaction
+        self.events_dropped = 0              # superseded events forgotten (_compact_events)
         self._ev_seg = np.zeros(64, np.int64)    # per event: segment, first / last input index
         self._ev_lo = np.zeros(64, np.int64)
         self._ev_hi = np.zeros(64, np.int64)
@@ -344,6 +351,37 @@ class SceneModel:
         if hit.any():
             self._fslot[rows[hit]] = slots[hit]
             self._dirty_xf = min(self._dirty_xf, int(rows[hit][0]))
+        if k >= max(MIN_EVENTS_COMPACTED, 2 * self._events_live):
+            self._compact_events()
+
+    def _compact_events(self) -> None:
+        """Forget the events that can never place a frame again: those whose range (segment,
+        input indices) lies inside the union of later events' ranges of the same segment — the
+        latest covering event wins, for the frames held and for any frame added later. Loop
+        closures re-send every keyframe stretch, so without this the events (and the per-frame
+        lookups among them) grow with every closure. Frames' slots are renumbered; matrices are
+        unchanged, so nothing is re-uploaded. Runs after `_resolve` (no event pending)."""
+        k = len(self.events)
+        covered: dict[int, list] = {}            # segment -> sorted disjoint [lo, hi] (merged)
+        live = np.zeros(k, bool)
+        for j in range(k - 1, -1, -1):
+            seg, lo, hi = int(self._ev_seg[j]), int(self._ev_lo[j]), int(self._ev_hi[j])
+            live[j] = not _inside(covered.setdefault(seg, []), lo, hi)
+            if live[j]:
+                _insert(covered[seg], lo, hi)
+        keep = np.flatnonzero(live)
+        m = len(keep)
+        if m < k:
+            new_slot = np.zeros(k + 1, np.int64)
+            new_slot[keep + 1] = np.arange(1, m + 1)
+            self._fslot[: self._seq] = new_slot[self._fslot[: self._seq]]
+            for name in ("_ev_seg", "_ev_lo", "_ev_hi"):
+                a = getattr(self, name)
+                a[:m] = a[keep]
+            self._mats[1:m + 1] = self._mats[keep + 1]
+            self.events = [self.events[j] for j in keep]
+            self.events_dropped += k - m
+        self._events_live = m
 
     def frame_matrices(self, lo: int = 0, hi: Optional[int] = None) -> np.ndarray:
         """4x4 transforms (float64 [n,4,4]) of frames (sequence numbers) [lo, hi)."""
@@ -571,6 +609,26 @@ def _plan(pos, kf, seg, conf, lo: int, tail: int, voxel: float, vkeys) -> _Plan:
     order = np.argsort(rows)                  # keep the time order of the kept rows
     vk = keys if vkeys is None else np.insert(vkeys, np.searchsorted(vkeys, keys), keys)
     return _Plan(lo, tail, rows[order] + lo, best[order], vk, voxel)
+
+
+def _inside(spans: list, lo: int, hi: int) -> bool:
+    """Whether [lo, hi] lies inside one of the sorted, disjoint, merged integer spans."""
+    import bisect
+    i = bisect.bisect_right(spans, [lo, float("inf")]) - 1
+    return i >= 0 and spans[i][0] <= lo and hi <= spans[i][1]
+
+
+def _insert(spans: list, lo: int, hi: int) -> None:
+    """Add [lo, hi] to the sorted disjoint spans, merging overlapping and adjacent ones."""
+    import bisect
+    i = bisect.bisect_left(spans, [lo, lo])
+    if i > 0 and spans[i - 1][1] >= lo - 1:
+        i -= 1
+    j = i
+    while j < len(spans) and spans[j][0] <= hi + 1:
+        lo, hi = min(lo, spans[j][0]), max(hi, spans[j][1])
+        j += 1
+    spans[i:j] = [[lo, hi]]
 
 
 def _clamp_budget(n) -> int:

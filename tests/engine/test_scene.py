@@ -342,3 +342,60 @@ def test_real_loop_closure_events_place_cameras_as_the_export(monkeypatch):
     assert len(idx) == 400
     assert max(np.abs(m.cam_center[j] - want[int(i)]).max() for j, i in enumerate(idx)) > 0.005   # moved
     np.testing.assert_allclose(got, np.array([want[int(i)] for i in idx]), atol=1e-5)
+
+
+def test_superseded_realign_events_are_dropped_and_placement_is_unchanged():
+    """Loop closures re-send keyframe stretches (moving boundaries, some skipped, from a moving first frame,
+    whole-segment events in between, two segments): the model keeps a bounded number of events,
+    and after every closure every frame — held ones and frames added later — is placed exactly
+    as by the full event list."""
+    from engine.api import EngineEvent
+    rng = np.random.default_rng(3)
+    m = SceneModel(BUDGET)
+    every: list = []
+    n = applied = 0
+    kept = []
+    for closure in range(60):
+        for _ in range(5):                      # frames arrive between closures
+            m.add_frame(_cam_frame(n, segment=n % 2, n=20))
+            n += 1
+        for seg in (0, 1):
+            if closure % 17 == 5:
+                every.append(EngineEvent("realign", seg, _sim(1.0 + 0.01 * closure, (seg, closure, 0))))
+            cuts = np.unique(np.r_[rng.integers(0, n // 2 + 1, 2), rng.integers(1, n, 5), n])
+            for a, b in zip(cuts[:-1], cuts[1:]):   # earlier frames keep older events
+                if rng.random() < 0.3:               # the engine re-sends only changed stretches
+                    continue
+                every.append(EngineEvent("realign", seg, _sim(1.0, (0.01 * closure, a, seg), 0.001 * b),
+                                         frames=(int(a), int(b) - 1 if b < n else n + 3)))
+        if closure % 10 == 3:                   # wide, then only partly covered by later ranges
+            every.append(EngineEvent("realign", 0, _sim(0.9, (7, closure, 7)), frames=(2, 10**6)))
+        m.apply_events(every[applied:])
+        applied = len(every)
+        m.take_changes()
+        kept.append(len(m.events))
+        assert np.allclose(m.camera_centers(), _expected_centres(m, every)), closure
+    assert m.events_dropped > 0.5 * len(every)
+    assert max(kept) < 0.25 * len(every)                     # bounded, not every event of the run
+    for _ in range(10):                      # later frames: the last ranges cover n..n+3, then the wide one
+        m.add_frame(_cam_frame(n, segment=n % 2, n=20))
+        n += 1
+    assert np.allclose(m.camera_centers(), _expected_centres(m, every))
+
+
+def test_an_event_is_dropped_only_where_later_ranges_cover_all_its_frames():
+    from engine.api import EngineEvent
+    A, B, C = _sim(1.0, (1, 0, 0)), _sim(1.0, (0, 2, 0)), _sim(1.0, (0, 0, 3))
+    for later, dropped in ((((0, 4), (6, 9)), False),        # frame 5: only the old event covers it
+                           (((0, 4), (5, 9)), True),         # adjacent ranges cover 0..9
+                           (((3, 9), (0, 3)), True)):
+        m = SceneModel(BUDGET)
+        for i in range(12):
+            m.add_frame(_cam_frame(i))
+        ev = [EngineEvent("realign", 0, A, frames=(0, 9))] + [
+            EngineEvent("realign", 0, T, frames=r) for T, r in zip((B, C), later)]
+        m.apply_events(ev)
+        m.take_changes()
+        m._compact_events()                     # (the model runs it once 64+ events are held)
+        assert m.events_dropped == int(dropped) and len(m.events) == 3 - int(dropped)
+        assert np.allclose(m.camera_centers(), _expected_centres(m, ev))
