@@ -7,6 +7,13 @@ agreement of their outputs. Prints a table and writes JSON.
 Defaults are the released configuration at 518x378: 999 patches + 6 specials per frame,
 16 heads x 64, 8 scale frames, window 64; `--frames` cached frames before the measured step
 (71 gives q = 1005 tokens over kv = 72 x 1005 = 72,360 tokens).
+
+`--kv-dtype fp8` instead times an fp8 store against the same keys/values stored in bf16: bf16
+SDPA (zero-copy) and FlashInfer FA3, fp8 SDPA (dequantise the visible set), and FlashInfer's fp8
+kernels (`--fp8-kinds`: "kv" = FA2 with bf16 q and e4m3 K/V, "fa3" = FA3 fp8 with q in e4m3);
+every output is compared with an fp32 attention over the bf16 keys/values.
+
+    python -m engine.kv.microbench --device cuda --kv-dtype fp8 --fp8-kinds kv,fa3 --json fp8.json
 """
 from __future__ import annotations
 
@@ -129,6 +136,92 @@ def run(device="cuda", dtype="bf16", frames=71, patch_tokens=999, heads=16, head
     return res
 
 
+def _fill_same(caches, frames: int, gen: torch.Generator, scale_frames: int) -> None:
+    """Write the same random frames (fp32, converted by each cache) into every cache (one layer)."""
+    c0 = caches[0]
+    T = c0.special_tokens + c0.page_size
+    for i, nf in enumerate([min(scale_frames, frames)] + [1] * max(frames - scale_frames, 0)):
+        k = torch.randn(nf, T, c0.num_heads, c0.head_dim, generator=gen, device=c0.device)
+        v = torch.randn_like(k)
+        for c in caches:
+            c.begin_step(nf, scale=i == 0)
+            c.write(0, k, v)
+            c.end_step()
+
+
+def run_fp8(device="cuda", frames=71, patch_tokens=999, heads=16, head_dim=64, scale_frames=8,
+            window=64, special_cap=1024, iters=50, warmup=10, kinds=("kv", "fa3"),
+            time_budget_s=None) -> dict:
+    """fp8 store vs bf16 store of the same keys/values (see the module docstring)."""
+    import os
+    t_start = time.time()
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    kw = dict(scale_frames=scale_frames, window=window, special_cap=special_cap, device=dev, backend="sdpa")
+    cb = PagedKVCache(1, heads, head_dim, patch_tokens, dtype="bf16", **kw)
+    c8 = PagedKVCache(1, heads, head_dim, patch_tokens, dtype="fp8", attn_dtype="bf16", **kw)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    _fill_same([cb, c8], frames, gen, scale_frames)
+    T = cb.special_tokens + patch_tokens
+    k = torch.randn(1, T, heads, head_dim, generator=gen, device=dev)
+    v = torch.randn_like(k)
+    q = torch.randn(T, heads, head_dim, generator=gen, device=dev).to(torch.bfloat16)
+    steps = {}
+    for name, c in (("bf16", cb), ("fp8", c8)):
+        steps[name] = c.begin_step(1)
+        c.write(0, k, v)
+    sb, s8 = steps["bf16"], steps["fp8"]
+    kk, vv = SDPABackend(cb, zero_copy=False).visible_kv(sb, 0)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float().transpose(0, 1)[None], kk.float().transpose(0, 1)[None],
+        vv.float().transpose(0, 1)[None])[0].transpose(0, 1)
+    res = {"device": torch.cuda.get_device_name(dev) if cuda else "cpu", "q_tokens": T,
+           "kv_tokens": sb.num_kv_tokens, "contiguous": sb.contiguous is not None, "heads": heads,
+           "head_dim": head_dim, "torch": torch.__version__, "ms": {}, "first_call_s": {},
+           "max_abs_diff_vs_fp32": {}, "mean_abs_diff_vs_fp32": {}, "errors": {},
+           "pool_bytes": {"bf16": cb.pool.bytes_allocated, "fp8": c8.pool.bytes_allocated},
+           "flops": 4 * T * sb.num_kv_tokens * heads * head_dim}
+
+    def measure(name, make, step, env=None):
+        if time_budget_s and time.time() - t_start > time_budget_s:
+            res["errors"][name] = "skipped (time budget)"
+            return
+        old = {k_: os.environ.get(k_) for k_ in (env or {})}
+        os.environ.update(env or {})
+        try:
+            t0 = time.time()
+            be = make()
+            be.plan(step)
+            out = be.attend(step, q, 0)
+            if cuda:
+                torch.cuda.synchronize()
+            res["first_call_s"][name] = time.time() - t0
+            d = (out.float() - ref).abs()
+            res["max_abs_diff_vs_fp32"][name] = d.max().item()
+            res["mean_abs_diff_vs_fp32"][name] = d.mean().item()
+            res["ms"][name] = _time(lambda: be.attend(step, q, 0), iters, warmup, cuda)
+        except Exception as exc:  # report and go on: one kernel may not build
+            res["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
+        finally:
+            for k_, v_ in old.items():
+                if v_ is None:
+                    os.environ.pop(k_, None)
+                else:
+                    os.environ[k_] = v_
+
+    measure("bf16_sdpa", lambda: SDPABackend.create(cb), sb)
+    measure("fp8_sdpa_dequant", lambda: SDPABackend.create(c8), s8)
+    if cuda and flashinfer_available():
+        measure("bf16_flashinfer_fa3", lambda: FlashInferBackend(cb), sb,
+                {"RECONSTUDIO_FLASHINFER_BACKEND": "fa3"})
+        for kind in kinds:
+            measure(f"fp8_flashinfer_{kind}", lambda: FlashInferBackend(c8), s8,
+                    {"RECONSTUDIO_FLASHINFER_FP8": kind})
+    cb.end_step()
+    c8.end_step()
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -141,8 +234,26 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--flashinfer", default="fa3,fa2", help="FlashInfer kernel families to time")
     ap.add_argument("--time-budget", type=float, default=None, help="skip FlashInfer kinds after this many s")
+    ap.add_argument("--kv-dtype", default=None, help="fp8: the fp8-store comparison (run_fp8)")
+    ap.add_argument("--fp8-kinds", default="kv,fa3", help="FlashInfer fp8 kernels to time (kv, fa3)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    if a.kv_dtype == "fp8":
+        res = run_fp8(a.device, a.frames, a.patch_tokens, scale_frames=a.scale_frames, window=a.window,
+                      special_cap=a.special_cap, iters=a.iters,
+                      kinds=tuple(x for x in a.fp8_kinds.split(",") if x), time_budget_s=a.time_budget)
+        print(f"{res['device']} fp8 store vs bf16: q={res['q_tokens']} kv={res['kv_tokens']} "
+              f"pools {res['pool_bytes']}")
+        for name, ms in res["ms"].items():
+            tf = res["flops"] / (ms * 1e-3) / 1e12
+            print(f"  {name:26s} {ms:8.3f} ms {tf:7.1f} TFLOP/s  max|d| {res['max_abs_diff_vs_fp32'][name]:.2e}"
+                  f"  mean|d| {res['mean_abs_diff_vs_fp32'][name]:.2e}  first call {res['first_call_s'][name]:.1f} s")
+        for k, v in res["errors"].items():
+            print(f"  {k}: ERROR {v}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
     res = run(a.device, a.dtype, a.frames, a.patch_tokens, scale_frames=a.scale_frames, window=a.window,
               special_cap=a.special_cap, iters=a.iters,
               flashinfer_kinds=tuple(x for x in a.flashinfer.split(",") if x), time_budget_s=a.time_budget)

@@ -1,0 +1,149 @@
+"""fp8 KV on the GPU: build FlashInfer's fp8 kernels, and the full model's peak memory with fp8
+weights + fp8 KV (docs/benchmarks_kv.md "fp8 KV through FlashInfer"). Run by scripts/kv_fp8_gpu.sh.
+
+    python3 scripts/kv_fp8_bench.py build kv            # JIT-build FA2 bf16-q / e4m3-KV (prints s)
+    python3 scripts/kv_fp8_bench.py build fa3           # JIT-build FA3 e4m3-q / e4m3-KV
+    python3 scripts/kv_fp8_bench.py memory --out m.json [--wait-for FILE --deadline-s 120]
+
+`memory` builds LingBot-Map (random weights, bf16) once and streams random 640x480 frames at
+518x378, window 64, 8 scale frames, special cap 1024, every frame a keyframe, CUDA graphs off:
+1. kv fp8 on SDPA (dequantising) with the trunk's weights in fp8 (torchao, in place); 2. once
+FILE holds 0 (the FA2 fp8 build succeeded), kv fp8 on FlashInfer with fp8 weights.
+Peak = torch.cuda.max_memory_allocated after a reset at session start (the weights are included:
+they stay allocated). JSON is written after every run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def build(kind: str) -> int:
+    """Trigger (and time) the JIT build of one FlashInfer fp8 prefill module with a tiny step."""
+    os.environ["RECONSTUDIO_FLASHINFER_FP8"] = kind
+    from engine.kv import PagedKVCache
+    t0 = time.time()
+    c = PagedKVCache(1, 16, 64, 999, scale_frames=1, window=2, special_cap=8, dtype="fp8",
+                     attn_dtype="bf16", device="cuda", backend="flashinfer")
+    c.begin_step(1, scale=True)
+    k = torch.randn(1, 1005, 16, 64, device="cuda")
+    c.write(0, k, k)
+    out = c.attend(0, k.to(torch.bfloat16))
+    torch.cuda.synchronize()
+    print(f"build {kind}: kernel {c._attn.kernel}, {time.time() - t0:.1f} s, finite {bool(torch.isfinite(out).all())}",
+          flush=True)
+    return 0
+
+
+def memory(out: str, frames: int, wait_for: str | None, deadline_s: float, device="cuda",
+           model_name="lingbot-map", width=518, window=64) -> int:
+    from engine import SessionConfig, open_session
+    from engine.bench import BenchConfig, build_bench_model
+    t_start = time.time()
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    res = {"device": torch.cuda.get_device_name(dev) if cuda else "cpu", "model": model_name, "torch": torch.__version__, "frames": frames,
+           "settings": f"width {width}, window {window}, 8 scale frames, special cap 1024, keyframe every frame, "
+                       "bf16 compute, random weights, CUDA graphs off", "runs": {}}
+
+    def save():
+        Path(out).write_text(json.dumps(res, indent=1, default=str))
+
+    model = build_bench_model(BenchConfig(model=model_name, weights="random", device=device))
+    res["model_build_s"] = time.time() - t_start
+    rng = np.random.default_rng(0)
+    imgs = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(8)]
+
+    def stream(name, **kw):
+        cfg = SessionConfig(engine="lingbot-map", device=device, dtype="bf16" if cuda else "fp32",
+                            image_width=width, scale_frames=8, window=window, special_cap=1024, cuda_graphs=False, **kw)
+        sync()
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
+        t_open = time.time()
+        s = open_session(cfg, model=model)
+        open_s = time.time() - t_open
+        n_out, t0 = 0, None
+        for i in range(frames):
+            if i == frames - 20:
+                sync()
+                t0 = time.perf_counter()
+            n_out += len(s.push(imgs[i % len(imgs)]))
+        n_out += len(s.flush())
+        sync()
+        fps = 20 / (time.perf_counter() - t0)
+        st = s.stats()
+        kv = st.get("kv", {})
+        r = {"peak_allocated_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else None,
+             "allocated_after_gib": torch.cuda.memory_allocated(dev) / 2**30 if cuda else None,
+             "kv_pool_gib": kv.get("bytes_allocated", 0) / 2**30, "kv_backend": kv.get("backend"),
+             "kv_dtype": kv.get("dtype"), "cached_frames": kv.get("cached_frames"),
+             "visible_tokens": kv.get("visible_tokens"), "fp8_saturated": kv.get("fp8_saturated"),
+             "fps_last_20": fps, "results": n_out, "open_s": open_s, **{f"cfg_{k}": v for k, v in kw.items()}}
+        s.close()
+        res["runs"][name] = r
+        print(name, json.dumps(r), flush=True)
+        save()
+
+    for name, kw in (("kv_fp8_sdpa+weights_fp8", dict(kv_dtype="fp8", backend="sdpa", weight_dtype="fp8")),):
+        try:
+            stream(name, **kw)
+        except Exception as exc:
+            res["runs"][name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            print(name, res["runs"][name], flush=True)
+            save()
+    built = True
+    if wait_for:      # the file holds the build's exit status once it finished
+        while not Path(wait_for).exists() and time.time() - t_start < deadline_s:
+            time.sleep(1)
+        res["waited_for_build_s"] = time.time() - t_start
+        time.sleep(0.2)
+        built = Path(wait_for).exists() and Path(wait_for).read_text().strip() == "0"
+    if built:
+        for name, kw in (("kv_fp8_flashinfer+weights_fp8", dict(kv_dtype="fp8", backend="flashinfer",
+                                                                weight_dtype="fp8")),):
+            try:
+                stream(name, **kw)
+            except Exception as exc:
+                res["runs"][name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                print(name, res["runs"][name], flush=True)
+    else:
+        res["runs"]["kv_fp8_flashinfer+weights_fp8"] = {"error": "FA2 fp8 build failed or not finished in time"}
+    res["elapsed_s"] = time.time() - t_start
+    save()
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("kind", choices=("kv", "fa3"))
+    m = sub.add_parser("memory")
+    m.add_argument("--out", default="kv_fp8_memory.json")
+    m.add_argument("--frames", type=int, default=84)
+    m.add_argument("--wait-for", default=None, help="file holding the FA2 fp8 build's exit status once done")
+    m.add_argument("--deadline-s", type=float, default=120.0)
+    m.add_argument("--device", default="cuda")
+    m.add_argument("--model", default="lingbot-map", help="lingbot-map-tiny for a CPU smoke run")
+    m.add_argument("--width", type=int, default=518)
+    m.add_argument("--window", type=int, default=64)
+    a = ap.parse_args()
+    if a.cmd == "build":
+        return build(a.kind)
+    return memory(a.out, a.frames, a.wait_for, a.deadline_s, a.device, a.model, a.width, a.window)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
