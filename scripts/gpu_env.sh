@@ -1,17 +1,3 @@
-# Sourced by the scripts/gpu_*.sh scripts on the GPU machine (repo root; carry .whl and .cache):
-# installs the carried FlashInfer wheels into /tmp/site, unpacks a carried FlashInfer JIT build,
-# and sets OUT (results folder), FLASHINFER_WORKSPACE_BASE and unbuffered Python output.
-OUT=${OUT:-out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-  # freshly installed headers would look newer than a carried JIT build and make ninja rebuild
-  # everything (~2 min): date them back so the carried build is reused
-  find /tmp/site -exec touch -h -d '2000-01-01 00:00:00' {} + 2>/dev/null
-fi
-export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws} PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
-if ls .cache/flashinfer_jit.tar.xz.part* >/dev/null 2>&1; then
-  mkdir -p "$FLASHINFER_WORKSPACE_BASE" && cat .cache/flashinfer_jit.tar.xz.part* | tar -xJf - -C "$FLASHINFER_WORKSPACE_BASE"
-fi
-export PYTHONPATH=.:${PYTHONPATH:-}
-t0=$(date +%s); el() { echo "== elapsed $(( $(date +%s) - t0 )) s"; }
+# Moved: the GPU benchmarks live in benchmarks/ (benchmarks/README.md). Kept so that older
+# commands (docs/benchmarks_kv.md) still work: sources benchmarks/gpu_env.sh.
+. benchmarks/gpu_env.sh

@@ -1,27 +1,3 @@
 #!/usr/bin/env bash
-# Upstream LingBot-Map vs ReconStudio in ONE run on the GPU machine (H200): the same recipe
-# weights, the same real frames (ICL-NUIM kt3 video, 518x378, played forwards then backwards to
-# 300 frames), bf16, window 64, 8 scale frames, 4 camera iterations, keyframe interval 1 and 2;
-# plus each implementation's bf16-vs-fp32 pose/depth error and ours-vs-upstream in fp32.
-# Details: scripts/side_by_side.py. Results: docs/benchmarks.md.
-#
-# Here (once): fetch github:Robbyant/lingbot-map, export its lingbot_map/ into .upstream/ (ignored
-# through .git/info/exclude, never committed), copy the clip into .cache/:
-#   git -C <mirror> archive HEAD lingbot_map | tar -x -C .upstream
-#   mkdir -p .cache/frames && cp ../shared/data/icl_livingroom_kt3/video.mp4 .cache/frames/icl_kt3.mp4
-# Device: carry .whl .cache .upstream;  bash scripts/side_by_side.sh [FRAMES] [extra ours variants]
-set -uo pipefail
-. scripts/gpu_env.sh
-N=${1:-300}; VARIANTS=${2:-}; FID=${FID:-48}
-VIDEO=.cache/frames/icl_kt3.mp4
-SBS="python3 scripts/side_by_side.py"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__)"
-T_OURS=${T_OURS:-240}; T_UP=${T_UP:-300}
-timeout 120 $SBS weights /tmp/recipe.pt; el
-timeout $T_OURS $SBS ours --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames "$FID" --variants "$VARIANTS" \
-  --json "$OUT/ours.json" --npz /tmp/ours_fp32.npz 2>&1 | grep -v Warning | tee "$OUT/ours.log"; el
-timeout $T_UP $SBS upstream --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames "$FID" --upstream .upstream \
-  --json "$OUT/upstream.json" --npz /tmp/upstream_fp32.npz 2>&1 | grep -v "Warning\|it/s\]" | tee "$OUT/upstream.log" | tail -30; el
-$SBS report "$OUT/ours.json" "$OUT/upstream.json" --npz-ours /tmp/ours_fp32.npz --npz-upstream /tmp/upstream_fp32.npz \
-  2>&1 | tee "$OUT/side_by_side.txt"
+# Moved to benchmarks/side_by_side.sh (benchmarks/README.md); kept so older commands still work.
+exec bash benchmarks/side_by_side.sh "$@"

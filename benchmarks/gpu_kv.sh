@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # KV-cache checks on the GPU machine (H200): GPU tests, FlashInfer vs SDPA agreement, and the
 # steady-state global-attention micro-benchmark; the FlashInfer JIT cache comes back as a tarball.
-# Usage (repo root, on the GPU machine; OUT = folder for results): bash scripts/gpu_kv.sh
+# Usage (repo root, on the GPU machine; OUT = folder for results): bash benchmarks/gpu_kv.sh
 set -uo pipefail
-. scripts/gpu_env.sh
+. benchmarks/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__)" 2>&1 | tail -3
 # 1. micro-benchmark first: it triggers (and times) the JIT compile of the paged prefill kernels

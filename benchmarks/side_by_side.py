@@ -1,5 +1,5 @@
 """Upstream LingBot-Map and ReconStudio side by side: the same recipe weights, the same real frames,
-one machine, one run (`bash scripts/side_by_side.sh` on the H200 does every step below).
+one machine, one run (`bash benchmarks/side_by_side.sh` on the H200 does every step below).
 
 Subcommands (each speed/fidelity run is a process of its own, so peaks and compiled state of one
 implementation never leak into the other):
@@ -151,6 +151,11 @@ _VARIANTS = {
     "fi-fa2": ({"backend": "flashinfer"}, {"RECONSTUDIO_FLASHINFER_BACKEND": "fa2"}),
     "fi-fa3": ({"backend": "flashinfer"}, {"RECONSTUDIO_FLASHINFER_BACKEND": "fa3"}),
     "fi-dense": ({"backend": "flashinfer", "dense": True}, {}),
+    # FlashInfer's own paths (engine/kv/backends.py): paged kernel only / ragged over the run
+    "fi-paged": ({"backend": "flashinfer"}, {"RECONSTUDIO_FLASHINFER_DENSE": "0"}),
+    "fi-ragged": ({"backend": "flashinfer"}, {"RECONSTUDIO_FLASHINFER_DENSE": "1"}),
+    # results copied to the host with one sync per frame (no hand-out a step later)
+    "sync": ({"defer_results": False}, {}),
     "eager": ({"cuda_graphs": False}, {}),
     "fixed-graphs": ({"graph_scope": "fixed"}, {}),
     "all-graphs": ({"graph_scope": "all"}, {}),
@@ -207,8 +212,11 @@ def _ours_stream(model, frames, dtype: str, interval: int, device: str, keep: bo
     import torch
     from engine import SessionConfig, open_session
     opts = dict(CFG, **cfg)
+    defer = opts.pop("defer_results", None)
     s = open_session(SessionConfig(engine="lingbot-map", device=device, dtype=dtype, backend=opts.pop("backend", "auto"),
                                    image_width=frames.shape[-1], keyframe_interval=interval, **opts), model=model)
+    if defer is not None:
+        s.defer_results = defer
     res, times = [], []
     cuda = device.startswith("cuda")
     if cuda:
@@ -222,11 +230,15 @@ def _ours_stream(model, frames, dtype: str, interval: int, device: str, keep: bo
             times.append(time.perf_counter() - t)
         if keep:
             res += out
-    res += s.flush() if keep else []
+    tail = s.flush()                # results handed out a step later: the last one comes here
+    res += tail if keep else []
     total = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() if cuda else 0
     n_scale = s.stats()["kv"]["scale_frames"] if s.kv is not None else 0
     backend = s.stats()["kv"]["backend"] if s.kv is not None else None
+    attn = getattr(s.kv, "_attn", None)
+    if attn is not None and hasattr(attn, "kernel"):       # FlashInfer: kernel family and path
+        backend = f"{backend} {attn.kernel} {attn.path}"
     s.close()
     outs = None
     if keep:
@@ -250,7 +262,8 @@ def cmd_ours(args) -> None:
         ref, *_ = _ours_stream(model, fid, "fp32", 1, dev, keep=True)
         if args.npz:
             np.savez(args.npz, **ref)
-    for label, res32 in (() if args.no_fidelity else (("bf16", True), ("bf16_residual_bf16", False))):
+    fid_runs = (("bf16", True),) + ((("bf16_residual_bf16", False),) if args.residual_ablation else ())
+    for label, res32 in (() if args.no_fidelity else fid_runs):
         model.float()
         model.load_state_dict(sd)
         model.residual_fp32 = res32
@@ -405,7 +418,8 @@ def cmd_upstream(args) -> None:
     got, *_ = _upstream_stream(m, fid, 1, torch.bfloat16, args.device, keep=True)
     result["fidelity_bf16"] = errors(got, ref)
     print(f"  upstream bf16 vs fp32: {result['fidelity_bf16']}", flush=True)
-    modes = [("eager", False)] + ([] if args.no_compile else [("compiled", True)])
+    modes = ([] if args.no_eager and not args.no_compile else [("eager", False)]) + \
+        ([] if args.no_compile else [("compiled", True)])
     for label, comp in modes:
         if comp:
             t0 = time.perf_counter()
@@ -433,10 +447,13 @@ def cmd_report(args) -> None:
     a = json.loads(Path(args.ours).read_text())
     b = json.loads(Path(args.upstream).read_text())
     print(f"machine: {a['machine']}; settings: {a['settings']}, bf16")
-    print(f"{'run':44s} {'steady FPS':>10s} {'overall':>8s} {'p50 ms':>7s} {'peak GiB':>8s}")
+    print(f"{'run':44s} {'steady FPS':>10s} {'overall':>8s} {'p50 ms':>7s} {'peak GiB':>8s}  attention")
     for r in b["speed"] + a["speed"]:
         print(f"{r['label']:44s} {r['steady_fps']:10.1f} {r['overall_fps']:8.1f} {r['latency_p50_ms']:7.1f} "
-              f"{r['peak_allocated_gib']:8.2f}")
+              f"{r['peak_allocated_gib']:8.2f}  {r.get('backend') or ''}")
+    for impl in (a, b):
+        for e in impl.get("errors", []) + ([impl["compile_error"]] if impl.get("compile_error") else []):
+            print(f"{impl['impl']} failed: {e}")
     for interval in (1, 2):
         ub = [r for r in b["speed"] if r["interval"] == interval]
         best = max(ub, key=lambda r: r["steady_fps"]) if ub else None
@@ -500,10 +517,13 @@ def main(argv=None) -> None:
         if name == "upstream":
             p.add_argument("--upstream", required=True)
             p.add_argument("--no-compile", action="store_true")
+            p.add_argument("--no-eager", action="store_true", help="skip the eager speed runs (compiled is its fastest)")
         else:
             p.add_argument("--variants", default="", help="extra speed variants (keyframe interval 1): "
                                                           + ", ".join(_VARIANTS))
             p.add_argument("--no-fidelity", action="store_true")
+            p.add_argument("--residual-ablation", action="store_true",
+                           help="also the bf16-residual fidelity run (the old trunk)")
     r = sub.add_parser("report")
     r.add_argument("ours")
     r.add_argument("upstream")

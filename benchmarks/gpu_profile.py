@@ -3,8 +3,8 @@
 Streams synthetic frames through a bf16 session to the steady state, then (1) times the SDPA
 kernel choices on the same session, (2) prints a torch.profiler table of a few frames, (3) times
 SDPA alone on the pool views the session attends to. Run on the GPU machine:
-    python3 scripts/gpu_profile.py [--backend sdpa|flashinfer] [--frames 80] [--variants]
-(`bash scripts/gpu_bench.sh` runs it after sourcing scripts/gpu_env.sh)
+    python3 benchmarks/gpu_profile.py [--backend sdpa|flashinfer] [--frames 80] [--variants]
+(`bash benchmarks/gpu_bench.sh` runs it after sourcing benchmarks/gpu_env.sh)
 """
 import argparse
 import time
@@ -57,8 +57,40 @@ def main():
     ka = prof.key_averages()
     print(ka.table(sort_by="self_cuda_time_total", row_limit=22, max_name_column_width=60))
     cpu_total = sum(e.self_cpu_time_total for e in ka) / 3e3
-    cuda_total = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in ka) / 3e3
+    dev = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))  # noqa: E731
+    cuda_total = sum(dev(e) for e in ka) / 3e3
     print(f"[{a.backend}] per frame: self CPU {cpu_total:.1f} ms, self CUDA {cuda_total:.1f} ms")
+    # kernel time per frame by kind (names of the device-side events)
+    kinds = {"attention (FlashInfer / flash / cuDNN)": ("flashinfer", "flash_fwd", "fmha", "cudnn", "attention"),
+             "matmul (cuBLAS / nvjet / gemm)": ("nvjet", "gemm", "gemv", "cutlass", "sm90_xmma"),
+             "layer norm": ("layer_norm",), "memcpy / memset": ("memcpy", "memset")}
+    by = {k: 0.0 for k in kinds}
+    by["other (elementwise, RoPE, ...)"] = 0.0
+    for e in ka:
+        t = dev(e)
+        if t <= 0 or getattr(e, "device_type", None) is not None and "CUDA" not in str(e.device_type):
+            continue
+        name = e.key.lower()
+        if name.startswith("aten::") or name.startswith("cuda") and "memcpy" not in name:
+            continue                      # host-side ops; their kernels are counted by name
+        k = next((k for k, pats in kinds.items() if any(p in name for p in pats)), "other (elementwise, RoPE, ...)")
+        by[k] += t / 3e3
+    tot = sum(by.values())
+    print(f"[{a.backend}] kernel time per frame by kind (of {tot:.1f} ms): " +
+          ", ".join(f"{k} {v:.1f} ms ({100 * v / max(tot, 1e-9):.0f} %)" for k, v in by.items()))
+    # host synchronisations inside steady steps (PyTorch's sync debug mode warns on each)
+    import warnings
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for i in range(5):
+                s.push(frames[i % 8])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(x.message).splitlines()[0][:120] for x in w if "synchroniz" in str(x.message).lower()]
+    print(f"[{a.backend}] host synchronisations reported in 5 steady frames: {len(syncs)} "
+          f"{sorted(set(syncs))[:5]}")
     # SDPA alone on the session's own pool views (steady-state visible set)
     kv = s.kv
     L = kv.stats().get("visible_tokens") or 72360

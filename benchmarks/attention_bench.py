@@ -1,0 +1,98 @@
+"""One global-attention layer at the steady-state shape, each attention path on the SAME cache
+and step (GPU; the figures go to docs/benchmarks.md):
+
+    python3 benchmarks/attention_bench.py [--frames 300] [--reps 50] [--json OUT]
+
+A one-layer PagedKVCache (bf16, 16 heads x 64, 999 patch tokens + 6 specials per frame, 8 scale
+frames, window 64, special cap 1024) is streamed with random keys/values to `--frames` frames;
+then, on the last keyframe step, each path attends the same q (1,005 tokens) to the same visible
+set: FlashInfer dense (ragged wrapper over the zero-copy run; FA3 on Hopper), FlashInfer paged
+(the page-table kernel), SDPA flash and cuDNN over the zero-copy view. Median of `--reps` CUDA-
+event timings per path, the rate in TFLOP/s (4 * q * kv * heads * head_dim per call) and each
+path's relative difference to the first one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.kv import PagedKVCache                                          # noqa: E402
+from engine.kv.backends import FlashInferBackend, SDPABackend, flashinfer_available  # noqa: E402
+
+H, D, P, S6 = 16, 64, 999, 6
+
+
+def _median_ms(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in evs:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return sorted(a.elapsed_time(b) for a, b in evs)[reps // 2]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--frames", type=int, default=300)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    cache = PagedKVCache(1, H, D, P, special_tokens=S6, scale_frames=8, window=64, special_cap=1024,
+                         dtype=torch.bfloat16, device="cuda", backend="sdpa")
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def kv(n):
+        return (torch.randn(n, S6 + P, H, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cache.begin_step(8, scale=True)
+    cache.write(0, *kv(8))
+    cache.end_step()
+    for _ in range(8, a.frames - 1):
+        cache.begin_step(1)
+        cache.write(0, *kv(1))
+        cache.end_step()
+    step = cache.begin_step(1)
+    cache.write(0, *kv(1))
+    q = torch.randn(S6 + P, H, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    L = step.num_kv_tokens
+    paths = {}
+    if flashinfer_available():
+        paths["flashinfer dense (ragged)"] = FlashInferBackend(cache, dense=True)
+        paths["flashinfer paged"] = FlashInferBackend(cache, dense=False)
+    from torch.nn.attention import SDPBackend
+    paths["sdpa flash (zero-copy view)"] = SDPABackend(cache, kernels=[SDPBackend.FLASH_ATTENTION])
+    paths["sdpa cudnn (zero-copy view)"] = SDPABackend(cache, kernels=[SDPBackend.CUDNN_ATTENTION])
+    flop = 4.0 * q.shape[0] * L * H * D
+    rows, ref = [], None
+    print(f"visible tokens {L}, q tokens {q.shape[0]}, contiguous run {step.contiguous}, "
+          f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    for name, be in paths.items():
+        try:
+            be.plan(step)
+            out = be.attend(step, q, 0)
+            ms = _median_ms(lambda: be.attend(step, q, 0), a.reps)
+        except Exception as exc:        # report and go on with the other paths
+            print(f"{name:32s} failed: {type(exc).__name__}: {str(exc)[:300]}")
+            rows.append({"path": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            continue
+        ref = out.float() if ref is None else ref
+        diff = float((out.float() - ref).norm() / ref.norm())
+        extra = {k: getattr(be, k) for k in ("kernel", "path") if hasattr(be, k)}
+        rows.append({"path": name, "ms": ms, "tflops": flop / ms / 1e9, "rel_diff_to_first": diff, **extra})
+        print(f"{name:32s} {ms:7.3f} ms  {flop / ms / 1e9:6.0f} TFLOP/s  rel diff {diff:.1e}  {extra}")
+    cache.end_step()
+    if a.json:
+        Path(a.json).write_text(json.dumps({"visible_tokens": L, "q_tokens": q.shape[0], "frames": a.frames,
+                                            "gpu": torch.cuda.get_device_name(0), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
