@@ -17,19 +17,30 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
   graph for every new KV length, which costs more CPU time than the kernel saves (see `create`).
 * ``flashinfer``: FlashInfer's `BatchPrefillWithPagedKVCacheWrapper` (NHD layout, the
   ``(k_pool, v_pool)`` pair of one layer, causal=False), planned once per step and run per
-  layer; workspace allocated once. CUDA and bf16/fp16 only (FlashInfer has no fp32 kernels, and
-  storing an fp32 cache in bf16 behind the user's back is exactly what we must not do). An fp8
-  store runs FlashInfer's fp8-KV kernel with the per-head scales folded into q (keys) and the
-  output (values); int8 stores are SDPA only.
-* ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16; else sdpa
-  (also for fp8 stores: FlashInfer's fp8 kernel is used only when asked for by name).
+  layer; workspace allocated once. On Hopper its FA3 kernels are asked for by name
+  (`flashinfer_kernel`). When the visible pages are one contiguous run (the steady state, see
+  paged_cache "Placement") and the store is 16-bit, the step is planned on the ragged wrapper
+  instead and each layer attends to a zero-copy ``[tokens, H, D]`` view of the pool ("dense"
+  path, `flashinfer_dense_default`); the paged kernel covers every other case. A plan waits for
+  the previous plan's host->device copy when its lengths differ (`_guard_plan`), so the host
+  may run ahead of the GPU. CUDA and bf16/fp16 only (FlashInfer has no fp32 kernels, and
+  storing an fp32 cache in bf16 behind the user's back is exactly what we must not do). int8
+  stores are SDPA only. An fp8 store runs one of FlashInfer's fp8 kernels (`fp8_attention_kind`):
+  - ``kv`` (default): FA2 with q in the compute dtype and e4m3 K/V, dequantised in registers;
+    the per-head scales are folded into q (keys) and the output (values). It must be FA2:
+    FlashInfer 0.6.1 picks FA3 on Hopper, whose wgmma has no bf16 x e4m3 operation, so that
+    JIT build stops at cute's "No eligible GMMA operator" (the failure in docs/benchmarks_kv.md).
+  - ``fa3``: FA3's fp8 kernel (fp8 tensor cores): q quantised to e4m3 per head on each call,
+    the per-head q / k / v scales handed to the kernel. Less exact (q and P in e4m3).
+* ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16 (or fp8
+  attended in bf16/fp16); else sdpa.
 """
 from __future__ import annotations
 
 import functools
 import os
 import weakref
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +49,7 @@ from .dtypes import FP8, KVPrecision, parse_dtype
 from .page_table import KVCacheError, StepTable
 
 _FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024
+_FP8_MAX = float(torch.finfo(FP8).max)          # 448 (e4m3)
 
 
 @functools.lru_cache(maxsize=1)
@@ -63,6 +75,37 @@ def available_backends(device: Any = "cpu", dtype: Any = None) -> list[str]:
     return out
 
 
+def fp8_attention_kind() -> str:
+    """Which FlashInfer kernel attends an fp8 store: "kv" (FA2, q in the compute dtype) or "fa3"
+    (FA3 fp8 tensor cores, q quantised); RECONSTUDIO_FLASHINFER_FP8 picks (benchmarks)."""
+    kind = os.environ.get("RECONSTUDIO_FLASHINFER_FP8", "kv").lower()
+    if kind not in ("kv", "fa3"):
+        raise KVCacheError(f"RECONSTUDIO_FLASHINFER_FP8 must be 'kv' or 'fa3' (got {kind!r})")
+    return kind
+
+
+def flashinfer_kernel(device: Any) -> str:
+    """FlashInfer kernel family for 16-bit stores on `device`: "fa3" (its Hopper kernels: wgmma,
+    TMA) on compute capability 9.x with CUDA >= 12.3, else "fa2". Named here rather than left to
+    FlashInfer's "auto" (which makes the same choice) so that stats and benchmarks can say which
+    kernel ran; RECONSTUDIO_FLASHINFER_BACKEND=fa2|fa3 overrides (benchmarks)."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return "fa2"
+    major, _ = torch.cuda.get_device_capability(dev)
+    cuda = tuple(int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
+    return "fa3" if major == 9 and cuda >= (12, 3) else "fa2"
+
+
+def flashinfer_dense_default() -> bool:
+    """Whether the FlashInfer backend attends a contiguous visible run through the ragged
+    (dense) kernel instead of the paged one; RECONSTUDIO_FLASHINFER_DENSE=0|1 overrides."""
+    val = os.environ.get("RECONSTUDIO_FLASHINFER_DENSE", "1").strip().lower()
+    if val not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+        raise KVCacheError(f"RECONSTUDIO_FLASHINFER_DENSE must be 0 or 1 (got {val!r})")
+    return val in ("1", "true", "yes", "on")
+
+
 def _canon(dtype: Any) -> torch.dtype:
     return parse_dtype(dtype)
 
@@ -85,10 +128,7 @@ def resolve_backend(name: str, device: torch.device, dtype):
     if isinstance(dtype, KVPrecision):
         dtype = dtype.storage
     if name == "auto":
-        # fp8 stores: SDPA unless FlashInfer is asked for by name -- FlashInfer 0.6.1's JIT build
-        # of its bf16-q / e4m3-KV prefill kernel failed on the H200 (docs/benchmarks_kv.md)
-        fp8 = isinstance(dtype, KVPrecision) and dtype.storage == FP8
-        if device.type == "cuda" and fi_ok_dtype and not fp8 and flashinfer_available():
+        if device.type == "cuda" and fi_ok_dtype and flashinfer_available():
             return FlashInferBackend
         return SDPABackend
     if name == "sdpa":
@@ -183,7 +223,7 @@ class FlashInferBackend(_CacheRef):
 
     name = "flashinfer"
 
-    def __init__(self, cache):
+    def __init__(self, cache, dense: Optional[bool] = None):
         flashinfer, err = _import_flashinfer()
         if flashinfer is None:
             raise KVCacheError(f"FlashInfer is not available ({err})")
@@ -191,7 +231,28 @@ class FlashInferBackend(_CacheRef):
         self._workspace = torch.empty(_FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=cache.device)
         # RECONSTUDIO_FLASHINFER_BACKEND=fa2|fa3|auto picks the kernel family (benchmarks)
         kind = os.environ.get("RECONSTUDIO_FLASHINFER_BACKEND", "auto")
+        self._fp8 = cache.pool.kind == "fp8"
+        self._fp8_q = self._fp8 and fp8_attention_kind() == "fa3"
+        if self._fp8:   # see the module docstring: 16-bit q x e4m3 KV exists only in FA2
+            kind = "fa3" if self._fp8_q else "fa2"
+        elif kind == "auto":
+            kind = flashinfer_kernel(cache.device)
+        self.kernel = kind
         self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=kind)
+        # dense path: FlashInfer's ragged wrapper over the one contiguous run of pages (same JIT
+        # module as the paged kernel; K/V tiles loaded whole by TMA instead of row by row through
+        # the page table). Native 16-bit stores only; anything else stays paged.
+        self.dense = flashinfer_dense_default() if dense is None else bool(dense)
+        self._ragged = None
+        self.dense_error = None
+        if self.dense and not self._fp8:
+            self._ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD", backend=kind)
+        self.path = None              # "dense" | "paged": what the last plan set up
+        self._dense_view = None       # (first_page, num_pages, num_kv_tokens) of a dense plan
+        self._token_pages = False
+        self._plan_key = None         # what the last plan's host-side schedule depends on
+        self._plan_event = None       # CUDA event after the last plan's copies (see _guard_plan)
+        self.plans = 0                # plan() calls (tests: once per step, not per layer)
 
     @classmethod
     def create(cls, cache):
@@ -204,36 +265,89 @@ class FlashInferBackend(_CacheRef):
                                "or backend 'sdpa'")
 
     def plan(self, step: StepTable, slots_t=None) -> None:
+        """Once per step (PagedKVCache.begin_step), shared by all layers; block-sparse steps plan
+        again per layer with that layer's token list (`attend(..., slots_t=)`)."""
         c = self.cache
         i32 = torch.int32
         slots_t = step.slots_t if slots_t is None else slots_t
         kv_dt = FP8 if c.pool.kind == "fp8" else c.dtype
+        q_dt = FP8 if self._fp8_q else c.attn_dtype
+        self.plans += 1
+        if self._ragged is not None and slots_t is None and step.contiguous is not None:
+            n = step.num_kv_tokens
+            self._guard_plan(("dense", step.q_tokens, n))
+            try:
+                self._ragged.plan(torch.tensor([0, step.q_tokens], dtype=i32), torch.tensor([0, n], dtype=i32),
+                                  c.num_heads, c.num_heads, c.head_dim, causal=False,
+                                  q_data_type=q_dt, kv_data_type=kv_dt, o_data_type=c.attn_dtype)
+            except Exception as exc:     # e.g. a FlashInfer build without the ragged kernel: go paged
+                self._ragged = None
+                self.dense_error = f"{type(exc).__name__}: {exc}"
+            else:
+                self.path, self._dense_view = "dense", (*step.contiguous, n)
+                self._token_pages = False
+                self._record_plan()
+                return
         if slots_t is not None:      # token lists: pages of one token over the same pool
             pages_t, n, page, last = slots_t.to(i32), slots_t.numel(), 1, 1
         else:
             pages_t, n, page, last = step.pages_t.to(i32), len(step.pages), c.page_size, step.last_page_len
+        self._guard_plan(("paged", step.q_tokens, n, page, last))
         self._wrapper.plan(
             torch.tensor([0, step.q_tokens], dtype=i32),
             torch.tensor([0, n], dtype=i32),
             pages_t,
             torch.tensor([last], dtype=i32),
             c.num_heads, c.num_heads, c.head_dim, page,
-            causal=False, q_data_type=c.attn_dtype, kv_data_type=kv_dt,
+            causal=False, q_data_type=q_dt, kv_data_type=kv_dt,
+            o_data_type=c.attn_dtype,
         )
+        self.path, self._dense_view = "paged", None
         self._token_pages = slots_t is not None
+        self._record_plan()
+
+    def _guard_plan(self, key: tuple) -> None:
+        """A FlashInfer plan writes its schedule into ONE page-locked host buffer per wrapper and
+        queues a copy of it to the device; a second plan with different lengths would overwrite
+        that buffer before the first copy ran if the host is ahead of the GPU (no sync per frame).
+        So wait for the previous plan's copy first -- normally long done, as the host runs at
+        most about a step ahead. Equal lengths write identical bytes: no wait (block-sparse
+        plans every layer with the same lengths)."""
+        if key != self._plan_key and self._plan_event is not None:
+            self._plan_event.synchronize()
+        self._plan_key = key
+
+    def _record_plan(self) -> None:
+        dev = torch.device(self.cache.device)
+        if dev.type == "cuda":
+            if self._plan_event is None:
+                self._plan_event = torch.cuda.Event()
+            self._plan_event.record(torch.cuda.current_stream(dev))
 
     def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
         pool = self.cache.pool
         if slots_t is not None:      # block-sparse: this layer's own token list
             self.plan(step, slots_t)
+        elif self.path == "dense":   # one contiguous run of pages: a plain [tokens, H, D] view
+            a, m, n = self._dense_view
+            P, H, D = pool.page_size, pool.num_heads, pool.head_dim
+            k = pool.k[layer, a:a + m].view(m * P, H, D)[:n]
+            v = pool.v[layer, a:a + m].view(m * P, H, D)[:n]
+            return self._ragged.run(q.contiguous(), k, v)
         k, v = pool.k[layer], pool.v[layer]
         if pool.kind == "fp8":
             k, v = k.view(FP8), v.view(FP8)
         if self._token_pages:
             N, P, H, D = k.shape
             k, v = k.view(N * P, 1, H, D), v.view(N * P, 1, H, D)
-        if pool.kind == "fp8":       # per-head scales: keys into q, values into the output
+        if pool.kind == "fp8":
             ks, vs = pool.scales[layer, 0], pool.scales[layer, 1]
+            if self._fp8_q:          # FA3 fp8: q in e4m3 per head; the three [H] scales to the kernel
+                qf = q.float()
+                qs = (qf.abs().amax(dim=(0, 2)) / _FP8_MAX).clamp_(min=1e-12)
+                q8 = (qf / qs[None, :, None]).to(FP8)
+                return self._wrapper.run(q8, (k, v), qs, ks, vs)   # positional: per-head tensors
+            # FA2: per-head scales folded in -- keys into q, values into the output
             out = self._wrapper.run((q.float() * ks[:, None]).to(q.dtype).contiguous(), (k, v))
             return (out.float() * vs[:, None]).to(q.dtype)
         return self._wrapper.run(q.contiguous(), (k, v))
