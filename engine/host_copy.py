@@ -109,3 +109,16 @@ class HostCopies:
         self._pending.clear()
         self._slots.clear()
 
+
+
+def upload(data, device, dtype=None) -> torch.Tensor:
+    """Host data (a list, numpy array or CPU tensor) on `device` without a host synchronisation:
+    `torch.tensor(data, device="cuda")` and a blocking `.to("cuda")` wait for the whole stream
+    before copying, i.e. for the previous step's GPU work. Here the data goes through pinned
+    memory with a non-blocking copy; PyTorch's pinned-memory cache keeps that block until the
+    copy has run. CPU devices get a plain CPU tensor."""
+    t = torch.as_tensor(data, dtype=dtype)
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)

@@ -21,6 +21,7 @@ import math
 import numpy as np
 import torch
 
+from ..host_copy import upload
 from .dtypes import FP8, KVPrecision
 from .page_table import KVCacheError, StepTable
 
@@ -91,15 +92,17 @@ class KVPool:
         """Device index tensors of a step (built once, shared by all layers)."""
         dev = self.device
         step.device = dev
-        step.new_pages_t = torch.tensor(step.new_pages, dtype=torch.int64, device=dev)
-        step.special_flat_t = torch.as_tensor(step.special_flat, dtype=torch.int64).to(dev)
-        step.pages_t = torch.tensor(step.pages, dtype=torch.int64, device=dev)
+        # through pinned memory, non-blocking: a blocking upload would wait for the previous
+        # step's GPU work (engine/host_copy.py `upload`)
+        step.new_pages_t = upload(step.new_pages, dev, torch.int64)
+        step.special_flat_t = upload(step.special_flat, dev, torch.int64)
+        step.pages_t = upload(step.pages, dev, torch.int64)
         if step.slots is not None:
-            step.slots_t = torch.as_tensor(step.slots, dtype=torch.int64).to(dev)
+            step.slots_t = upload(step.slots, dev, torch.int64)
         elif self.kind == "int8":     # token scales: gather by token
             P = self.page_size
             pages = np.asarray(step.pages, dtype=np.int64)
-            step.slots_t = torch.as_tensor((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens]).to(dev)
+            step.slots_t = upload((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens], dev, torch.int64)
         step.written = [False] * self.num_layers
         return step
 
@@ -174,8 +177,8 @@ class KVPool:
         """Copy tokens (every layer, keys, values and their scales) between flat slots."""
         if not src:
             return
-        s = torch.tensor(src, dtype=torch.int64, device=self.device)
-        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
+        s = upload(src, self.device, torch.int64)
+        d = upload(dst, self.device, torch.int64)
         L, N, P, H, D = self.k.shape
         for pool in (self.k, self.v):      # one copy for every layer
             flat = pool.view(L, N * P, H, D)

@@ -45,3 +45,25 @@ def test_cuda_copies_are_isolated_from_later_writes():
     for (t, d), w in zip(got, want):
         np.testing.assert_array_equal(d["depth"], w)
         np.testing.assert_allclose(d["pose"], w[:1, :9] * 2, rtol=1e-6)
+
+
+def test_upload_on_cpu_is_a_plain_tensor():
+    from engine.host_copy import upload
+    t = upload([3, 1, 2], "cpu", torch.int64)
+    assert t.dtype == torch.int64 and t.tolist() == [3, 1, 2]
+    a = np.arange(6, dtype=np.float64).reshape(2, 3)
+    assert torch.equal(upload(a, "cpu", torch.float32), torch.arange(6.0).reshape(2, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_upload_does_not_synchronize_and_arrives_intact():
+    from engine.host_copy import upload
+    torch.cuda._sleep(100_000_000)                  # GPU work queued ahead of the copies
+    torch.cuda.set_sync_debug_mode("error")         # any synchronising call raises
+    try:
+        xs = [upload(list(range(i, i + 50)), "cuda", torch.int64) for i in range(20)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert all(x.tolist() == list(range(i, i + 50)) for i, x in enumerate(xs))
