@@ -5,10 +5,10 @@ weights + fp8 KV (docs/benchmarks_kv.md "fp8 KV through FlashInfer"). Run by scr
     python3 scripts/kv_fp8_bench.py build fa3           # JIT-build FA3 e4m3-q / e4m3-KV
     python3 scripts/kv_fp8_bench.py memory --out m.json [--wait-for FILE --deadline-s 120]
 
-`memory` builds LingBot-Map (random weights, bf16) once and streams random 640x480 frames at
-518x378, window 64, 8 scale frames, special cap 1024, every frame a keyframe, CUDA graphs off:
-1. kv fp8 on SDPA (dequantising) with the trunk's weights in fp8 (torchao, in place); 2. once
-FILE holds 0 (the FA2 fp8 build succeeded), kv fp8 on FlashInfer with fp8 weights.
+`memory` builds LingBot-Map (random weights, bf16) once and streams random 518x378 frames
+(999 patches; the 2026-12-01 runs streamed 640x480 frames, i.e. 518x392 = 1,036 patches), window 64, 8 scale frames, special cap 1024, every frame a keyframe, CUDA graphs off,
+for each of `--runs` (RUNS below; fp8 weights via torchao, in place, so they go last). With
+--wait-for FILE, the first FlashInfer fp8-KV run waits until FILE holds 0 (the FA2 build is done).
 Peak = torch.cuda.max_memory_allocated after a reset at session start (the weights are included:
 they stay allocated). JSON is written after every run.
 """
@@ -44,17 +44,29 @@ def build(kind: str) -> int:
     return 0
 
 
+# full-model runs (weights are quantized in place, so bf16-weight runs go first)
+RUNS = {
+    "kv_bf16_flashinfer": dict(backend="flashinfer"),
+    "kv_fp8_flashinfer": dict(kv_dtype="fp8", backend="flashinfer"),
+    "kv_fp8_sdpa+weights_fp8": dict(kv_dtype="fp8", backend="sdpa", weight_dtype="fp8"),
+    "kv_fp8_flashinfer+weights_fp8": dict(kv_dtype="fp8", backend="flashinfer", weight_dtype="fp8"),
+}
+
+
 def memory(out: str, frames: int, wait_for: str | None, deadline_s: float, device="cuda",
-           model_name="lingbot-map", width=518, window=64) -> int:
+           model_name="lingbot-map", width=518, window=64,
+           runs=("kv_fp8_sdpa+weights_fp8", "kv_fp8_flashinfer+weights_fp8")) -> int:
     from engine import SessionConfig, open_session
     from engine.bench import BenchConfig, build_bench_model
     t_start = time.time()
     dev = torch.device(device)
     cuda = dev.type == "cuda"
+    height = max(14, round(width * 378 / 518 / 14) * 14)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    res = {"device": torch.cuda.get_device_name(dev) if cuda else "cpu", "model": model_name, "torch": torch.__version__, "frames": frames,
-           "settings": f"width {width}, window {window}, 8 scale frames, special cap 1024, keyframe every frame, "
-                       "bf16 compute, random weights, CUDA graphs off", "runs": {}}
+    res = {"device": torch.cuda.get_device_name(dev) if cuda else "cpu", "model": model_name,
+           "torch": torch.__version__, "frames": frames, "runs": {},
+           "settings": f"width {width}, height {height}, window {window}, 8 scale frames, special cap 1024, "
+                       "keyframe every frame, bf16 compute, random weights, CUDA graphs off"}
 
     def save():
         Path(out).write_text(json.dumps(res, indent=1, default=str))
@@ -62,7 +74,9 @@ def memory(out: str, frames: int, wait_for: str | None, deadline_s: float, devic
     model = build_bench_model(BenchConfig(model=model_name, weights="random", device=device))
     res["model_build_s"] = time.time() - t_start
     rng = np.random.default_rng(0)
-    imgs = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(8)]
+    # frames already at width x (width * 378 / 518): no resize changes the token count (a 640x480
+    # frame would become 518x392 = 1,036 patches instead of 999; engine/preprocess.py)
+    imgs = [rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for _ in range(8)]
 
     def stream(name, **kw):
         cfg = SessionConfig(engine="lingbot-map", device=device, dtype="bf16" if cuda else "fp32",
@@ -96,30 +110,24 @@ def memory(out: str, frames: int, wait_for: str | None, deadline_s: float, devic
         print(name, json.dumps(r), flush=True)
         save()
 
-    for name, kw in (("kv_fp8_sdpa+weights_fp8", dict(kv_dtype="fp8", backend="sdpa", weight_dtype="fp8")),):
+    waited = False
+    for name in runs:
+        kw = RUNS[name]
+        if wait_for and kw.get("backend") == "flashinfer" and kw.get("kv_dtype") == "fp8" and not waited:
+            while not Path(wait_for).exists() and time.time() - t_start < deadline_s:   # holds the exit status
+                time.sleep(1)
+            time.sleep(0.2)
+            res["waited_for_build_s"], waited = time.time() - t_start, True
+            if not (Path(wait_for).exists() and Path(wait_for).read_text().strip() == "0"):
+                res["runs"][name] = {"error": "FA2 fp8 build failed or not finished in time"}
+                save()
+                break
         try:
             stream(name, **kw)
         except Exception as exc:
             res["runs"][name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
             print(name, res["runs"][name], flush=True)
             save()
-    built = True
-    if wait_for:      # the file holds the build's exit status once it finished
-        while not Path(wait_for).exists() and time.time() - t_start < deadline_s:
-            time.sleep(1)
-        res["waited_for_build_s"] = time.time() - t_start
-        time.sleep(0.2)
-        built = Path(wait_for).exists() and Path(wait_for).read_text().strip() == "0"
-    if built:
-        for name, kw in (("kv_fp8_flashinfer+weights_fp8", dict(kv_dtype="fp8", backend="flashinfer",
-                                                                weight_dtype="fp8")),):
-            try:
-                stream(name, **kw)
-            except Exception as exc:
-                res["runs"][name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-                print(name, res["runs"][name], flush=True)
-    else:
-        res["runs"]["kv_fp8_flashinfer+weights_fp8"] = {"error": "FA2 fp8 build failed or not finished in time"}
     res["elapsed_s"] = time.time() - t_start
     save()
     return 0
@@ -139,10 +147,16 @@ def main() -> int:
     m.add_argument("--model", default="lingbot-map", help="lingbot-map-tiny for a CPU smoke run")
     m.add_argument("--width", type=int, default=518)
     m.add_argument("--window", type=int, default=64)
+    m.add_argument("--runs", default="kv_fp8_sdpa+weights_fp8,kv_fp8_flashinfer+weights_fp8",
+                   help=f"comma-separated, in order, of: {', '.join(RUNS)}")
     a = ap.parse_args()
     if a.cmd == "build":
         return build(a.kind)
-    return memory(a.out, a.frames, a.wait_for, a.deadline_s, a.device, a.model, a.width, a.window)
+    runs = [r for r in a.runs.split(",") if r]
+    bad = [r for r in runs if r not in RUNS]
+    if bad:
+        ap.error(f"unknown runs {bad}; choose from {list(RUNS)}")
+    return memory(a.out, a.frames, a.wait_for, a.deadline_s, a.device, a.model, a.width, a.window, runs)
 
 
 if __name__ == "__main__":

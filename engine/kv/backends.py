@@ -149,6 +149,13 @@ def resolve_backend(name: str, device: torch.device, dtype):
     raise KVCacheError(f"unknown attention backend {name!r}; use auto, sdpa or flashinfer")
 
 
+def _quantize_q(q: torch.Tensor):
+    """q [n, H, D] -> (e4m3 q, per-head float32 scales [H]) for FlashInfer's FA3 fp8 kernels."""
+    qf = q.float()
+    qs = (qf.abs().amax(dim=(0, 2)) / _FP8_MAX).clamp_(min=1e-12)
+    return (qf / qs[None, :, None]).to(FP8), qs
+
+
 class _CacheRef:
     """A backend reaches its cache through a weak reference: the cache owns the backend, so a
     strong link back would make a cycle, and a closed session's KV pools (GiBs on the GPU) would
@@ -241,11 +248,12 @@ class FlashInferBackend(_CacheRef):
         self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=kind)
         # dense path: FlashInfer's ragged wrapper over the one contiguous run of pages (same JIT
         # module as the paged kernel; K/V tiles loaded whole by TMA instead of row by row through
-        # the page table). Native 16-bit stores only; anything else stays paged.
+        # the page table). Native 16-bit stores and FA3-fp8 (its ragged kernel is in the same
+        # module); FA2 fp8-KV stays paged.
         self.dense = flashinfer_dense_default() if dense is None else bool(dense)
         self._ragged = None
         self.dense_error = None
-        if self.dense and not self._fp8:
+        if self.dense and (not self._fp8 or self._fp8_q):
             self._ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD", backend=kind)
         self.path = None              # "dense" | "paged": what the last plan set up
         self._dense_view = None       # (first_page, num_pages, num_kv_tokens) of a dense plan
@@ -333,6 +341,9 @@ class FlashInferBackend(_CacheRef):
             P, H, D = pool.page_size, pool.num_heads, pool.head_dim
             k = pool.k[layer, a:a + m].view(m * P, H, D)[:n]
             v = pool.v[layer, a:a + m].view(m * P, H, D)[:n]
+            if self._fp8_q:
+                q8, qs = _quantize_q(q)
+                return self._ragged.run(q8, k.view(FP8), v.view(FP8), qs, pool.scales[layer, 0], pool.scales[layer, 1])
             return self._ragged.run(q.contiguous(), k, v)
         k, v = pool.k[layer], pool.v[layer]
         if pool.kind == "fp8":
@@ -343,9 +354,7 @@ class FlashInferBackend(_CacheRef):
         if pool.kind == "fp8":
             ks, vs = pool.scales[layer, 0], pool.scales[layer, 1]
             if self._fp8_q:          # FA3 fp8: q in e4m3 per head; the three [H] scales to the kernel
-                qf = q.float()
-                qs = (qf.abs().amax(dim=(0, 2)) / _FP8_MAX).clamp_(min=1e-12)
-                q8 = (qf / qs[None, :, None]).to(FP8)
+                q8, qs = _quantize_q(q)
                 return self._wrapper.run(q8, (k, v), qs, ks, vs)   # positional: per-head tensors
             # FA2: per-head scales folded in -- keys into q, values into the output
             out = self._wrapper.run((q.float() * ks[:, None]).to(q.dtype).contiguous(), (k, v))

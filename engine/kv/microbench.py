@@ -9,8 +9,9 @@ Defaults are the released configuration at 518x378: 999 patches + 6 specials per
 (71 gives q = 1005 tokens over kv = 72 x 1005 = 72,360 tokens).
 
 `--kv-dtype fp8` instead times an fp8 store against the same keys/values stored in bf16: bf16
-SDPA (zero-copy) and FlashInfer FA3, fp8 SDPA (dequantise the visible set), and FlashInfer's fp8
-kernels (`--fp8-kinds`: "kv" = FA2 with bf16 q and e4m3 K/V, "fa3" = FA3 fp8 with q in e4m3);
+SDPA (zero-copy) and FlashInfer FA3 (dense = ragged kernel over the contiguous run, and paged),
+fp8 SDPA (dequantise the visible set), and FlashInfer's fp8 kernels (`--fp8-kinds`: "kv" = FA2
+with bf16 q and e4m3 K/V, paged; "fa3" = FA3 fp8 with q in e4m3, dense and paged);
 every output is compared with an fp32 attention over the bf16 keys/values.
 
     python -m engine.kv.microbench --device cuda --kv-dtype fp8 --fp8-kinds kv,fa3 --json fp8.json
@@ -212,11 +213,14 @@ def run_fp8(device="cuda", frames=71, patch_tokens=999, heads=16, head_dim=64, s
     measure("bf16_sdpa", lambda: SDPABackend.create(cb), sb)
     measure("fp8_sdpa_dequant", lambda: SDPABackend.create(c8), s8)
     if cuda and flashinfer_available():
-        measure("bf16_flashinfer_fa3", lambda: FlashInferBackend(cb), sb,
-                {"RECONSTUDIO_FLASHINFER_BACKEND": "fa3"})
-        for kind in kinds:
-            measure(f"fp8_flashinfer_{kind}", lambda: FlashInferBackend(c8), s8,
-                    {"RECONSTUDIO_FLASHINFER_FP8": kind})
+        for dense in (True, False):        # dense = ragged kernel over the contiguous run
+            sfx = "" if dense else "_paged"
+            measure(f"bf16_flashinfer_fa3{sfx}", lambda: FlashInferBackend(cb, dense=dense), sb,
+                    {"RECONSTUDIO_FLASHINFER_BACKEND": "fa3"})
+            for kind in kinds:
+                if kind == "fa3" or dense:     # FA2 fp8-KV is paged only
+                    measure(f"fp8_flashinfer_{kind}{sfx}", lambda: FlashInferBackend(c8, dense=dense), s8,
+                            {"RECONSTUDIO_FLASHINFER_FP8": kind})
     cb.end_step()
     c8.end_step()
     return res
