@@ -278,3 +278,25 @@ def test_auto_backend_sends_an_fp8_store_attended_in_16_bit_to_flashinfer(monkey
     monkeypatch.setenv("RECONSTUDIO_FLASHINFER_FP8", "e5m2")
     with pytest.raises(KVCacheError, match="RECONSTUDIO_FLASHINFER_FP8"):
         backends.fp8_attention_kind()
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "int8"])
+@pytest.mark.parametrize("attn", ["bf16", "fp16", "fp32"])
+def test_dequantize_equals_the_fp32_formula_bit_for_bit(dtype, attn):
+    """pool.dequantize converts then scales in place (no fp32 temporaries); the result must equal
+    (fp32(stored) * scale).to(attn dtype) exactly, in every attention dtype."""
+    gen = torch.Generator().manual_seed(6)
+    cache = PagedKVCache(L, H, D, P, scale_frames=1, window=2, special_cap=8, dtype=dtype, attn_dtype=attn)
+    pool = cache.pool
+    x = torch.randn(40, H, D, generator=gen) * torch.logspace(-3, 1, D)
+    raw, s = pool.quantize(0, 1, x)
+    slots = None
+    if dtype == "int8":
+        slots = torch.arange(40)
+        pool.scales[0, 1, :40] = s
+        want = raw.to(torch.float32) * s[..., None]
+    else:
+        want = raw.view(torch.float8_e4m3fn).to(torch.float32) * pool.scales[0, 1][:, None]
+    got = pool.dequantize(0, 1, raw, slots)
+    assert got.dtype == cache.attn_dtype and torch.equal(got, want.to(cache.attn_dtype))
+    assert raw.dtype in (torch.uint8, torch.int8)            # the stored bytes are untouched
