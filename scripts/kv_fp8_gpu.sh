@@ -26,7 +26,7 @@ if [ "$MODE" = fa3 ]; then
   while [ ! -f /tmp/built_fa3 ] && [ "$(left)" -gt 28 ]; do sleep 1; done
   el; tail -3 /tmp/build_fa3.txt
   KINDS=kv; SEL=fp8_kv_path
-  if [ "$(cat /tmp/built_fa3 2>/dev/null)" = "0" ]; then KINDS=kv,fa3; SEL="fa3 or fp8_kv_path"; fi
+  if [ "$(cat /tmp/built_fa3 2>/dev/null)" = "0" ]; then KINDS=kv,fa3; SEL="fa3 or fp8_kv_path"; export RECONSTUDIO_TEST_FA3_FP8=1; fi
 else
   # 1. JIT builds (each file gets the build's exit status)
   (python3 scripts/kv_fp8_bench.py build kv > /tmp/build_kv.txt 2>&1; echo $? > /tmp/built_kv) &
@@ -36,7 +36,7 @@ else
     --wait-for /tmp/built_kv --deadline-s $(( $(left) - 80 )) 2>&1 | grep -v "Warning\|warn(" | tail -8
   el; tail -3 /tmp/build_kv.txt; [ -f /tmp/built_fa3 ] && tail -3 /tmp/build_fa3.txt
   KINDS=kv; SEL="not fa3"
-  if [ "$(cat /tmp/built_fa3 2>/dev/null)" = "0" ]; then KINDS=kv,fa3; SEL=""; fi
+  if [ "$(cat /tmp/built_fa3 2>/dev/null)" = "0" ]; then KINDS=kv,fa3; SEL=""; export RECONSTUDIO_TEST_FA3_FP8=1; fi
 fi
 # 3. one global layer at the steady-state size: fp8 store vs the same keys in bf16
 [ "$(left)" -gt 20 ] && timeout $(( $(left) - 12 )) python3 -m engine.kv.microbench --device cuda --kv-dtype fp8 \

@@ -3,6 +3,8 @@ agree on the same steps (same page tables), zero-copy equals gather on CUDA, a b
 bf16 / an fp32 cache stays fp32, and the FlashInfer fp8-KV path (FA2 with bf16 q; FA3 fp8 with
 q in e4m3 when RECONSTUDIO_FLASHINFER_FP8=fa3) agrees with the dequantising SDPA path, stays within
 a stated bound of the bf16 store and rolls back exactly."""
+import os
+
 import pytest
 import torch
 
@@ -107,8 +109,14 @@ def test_flashinfer_and_sdpa_agree_on_compressed_windows(method):
 FP8_BOUND = {"kv": (0.15, 0.01), "fa3": (0.3, 0.02)}
 
 
+# FA3 e4m3's JIT build takes over a minute (not in the carried cache yet): opt in
+FA3_FP8 = pytest.param("fa3", marks=pytest.mark.skipif(
+    os.environ.get("RECONSTUDIO_TEST_FA3_FP8") != "1",
+    reason="FA3 e4m3 JIT build takes > 60 s; set RECONSTUDIO_TEST_FA3_FP8=1"))
+
+
 @needs_fi
-@pytest.mark.parametrize("kind", ["kv", "fa3"])
+@pytest.mark.parametrize("kind", ["kv", FA3_FP8])
 def test_flashinfer_fp8_kv_path_agrees_with_sdpa_and_stays_near_bf16(kind, monkeypatch):
     """FlashInfer over the fp8 store == SDPA over the dequantised store (same values), and both
     are within FP8_BOUND of a bf16 store fed the same steps."""
