@@ -227,6 +227,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.source_info: dict = {}
         self.model = None                              # a preloaded network (optional)
         self.second_views: list = []                   # open ui.second_view.StreamView docks' views
+        self._stream_hubs = None                       # engine.shared_streams.StreamHubs (LingBot-Map runs)
         self._build()
         self._restore_settings()
         self._set_running(False)
@@ -564,7 +565,20 @@ class MainWindow(QtWidgets.QMainWindow):
             start_frame=int(self.seek_spin.value()), max_frames=int(self.max_frames.value()) or None,
             start_paused=start_paused, display_stride=int(self.stride.value()),
             webcam_resolution=self.source_panel.webcam_resolution(), model=self.model,
-            retention=self.retention_limits(), keep_sessions=(self.session_folder,))
+            retention=self.retention_limits(), keep_sessions=(self.session_folder,),
+            session_factory=self.session_factory(cfg))
+
+    def session_factory(self, cfg):
+        """LingBot-Map streaming runs (the main one and every second view) open their sessions in
+        one engine.shared_streams.StreamHubs: one network in memory, their frames batched by the
+        StreamScheduler. None (each run opens its own session) for the other engines."""
+        from engine.shared_streams import StreamHubs, shares_model
+        if not shares_model(cfg):
+            return None
+        hubs = self._stream_hubs
+        if hubs is None or (hubs.preloaded is not self.model and not hubs.open_streams()):
+            hubs = self._stream_hubs = StreamHubs(preloaded=self.model)
+        return hubs.open_session
 
     def start_run(self, start_paused: bool = False) -> bool:
         """Start a fresh run with the current settings (stopping any running one and clearing
@@ -1045,7 +1059,8 @@ class MainWindow(QtWidgets.QMainWindow):
                           speed=float(self.speed.currentData()), loop=self.loop.isChecked(),
                           max_frames=int(self.max_frames.value()) or None,
                           display_stride=int(self.stride.value()), webcam_resolution=webcam_resolution,
-                          model=None, retention=None, keep_sessions=keep)   # own network: see second_view.py
+                          model=None, retention=None, keep_sessions=keep,
+                          session_factory=self.session_factory(cfg))   # LingBot-Map: the shared network
         view = StreamView(opts, f"Second view — {source_title(spec)}")
         dock = StreamDock(view, self)
         view.failed.connect(lambda text, v=view: self.show_message(f"{v.title}: {text}", "error"))

@@ -7,11 +7,10 @@ own display packets. The first stream is never touched: an input that cannot be 
 webcam, an unreadable video) ends only this stream, with its message in the view's own line and in
 the main window's banner. Closing the dock stops only this stream; its session stays on disk.
 
-A neural second stream (LingBot-Map, VGGT) is a second session that loads its own network from the
-checkpoint setting: the main window's preloaded `MainWindow.model` is not handed to it, because
-two worker threads would run one model's forwards (and its shared CUDA graphs) concurrently.
-Batching several streams' steps through ONE model is `engine.scheduler.StreamScheduler`'s job,
-used by `reconstudio run A B ...` (docs/multi.md); the GUI does not route through it yet.
+A LingBot-Map second stream shares the main run's network: both open their sessions through the
+window's `engine.shared_streams.StreamHubs`, so one model is loaded and the StreamScheduler
+batches their streamed frames into one forward (docs/multi.md). Other neural engines (VGGT) load
+their own network per stream; the geometric engine simply runs a second session.
 """
 from __future__ import annotations
 

@@ -52,6 +52,7 @@ class RunOptions:
     retention: Optional[tuple] = None            # (max_gb, max_age_days) applied to session_root first
     keep_sessions: tuple = ()                    # session folders retention must not delete (e.g. shown)
     store_queue: int = 4                         # frames waiting for the session store's writer thread
+    session_factory: Any = None                  # (config, source) -> session; None = engine.open_session
 
 
 class _DisplaySink(Sink):
@@ -235,7 +236,8 @@ class EngineWorker(QtCore.QObject, Controls):
                     source.seek(int(o.start_frame))
                 else:                      # a webcam has no frame numbers: start live
                     self.message.emit(f"{source.name} cannot start at frame {o.start_frame}; starting live")
-            session = open_session(o.config, model=o.model)
+            session = (o.session_factory(o.config, source) if o.session_factory is not None
+                       else open_session(o.config, model=o.model))
         except BaseException:
             source.close()
             raise

@@ -92,3 +92,28 @@ def test_window_close_ends_second_stream(qtbot, make_window, shared_data):
     w.close()
     assert not v.running
     assert not [t for t in threading.enumerate() if t.name.startswith("reconstudio-")]
+
+
+def test_lingbot_second_view_shares_the_model_and_batches(qtbot, make_window, shared_data):
+    """Two LingBot-Map streams (tiny architecture, CPU): one network, their frames batched by the
+    scheduler, every result in each view and each session folder."""
+    from engine import build_model
+    from engine.models.recipe import fill_recipe
+    w = make_window(engine="lingbot-map", image_width=70, scale_frames=2, window=3, special_cap=8,
+                    camera_iterations=2, keyframe_interval=1)
+    w.model = fill_recipe(build_model("lingbot-map-tiny"))
+    w.set_input(str(shared_data / "icl_livingroom_kt3" / "rgb"))
+    w.max_frames.setValue(14)
+    assert w.start_run()
+    v = w.open_second_source(_video(shared_data, "7scenes_redkitchen_150_199"))
+    with qtbot.waitSignal(v.runFinished, timeout=120_000) as done:
+        pass
+    first = wait_finished(qtbot, w, timeout=120_000)
+    second = done.args[0]
+    for s, view in ((first, w.viewer), (second, v.viewer)):
+        assert s["error"] is None and s["results"] == 14 == _stored(s["session"]) == view.frame_count
+    hubs = w._stream_hubs
+    (hub,) = hubs._hubs.values()
+    assert hub.model is w.model and len(hub.sessions) == 2       # one network for both streams
+    assert hub.scheduler.stats()["largest_batch"] == 2            # their frames shared forwards
+    assert hubs.open_streams() == 0                               # both sessions closed at the end

@@ -1,0 +1,272 @@
+"""One StreamScheduler used from several threads: sessions whose steps share one model.
+
+The GUI runs each source in its own engine worker thread (ui/worker.py), and each worker drives an
+ordinary session (`push` / `flush` / `stats` / `poll_events` / `close`). `SharedStreams` hands
+out such sessions (`SharedSession`) that all go through ONE `engine.scheduler.StreamScheduler`
+over ONE loaded LingBot-Map model, so two sources cost one copy of the weights and their streamed
+frames are batched into one forward:
+
+    hub = SharedStreams(model, max_batch=4)
+    s1 = hub.open_session(cfg, name="cam0", frame_size=(640, 480))     # in worker thread 1
+    s2 = hub.open_session(cfg, name="cam1")                            # in worker thread 2
+    results = s1.push(frame, t)      # blocks until this frame's round ran (like a session's push)
+
+How the threads share the scheduler: `push` puts the frame in an inbox and waits. One waiting
+thread at a time becomes the *runner*: it moves the inbox into the scheduler and runs one
+`step()` (the other threads keep queueing meanwhile), hands every stream its results and wakes
+the others; whoever still waits for a frame runs the next round. Before a round the runner waits
+up to `gather_s` for the frames of the other open streams (those that pushed before), so the
+streams fall into step and their frames share rounds instead of alternating. Everything that
+touches the scheduler (open, step, stats, close) runs as the runner, one thread at a time.
+
+Errors: a frame that fails ends only its stream (`push` raises its EngineError, the others go on);
+a failed batched forward (e.g. out of memory) ends the streams of that round. No Qt.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any, Optional
+
+from .api import EngineError, SessionConfig
+from .scheduler import StreamScheduler
+
+
+class SharedStreams:
+    """Thread-safe front of one StreamScheduler (see the module docstring)."""
+
+    def __init__(self, model, *, max_batch: int = 8, gather_s: float = 0.02, **scheduler_kw):
+        self.scheduler = StreamScheduler(model, max_batch=max_batch, **scheduler_kw)
+        self.gather_s = float(gather_s)
+        self._cv = threading.Condition()
+        self._running = False                 # a thread is the runner (owns the scheduler)
+        self._inbox: list = []                # (SharedSession, frame, timestamp)
+        self.sessions: list["SharedSession"] = []
+
+    @property
+    def model(self):
+        return self.scheduler.model
+
+    def open_sessions(self) -> int:
+        with self._cv:
+            return sum(not s.closed for s in self.sessions)
+
+    @contextlib.contextmanager
+    def _as_runner(self):
+        """Exclusive use of the scheduler; the lock itself is free meanwhile (others queue)."""
+        with self._cv:
+            while self._running:
+                self._cv.wait()
+            self._running = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._running = False
+                self._cv.notify_all()
+
+    def open_session(self, config: SessionConfig, *, name: Optional[str] = None,
+                     frame_size: Optional[tuple] = None, latency_budget_ms: Optional[float] = None,
+                     live: bool = False) -> "SharedSession":
+        """Admit a stream (AdmissionError when its caches would not fit, as `open_stream`)."""
+        with self._as_runner():
+            stream = self.scheduler.open_stream(config, name=name, frame_size=frame_size,
+                                                latency_budget_ms=latency_budget_ms, live=live)
+        s = SharedSession(self, stream)
+        with self._cv:
+            self.sessions.append(s)
+        return s
+
+    # ------------------------------------------------------------------ rounds
+    def _push(self, s: "SharedSession", frame, timestamp) -> list:
+        with self._cv:
+            s._check()
+            self._inbox.append((s, frame, timestamp))
+            s._sent += 1
+            self._cv.notify_all()             # a runner gathering frames may be waiting for this one
+            want = s._sent
+            while True:
+                if s._done >= want or s.error is not None:
+                    out, s._out = s._out, []
+                    if s.error is not None:
+                        raise EngineError(s.error)
+                    return out
+                if self._running:
+                    self._cv.wait()
+                    continue
+                self._running = True          # this thread runs the next round
+                self._gather()
+                inbox, self._inbox = self._inbox, []
+                for o, _, _ in inbox:
+                    o._moved += 1
+                self._cv.release()
+                try:
+                    served, failure = self._round(inbox), None
+                except BaseException as exc:   # a failed forward: the streams of this round end
+                    served, failure = [], exc
+                finally:
+                    self._cv.acquire()
+                    self._running = False
+                self._settle(served, failure)
+                self._cv.notify_all()
+
+    def _gather(self) -> None:
+        """(lock held) Wait up to gather_s for the other open streams' next frames, so that they
+        join this round. Streams that never pushed, or failed, are not waited for."""
+        if self.gather_s <= 0:
+            return
+        end = time.monotonic() + self.gather_s
+        while True:
+            waiting = {o for o, _, _ in self._inbox}
+            missing = [o for o in self.sessions if not o.closed and o.error is None and o._sent
+                       and o not in waiting and o._moved - o._done == 0]
+            left = end - time.monotonic()
+            if not missing or left <= 0:
+                return
+            self._cv.wait(left)
+
+    def _round(self, inbox: list) -> list:
+        sched = self.scheduler
+        for s, frame, ts in inbox:
+            sched.submit(s.stream, frame, ts)
+        return sched.step()
+
+    def _settle(self, served: list, failure: Optional[BaseException]) -> None:
+        """(lock held) Hand out results; a frame counts as done once it left its stream's queue
+        (served, dropped as late, or its stream failed)."""
+        by_stream = {s.stream: s for s in self.sessions}
+        for stream, results in served:
+            by_stream[stream]._out.extend(results)
+        for s in self.sessions:
+            if s.stream.error is not None and s.error is None:
+                s.error = s.stream.error
+            if failure is not None and s._moved > s._done and s.error is None:
+                s.error = (str(failure) if isinstance(failure, EngineError)
+                           else f"the batched step failed: {type(failure).__name__}: {failure}")
+            s._done = s._moved - len(s.stream.queue)
+
+    # ------------------------------------------------------------------ per-session calls
+    def _flush_close(self, s: "SharedSession", keep: bool) -> list:
+        with self._as_runner():
+            if s.closed:
+                return []
+            try:
+                res = self.scheduler.close_stream(s.stream)
+            finally:
+                with self._cv:
+                    s.closed = True
+            if s.stream.error is not None and s.error is None:
+                s.error = s.stream.error
+        return res if keep else []
+
+    def _stats(self, s: "SharedSession") -> dict:
+        with self._as_runner():                # not while a round mutates the caches
+            st = dict(s.stream.session.stats())
+            sched = self.scheduler.stats()
+        st["scheduler"] = {"streams": sum(not x.closed for x in self.scheduler.streams),
+                           "largest_batch": sched["largest_batch"], "rounds": sched["rounds"],
+                           "round_ms_median": sched["round_ms_median"]}
+        return st
+
+    def close(self) -> None:
+        """Close every session still open."""
+        for s in list(self.sessions):
+            s.close()
+
+
+class SharedSession:
+    """A session of a SharedStreams (the Session protocol of engine/api.py)."""
+
+    def __init__(self, hub: SharedStreams, stream):
+        self.hub = hub
+        self.stream = stream
+        self.config = stream.session.config
+        self.error: Optional[str] = None
+        self.closed = False
+        self._sent = 0            # frames pushed
+        self._moved = 0           # frames handed to the scheduler
+        self._done = 0            # frames that left its queue
+        self._out: list = []      # results not yet returned
+
+    @property
+    def name(self) -> str:
+        return self.stream.name
+
+    def _check(self) -> None:
+        if self.closed:
+            raise EngineError(f"stream {self.stream.name!r} is closed")
+
+    def push(self, frame, timestamp: Optional[float] = None) -> list:
+        return self.hub._push(self, frame, timestamp)
+
+    def flush(self) -> list:
+        """The stream's remaining results; the stream ends (its caches are freed)."""
+        return self.hub._flush_close(self, keep=True)
+
+    def stats(self) -> dict:
+        return self.hub._stats(self)
+
+    def poll_events(self) -> list:
+        return self.stream.session.poll_events()
+
+    def close(self) -> None:
+        self.hub._flush_close(self, keep=False)
+
+    def __getattr__(self, name: str) -> Any:      # read-only facts (device, model, kv ...) of the session
+        if name.startswith("_") or name in ("hub", "stream"):
+            raise AttributeError(name)
+        return getattr(self.stream.session, name)
+
+
+def shares_model(config: SessionConfig) -> bool:
+    """Configs whose sessions can go through a SharedStreams: LingBot-Map, streaming mode, one
+    process (the ring's sequence-parallel scale phase is a multi-process run of its own)."""
+    return (config.engine == "lingbot-map" and config.mode == "streaming"
+            and getattr(config, "sequence_parallel", "off") == "off")
+
+
+def model_key(config: SessionConfig) -> tuple:
+    """What the loaded network depends on: streams with the same key can share it."""
+    import torch
+    return (str(config.checkpoint or ""), str(config.model or "lingbot-map"), str(torch.device(config.device)),
+            config.dtype, str(getattr(config, "weight_dtype", "")))
+
+
+class StreamHubs:
+    """A program's SharedStreams, one per loaded model (model_key). `open_session(config, source)`
+    is an `ui.worker.RunOptions.session_factory`: the GUI's main run and its second views open
+    their LingBot-Map sessions here, so they share one network and batch their frames. A hub whose
+    streams have all closed is dropped (its model freed) when a config needs another model.
+    `preloaded`: a model to use instead of loading the checkpoint (tests, a host program)."""
+
+    def __init__(self, preloaded=None, *, max_batch: int = 4, gather_s: float = 0.02):
+        self.preloaded = preloaded
+        self.max_batch, self.gather_s = int(max_batch), float(gather_s)
+        self._hubs: dict = {}
+        self._lock = threading.Lock()
+
+    def hub(self, config: SessionConfig) -> SharedStreams:
+        # a preloaded model is the one network: every config shares it (the scheduler refuses a
+        # stream on another device or dtype with a clear message)
+        key = ("preloaded",) if self.preloaded is not None else model_key(config)
+        with self._lock:
+            hub = self._hubs.get(key)
+            if hub is None:
+                for k in [k for k, h in self._hubs.items() if not h.open_sessions()]:
+                    del self._hubs[k]                       # idle hubs: free their model first
+                model = self.preloaded
+                if model is None:
+                    from .lingbot.session import _DTYPES, _device, load_lingbot_map
+                    model = load_lingbot_map(config, _device(config), _DTYPES[config.dtype])
+                hub = self._hubs[key] = SharedStreams(model, max_batch=self.max_batch, gather_s=self.gather_s)
+        return hub
+
+    def open_session(self, config: SessionConfig, source=None) -> SharedSession:
+        name = getattr(source, "name", None)
+        live = getattr(source, "kind", "") == "webcam"
+        return self.hub(config).open_session(config, name=name, live=live)
+
+    def open_streams(self) -> int:
+        with self._lock:
+            return sum(h.open_sessions() for h in self._hubs.values())

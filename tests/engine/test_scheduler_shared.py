@@ -1,0 +1,100 @@
+"""SharedStreams (engine/shared_streams.py): sessions of one scheduler pushed from several threads
+give exactly the results of each stream run alone, share rounds, and fail one at a time."""
+import threading
+
+import numpy as np
+import pytest
+
+from engine import EngineError, SessionConfig, open_session
+from engine.models import build_model
+from engine.models.recipe import fill_recipe
+from engine.shared_streams import SharedStreams
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return fill_recipe(build_model("lingbot-map-tiny"))
+
+
+def _frames(seed, n, shape=(60, 80, 3)):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(n)]
+
+
+def _cfg(**kw):
+    base = dict(engine="lingbot-map", image_width=70, scale_frames=2, window=3, special_cap=8,
+                keyframe_interval=1, camera_iterations=2)
+    base.update(kw)
+    return SessionConfig(**base)
+
+
+def _alone(model, over, frames):
+    s = open_session(_cfg(**over), model=model)
+    res = [r for f in frames for r in s.push(f)] + s.flush()
+    s.close()
+    return res
+
+
+def _worker(session, frames, out, errors):
+    try:
+        for f in frames:
+            out.extend(session.push(f))
+        out.extend(session.flush())
+    except EngineError as exc:
+        errors.append(str(exc))
+    finally:
+        session.close()
+
+
+def test_threads_share_rounds_and_match_each_stream_alone(tiny):
+    specs = {"a": (dict(), _frames(1, 9)), "b": (dict(keyframe_interval=2), _frames(2, 8)),
+             "c": (dict(), _frames(3, 7))}
+    ref = {k: _alone(tiny, over, fr) for k, (over, fr) in specs.items()}
+    hub = SharedStreams(tiny, max_batch=4, gather_s=0.5)
+    sessions = {k: hub.open_session(_cfg(**over), name=k) for k, (over, _) in specs.items()}
+    got = {k: [] for k in specs}
+    errors: list = []
+    threads = [threading.Thread(target=_worker, args=(sessions[k], specs[k][1], got[k], errors)) for k in specs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert hub.scheduler.stats()["largest_batch"] >= 2       # the threads' frames shared forwards
+    for k in specs:
+        a, b = ref[k], got[k]
+        assert [r.index for r in a] == [r.index for r in b] and len(b) == len(specs[k][1])
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(y.pose_enc, x.pose_enc, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(y.depth, x.depth, rtol=1e-5, atol=1e-6)
+    assert all(s.closed for s in sessions.values()) and hub.open_sessions() == 0
+
+
+def test_a_bad_frame_ends_only_its_session(tiny):
+    hub = SharedStreams(tiny, max_batch=4, gather_s=0.0)
+    a, b = hub.open_session(_cfg(), name="a"), hub.open_session(_cfg(), name="b")
+    fa, fb = _frames(5, 4), _frames(6, 5)
+    fa[3] = _frames(7, 1, shape=(60, 120, 3))[0]            # another size mid-stream
+    out_a, out_b, err_a, err_b = [], [], [], []
+    ta = threading.Thread(target=_worker, args=(a, fa, out_a, err_a))
+    tb = threading.Thread(target=_worker, args=(b, fb, out_b, err_b))
+    ta.start(), tb.start()
+    ta.join(120), tb.join(120)
+    assert len(err_a) == 1 and "frame size changed" in err_a[0] and not err_b
+    assert [r.index for r in out_a] == [0, 1, 2] and [r.index for r in out_b] == list(range(5))
+    stats = b.stats() if not b.closed else None
+    assert stats is None
+    with pytest.raises(EngineError, match="closed"):
+        a.push(fa[0])
+
+
+def test_stats_and_session_facts_pass_through(tiny):
+    hub = SharedStreams(tiny, gather_s=0.0)
+    s = hub.open_session(_cfg(), name="x")
+    for f in _frames(8, 3):
+        s.push(f)
+    st = s.stats()
+    assert st["frames"] == 3 and st["scheduler"]["streams"] == 1
+    assert s.config.image_width == 70 and s.kv is not None     # the session's own attributes
+    s.close()
+    assert s.closed and hub.open_sessions() == 0
