@@ -63,7 +63,7 @@ def run_many(args, inputs: list) -> int:
                                  f"(engine {cfg0.engine})")
         import torch
 
-        from engine.streaming import _DTYPES, _device, load_lingbot_map
+        from engine.lingbot.session import _DTYPES, _device, load_lingbot_map
         model = load_lingbot_map(cfg0, _device(cfg0), _DTYPES[cfg0.dtype])
         sched = StreamScheduler(model, max_batch=len(inputs))
         root = Path(args.session_dir).expanduser() if args.session_dir else None

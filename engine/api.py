@@ -367,7 +367,7 @@ def register_engine(name: str, factory: Callable[[SessionConfig, Any], Session],
 
 # Built-in engines and the module that registers each; imported on demand so opening the
 # geometric engine never pays for importing torch.
-_BUILTIN_MODULES = {"geometric": "engine.geometric", "lingbot-map": "engine.lingbot_engine",
+_BUILTIN_MODULES = {"geometric": "engine.geometric", "lingbot-map": "engine.lingbot",
                     "synthetic": "engine.synthetic", "vggt-1b": "engine.vggt"}
 
 

@@ -8,7 +8,7 @@ latency budget and admission control.
         ...
     sched.close_stream(a)                      # drains, flushes (short scale phase), frees its caches
 
-Each stream is an ordinary `LingBotMapSession` (engine/streaming.py) over the *shared* model, so
+Each stream is an ordinary `LingBotMapSession` (engine/lingbot/session.py) over the *shared* model, so
 its KV cache, camera cache, keyframe logic and results are exactly those of the session run alone.
 What the scheduler adds is how steps run:
 
@@ -94,7 +94,7 @@ def _available_bytes(device: torch.device) -> int:
 
 
 class _SessionOps:
-    """The session internals a batched step needs (engine/streaming.py LingBotMapSession)."""
+    """The session internals a batched step needs (engine/lingbot/session.py LingBotMapSession)."""
 
     @staticmethod
     def streaming(s) -> bool:
@@ -113,7 +113,7 @@ class _SessionOps:
     def begin(s, keyframe: bool):
         s._ensure_caches()
         s.caches.begin_step(1, scale=False, keyframe=keyframe)     # KV + camera cache together
-        from .streaming import _KVAdapter
+        from .lingbot.session import _KVAdapter
         return _KVAdapter(s.kv), s.camera_cache, s._time
 
     @staticmethod
@@ -203,7 +203,7 @@ class StreamScheduler:
 
     def __init__(self, model, *, memory_budget_bytes: Optional[int] = None, reserve_bytes: Optional[int] = None,
                  max_batch: int = 8, clock=time.perf_counter):
-        from .models import LingBotMap
+        from .lingbot.model import LingBotMap
         if not isinstance(model, LingBotMap):
             raise EngineError(f"the scheduler runs LingBot-Map streams; got a {type(model).__name__}")
         if max_batch < 1:
@@ -241,7 +241,7 @@ class StreamScheduler:
             raise AdmissionError(f"cannot open stream {name!r} on {key[0]} in {key[1]}: the streams share one "
                                  f"model, which runs on {self._key[0]} in {self._key[1]}")
         est = stream_cache_bytes(self.model, config, frame_size)
-        from .streaming import _device
+        from .lingbot.session import _device
         device = _device(config)
         pending = sum(s.estimate.get("total", 0) for s in self.streams
                       if not s.closed and s.session.kv is None)          # admitted, not yet allocated
@@ -264,7 +264,7 @@ class StreamScheduler:
         budget = None if latency_budget_ms is None else float(latency_budget_ms) / 1e3
         if budget is not None and budget <= 0:
             raise EngineError(f"latency budget must be positive (got {latency_budget_ms} ms)")
-        from .streaming import LingBotMapSession
+        from .lingbot.session import LingBotMapSession
         session = LingBotMapSession(config, self.model)
         self._key = key
         # batched streamed steps replay CUDA graphs too (one per batch size), when graphs are on

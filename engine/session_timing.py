@@ -1,4 +1,4 @@
-"""Bookkeeping shared by the neural sessions (engine/streaming.py LingBot-Map, engine/vggt/session.py
+"""Bookkeeping shared by the neural sessions (engine/lingbot/session.py LingBot-Map, engine/vggt/session.py
 VGGT chunked, engine/windowed.py): checks of the device and integer settings, the closed flag, taking a frame (preprocess,
 size check, index, timestamp) and the latency / throughput of recent model runs for `stats()`.
 

@@ -98,7 +98,7 @@ def overlap_similarity(prev: list, new: list, points_per_frame: int = 4096) -> t
 
 def _inner_class(engine: str):
     if engine == "lingbot-map":
-        from .streaming import LingBotMapSession
+        from .lingbot.session import LingBotMapSession
         return LingBotMapSession
     if engine == "vggt-1b":
         from .vggt.session import VGGTChunkedSession

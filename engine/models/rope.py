@@ -16,7 +16,7 @@ Facts (upstream LingBot-Map / VGGT):
 
 Positions are computed from the formula, never looked up in a fixed-size table: for indices below
 the released table size (`max_frame_num` = 1024) the values are bit-identical to the upstream
-table, and past it the stream keeps running (see engine/streaming.py, "Position limit").
+table, and past it the stream keeps running (see engine/lingbot/session.py, "Position limit").
 """
 from __future__ import annotations
 

@@ -158,7 +158,7 @@ def _ring_attention_part(rank, world, args, log):
 
 def _scale_phase_part(rank, world, model, args, log):
     import torch.distributed as dist
-    from ..streaming import LingBotMapSession
+    from ..lingbot.session import LingBotMapSession
     rows = []
 
     def run(S, ring):

@@ -1,4 +1,4 @@
-"""The lingbot-map streaming session on the tiny configuration (engine/streaming.py)."""
+"""The lingbot-map streaming session on the tiny configuration (engine/lingbot/session.py)."""
 import numpy as np
 import pytest
 import torch

@@ -1,7 +1,7 @@
 """The "lingbot-map" streaming session: LingBot-Map over the paged KV cache, one frame per push.
 
 Flow (the engine contract in shared/DESIGN.md):
-1. every pushed frame is preprocessed (engine/preprocess.py) to the model resolution, which is
+1. every pushed frame is preprocessed (engine/preprocess.py, shared with VGGT) to the model resolution, which is
    fixed by the first frame;
 2. **scale phase**: the first `scale_frames` frames are buffered (push returns []) and then run
    together, attending to each other bidirectionally; that push returns all of them. A stream
@@ -43,11 +43,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .api import EngineError, EngineEvent, FrameResult, SessionConfig
-from .pose import decode_pose
-from .session_timing import SessionTiming, require_ints, resolve_device
+from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
+from ..pose import decode_pose
+from ..session_timing import SessionTiming, require_ints, resolve_device
 
-from .kv.dtypes import COMPUTE_DTYPES as _DTYPES, KV_DTYPES as _KV_DTYPES  # the one dtype table
+from ..kv.dtypes import COMPUTE_DTYPES as _DTYPES, KV_DTYPES as _KV_DTYPES  # the one dtype table
 
 
 def _config_error(msg: str) -> EngineError:
@@ -63,7 +63,7 @@ def _validate(cfg: SessionConfig) -> None:
         raise _config_error(f"backend must be auto, sdpa or flashinfer (got {cfg.backend!r})")
     if cfg.mode != "streaming":
         raise _config_error(f"mode {cfg.mode!r} is not available for this engine; use 'streaming'")
-    from .kv.compression import METHODS
+    from ..kv.compression import METHODS
     if (cfg.kv_compression or "none") not in METHODS:
         raise _config_error(f"kv_compression must be one of {', '.join(METHODS)} (got {cfg.kv_compression!r})")
     if not 0.0 < float(cfg.kv_keep_ratio) <= 1.0 or int(cfg.kv_block_size) < 1:
@@ -92,8 +92,8 @@ def load_lingbot_map(cfg: SessionConfig, device: torch.device, dtype: torch.dtyp
     if not cfg.checkpoint:
         raise EngineError("LingBot-Map needs weights: choose a checkpoint file (lingbot-map.pt, "
                           "lingbot-map-long.pt or a .safetensors export) in the settings")
-    from .checkpoint import load_checkpoint
-    from .models import build_model
+    from ..checkpoint import load_checkpoint
+    from ..models import build_model
     with torch.device(device):
         model = build_model(str(cfg.model or "lingbot-map"))
     model.set_dtype(dtype)
@@ -115,7 +115,7 @@ class LingBotMapSession(SessionTiming):
         self.dtype = _DTYPES[config.dtype]
         if model is None:
             model = load_lingbot_map(config, self.device, self.dtype)
-        from .models import LingBotMap
+        from .model import LingBotMap
         if not isinstance(model, LingBotMap):
             raise EngineError(f"the lingbot-map engine needs a LingBot-Map model, got {type(model).__name__}")
         # The model is converted in place (no second copy of 4.6 GB). Going up in precision cannot
@@ -127,7 +127,7 @@ class LingBotMapSession(SessionTiming):
             f"the model was converted to {str(was).replace('torch.', '')} by an earlier session; "
             f"{config.dtype} results use those rounded weights. Reload the checkpoint for exact {config.dtype}"))]
         if config.weight_dtype in ("int8", "fp8"):      # trunk linear weights via torchao, in place
-            from .weight_quant import quantize_trunk
+            from ..weight_quant import quantize_trunk
             quantize_trunk(self.model, config.weight_dtype)
         elif getattr(self.model, "weight_dtype", None):
             self._events.append(EngineEvent("warning", message=(
@@ -137,9 +137,9 @@ class LingBotMapSession(SessionTiming):
         # session, since captured graphs point at the weights as converted above.
         use_graphs = (self.device.type == "cuda" and bool(config.cuda_graphs)
                       and getattr(self.model, "weight_dtype", None) is None)   # quantized: eager
-        from .models.graphs import GraphCache
+        from ..models.graphs import GraphCache
         self.model.aggregator.graphs = GraphCache() if use_graphs else None
-        from .kv.dtypes import kv_precision
+        from ..kv.dtypes import kv_precision
         self.kv_precision = kv_precision(config.dtype, config.kv_dtype)   # decided once, here
         self.kv_dtype = self.kv_precision.storage
         self.kv = None                  # PagedKVCache, built at the first step (needs the token count)
@@ -208,8 +208,8 @@ class LingBotMapSession(SessionTiming):
     def _ensure_caches(self) -> None:
         if self.kv is not None:
             return
-        from .kv import PagedKVCache, make_compressor, resolve_backend
-        from .kv.coordinator import StreamCaches
+        from ..kv import PagedKVCache, make_compressor, resolve_backend
+        from ..kv.coordinator import StreamCaches
         cfg, geo = self.config, self.model.kv_geometry()
         h, w = self._hw
         patches = (h // 14) * (w // 14)
@@ -226,7 +226,7 @@ class LingBotMapSession(SessionTiming):
     def _step(self, images: torch.Tensor, n: int, scale: bool, keyframe: bool, first: bool) -> dict:
         forward = functools.partial(self.model.forward_step, extras=False)   # only what results use
         if scale and self.config.sequence_parallel != "off":   # ring attention over the ranks
-            from .parallel.lingbot_ring import ring_forward
+            from ..parallel.lingbot_ring import ring_forward
             forward = ring_forward(self.model, self.config)
         self._ensure_caches()
         self.caches.begin_step(n, scale=scale, keyframe=keyframe)

@@ -1,11 +1,14 @@
-"""Registers the "lingbot-map" engine without importing torch: its capabilities (what the
-settings panel offers) live here, and the session module (torch, the model) loads when a session
-is opened. The implementation is engine/streaming.py."""
+"""LingBot-Map: the model (engine/lingbot/model.py, built from engine/models' shared layers) and
+its streaming session (engine/lingbot/session.py); windowed mode is engine/windowed.py.
+
+This package's __init__ registers the "lingbot-map" engine without importing torch: its
+capabilities (what the settings panel offers) live here, and the session module (torch, the
+model) loads when a session is opened."""
 from __future__ import annotations
 
 from typing import Any
 
-from .api import SessionConfig, register_engine
+from ..api import SessionConfig, register_engine
 
 CAPABILITIES = {
     "label": "LingBot-Map (neural, streaming)",
@@ -39,9 +42,9 @@ CAPABILITIES = {
 
 def _factory(config: SessionConfig, model: Any):
     if config.mode == "windowed":            # restart every window_size frames, align (engine/windowed.py)
-        from .windowed import WindowedSession
+        from ..windowed import WindowedSession
         return WindowedSession(config, model)
-    from .streaming import LingBotMapSession
+    from .session import LingBotMapSession
     return LingBotMapSession(config, model)
 
 

@@ -1,6 +1,6 @@
 """LingBot-Map (streaming GCT): aggregator + causal camera head + DPT depth head.
 
-Forward API used by the streaming session (engine/streaming.py) and the benchmarks:
+Forward API used by the streaming session (engine/lingbot/session.py) and the benchmarks:
 
     out = model.forward_step(images, time_index=[...], first_frame=..., scale_phase=...,
                              kv=paged_kv_cache_or_None, camera_cache=cam_cache_or_None,
@@ -29,12 +29,11 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 
-from .camera_head import CameraCache, CameraHead
-from .dpt_head import DPTHead
-from .layers import global_attend
-from .rope import Rope2D, Rotation, VideoRope3D
-from .trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkConfig, TrunkModel
-
+from ..models.camera_head import CameraCache, CameraHead
+from ..models.dpt_head import DPTHead
+from ..models.layers import global_attend
+from ..models.rope import Rope2D, Rotation, VideoRope3D
+from ..models.trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkConfig, TrunkModel, build_preset
 
 
 @dataclass
@@ -42,7 +41,7 @@ class LingBotMapConfig(TrunkConfig):
     """TrunkConfig (engine/models/trunk.py) and the 3D RoPE / training sizes."""
     rope3d_theta: float = 1e4
     rope3d_split: Optional[Sequence[int]] = None     # default (20, 22, 22) at head dim 64
-    max_frame_num: int = 1024           # size of the released 3D-RoPE table (see streaming.py)
+    max_frame_num: int = 1024           # size of the released 3D-RoPE table (see engine/lingbot/session.py)
     trained_views: int = 320            # cached views seen in training
     extra: dict = field(default_factory=dict)
 
@@ -214,3 +213,21 @@ class LingBotMap(TrunkModel, nn.Module):
         """One bidirectional batch (no caches): frame 0 is the reference, all frames are scale frames."""
         return self.forward_step(images, time_index=range(images.shape[0]), first_frame=True, scale_phase=True,
                                  iterations=iterations)
+
+
+# tiny: the same architecture scaled down for tests of other modules (KV cache, checkpoints,
+# sessions): embed_dim 64, 4 heads (head dim 16, 3D-RoPE split 8/4/4), depth 4 (features of layers
+# 0-3), DINOv2 depth 2, camera head 2 blocks at 128 with 4 heads, DPT features 32, out channels
+# (16, 32, 64, 64), img_size 112 (pos-embed grid 8x8); 1.26 M parameters. Any input size that is a
+# multiple of 14 works (e.g. 56x70 -> 4x5 patches, 26 tokens per frame).
+TINY = dict(img_size=112, embed_dim=64, depth=4, num_heads=4, patch_embed_depth=2, patch_embed_heads=4,
+            intermediate_layers=(0, 1, 2, 3), camera_depth=2, camera_heads=4, dpt_features=32,
+            dpt_out_channels=(16, 32, 64, 64))
+MODELS = {"lingbot-map": {}, "lingbot-map-tiny": TINY}
+
+
+def build_lingbot(name: str = "lingbot-map", **overrides) -> LingBotMap:
+    from ..api import EngineError
+    if name not in MODELS:
+        raise EngineError(f"unknown LingBot-Map model {name!r}; available: {', '.join(MODELS)}")
+    return build_preset(name, MODELS, LingBotMapConfig, LingBotMap, overrides)
