@@ -14,6 +14,8 @@ With 2+ GPUs it spawns 2 processes (one per GPU, NCCL; NVLink multicast stays of
    2 GPUs (engine/parallel/vggt_ring.py); time per chunk, peak memory per GPU, outputs compared,
    and the memory per frame from which the longest chunk that fits follows;
 then on GPU 0 alone
+0. (`--noise-floor`) the bf16 tolerance the ring's deviations are judged against: the same scale
+   phase and VGGT chunk on one GPU in bf16 against fp32, with the same metrics as parts 2 and 3;
 4. the stream scheduler: 1 stream, 4 streams batched, 4 streams one at a time (max_batch 1) at
    518x378, aggregate FPS over `--frames` streamed frames per stream and memory per stream.
 Writes DIR/parallel_bench.json and prints a summary. Needs CUDA.
@@ -294,6 +296,55 @@ def _vggt_chunk_part(rank, world, args, log):
     return {"rows": rows, "fit": fit, "resolution": [vw, vh], "heads": list(heads)}
 
 
+def _pose_depth_diff(out, ref):
+    """The metrics of parts 2 and 3: pose encoding max |diff|, depth median relative diff."""
+    pe = float(np.abs(out[0] - ref[0]).max())
+    dep = float(np.median(np.abs(out[1] - ref[1]) / np.maximum(np.abs(ref[1]), 1e-6)))
+    return pe, dep
+
+
+def _noise_floor_part(args, log):
+    """Part 0: one GPU, bf16 against fp32 on the inputs of parts 2 and 3 (the rounding a bf16 run
+    carries anyway; a ring whose deviation from one GPU is of this size is exact to bf16)."""
+    from ..lingbot.session import LingBotMapSession
+    rows = {}
+    S = args.noise_floor[0]
+    outs = {}
+    model = _model(torch.device(DEV))
+    for dt in ("fp32", "bf16"):                   # fp32 first: the session casts the trunk in place
+        s = LingBotMapSession(_cfg(scale_frames=S, window=64, special_cap=max(1024, S + 64), dtype=dt), model)
+        res = []
+        for f in _frames(S, S):
+            res += s.push(f)
+        outs[dt] = (np.stack([r.pose_enc for r in res]), np.stack([r.depth for r in res]))
+        s.close()
+    del model
+    mem.empty()
+    pe, dep = _pose_depth_diff(outs["bf16"], outs["fp32"])
+    rows["scale_phase"] = {"scale_frames": S, "pose_max_abs_diff": pe, "depth_median_rel_diff": dep,
+                           "pose_max_abs": float(np.abs(outs["fp32"][0]).max())}
+    log(f"noise floor, scale phase {S} frames, one GPU bf16 vs fp32: pose max |diff| {pe:.2e} "
+        f"(max |pose| {rows['scale_phase']['pose_max_abs']:.2f}), depth median rel diff {dep:.2e}")
+    n = args.noise_floor[1]
+    vh, vw = VGGT_HW
+    g = torch.Generator().manual_seed(n)
+    imgs = torch.nn.functional.interpolate(torch.rand(n, 3, vh // 8, vw // 8, generator=g), size=(vh, vw),
+                                           mode="bilinear").clamp(0, 1).to(DEV)
+    vggt = _vggt_model()
+    outs = {}
+    for dt in (torch.float32, torch.bfloat16):
+        o = vggt.set_dtype(dt).forward_chunk(imgs, heads=("camera", "depth"))
+        outs[dt] = (o["pose_enc"].float().cpu().numpy(), o["depth"].float().cpu().numpy())
+    del vggt, imgs
+    mem.empty()
+    pe, dep = _pose_depth_diff(outs[torch.bfloat16], outs[torch.float32])
+    rows["vggt_chunk"] = {"frames": n, "pose_max_abs_diff": pe, "depth_median_rel_diff": dep,
+                          "pose_max_abs": float(np.abs(outs[torch.float32][0]).max())}
+    log(f"noise floor, VGGT chunk {n} frames, one GPU bf16 vs fp32: pose max |diff| {pe:.2e} "
+        f"(max |pose| {rows['vggt_chunk']['pose_max_abs']:.2f}), depth median rel diff {dep:.2e}")
+    return rows
+
+
 def _scheduler_part(model, args, log):
     from ..scheduler import StreamScheduler, stream_cache_bytes
     rows = []
@@ -392,6 +443,9 @@ def _rank(rank, world, args, rdzv):
         dist.destroy_process_group()
         if rank != 0:
             return
+    if args.noise_floor:
+        res["noise_floor"] = _noise_floor_part(args, log)
+        save()
     if args.streams:
         res["scheduler"] = _scheduler_part(model, args, log)
     save()
@@ -404,6 +458,8 @@ def main(argv=None) -> int:
     p.add_argument("--ring-frames", type=ints, default=[32, 64, 128, 256])
     p.add_argument("--scale-sizes", type=ints, default=[8, 32, 64, 128])
     p.add_argument("--vggt-chunks", type=ints, default=[64, 128, 256, 512])
+    p.add_argument("--noise-floor", type=ints, default=[], metavar="S,C",
+                   help="part 0 on one GPU: scale phase of S frames and a VGGT chunk of C frames, bf16 vs fp32")
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--frames", type=int, default=40)
     p.add_argument("--smoke", action="store_true", help="run the same code on 2 CPU processes, tiny model")
