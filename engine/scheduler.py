@@ -16,7 +16,9 @@ What the scheduler adds is how steps run:
   `model.forward_step`: patch embed, the 24 frame blocks, the heads' per-token work and the depth
   head run once for the whole batch. Global attention stays per stream, over its own pages: the
   `kv` object given to the model splits q/k/v by frame and sends each to its own stream's paged
-  cache (`_BatchKV`), and the camera head's causal attention likewise (`_BatchCameraCache`).
+  cache (`engine.kv.batch_attention.BatchKV`; with `attention_streams` the B attention kernels
+  run side by side on CUDA side streams), and the camera head's causal attention likewise
+  (`_BatchCameraCache`). A batch lists its streams in the order they were opened, every round.
   Each frame carries its own 3D-RoPE time index. A stream still in its scale phase runs that
   step on its own (a multi-frame bidirectional step), through the session's own `push`.
   Streams are batched together only when they share the resolution and camera iterations.
@@ -26,6 +28,11 @@ What the scheduler adds is how steps run:
   budget by the end of this round (its wait plus the recent round time) is served before the
   others, most urgent first. A *live* stream (webcam) drops queued frames older than its budget
   when a newer one is waiting (counted in `stats`), so it stays current instead of lagging.
+* **Pipelined rounds** (`pipeline=True`, for throughput): a round's outputs go to pinned host
+  memory on a copy stream (engine/host_copy.py) and its results are returned by the NEXT `step()`,
+  after that step has queued its own forward -- the CPU builds round N's results and prepares
+  round N+1 while the GPU still runs, instead of waiting for the GPU once per round. Results are
+  the same, one round later; `pending()` counts frames in flight, `close_stream` collects them.
 * **Admission control.** `open_stream` estimates the bytes the new stream will hold (paged KV
   pools + camera cache, computed from the cache configuration exactly as they are allocated) and
   refuses it with `AdmissionError` -- a message saying what it needs, what is free and what to
@@ -48,6 +55,7 @@ import numpy as np
 import torch
 
 from .api import EngineError, FrameResult, SessionConfig
+from .kv.batch_attention import BatchKV, side_streams_for
 from .preprocess import target_size
 
 _ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
@@ -133,22 +141,6 @@ class _SessionOps:
         return s._result(b, index, ts, prep, out, keyframe)
 
 
-class _BatchKV:
-    """`kv` for a batch of frames of different streams: frame b reads and writes stream b's cache."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self, parts):
-        self.parts = parts
-
-    def write(self, layer, k, v):
-        for b, kv in enumerate(self.parts):
-            kv.write(layer, k[b:b + 1], v[b:b + 1])
-
-    def attend(self, layer, q):
-        return torch.cat([kv.attend(layer, q[b:b + 1]) for b, kv in enumerate(self.parts)], dim=0)
-
-
 class _BatchCameraCache:
     """Camera caches of a batch: the camera trunk sees the batch as one sequence [1, B, dim];
     token b attends only to stream b's cache (and itself)."""
@@ -202,7 +194,8 @@ class StreamScheduler:
     """N LingBot-Map streams over one shared model (see the module docstring)."""
 
     def __init__(self, model, *, memory_budget_bytes: Optional[int] = None, reserve_bytes: Optional[int] = None,
-                 max_batch: int = 8, clock=time.perf_counter):
+                 max_batch: int = 8, clock=time.perf_counter, attention_streams: bool = False,
+                 pipeline: bool = False):
         from .lingbot.model import LingBotMap
         if not isinstance(model, LingBotMap):
             raise EngineError(f"the scheduler runs LingBot-Map streams; got a {type(model).__name__}")
@@ -223,6 +216,14 @@ class StreamScheduler:
         self._batched_frames = 0
         self._largest_batch = 0
         self._key: Optional[tuple] = None  # (device, dtype) every stream must share
+        self.attention_streams = bool(attention_streams)   # per-stream attention on CUDA side streams
+        self._side: dict = {}              # device -> side streams (engine/kv/batch_attention.py)
+        self.pipeline = bool(pipeline)     # results one round later, no host wait per round
+        self._copies = None                # engine.host_copy.HostCopies (pipeline)
+        self._inflight = 0                 # frames whose forward ran, results not yet collected
+        self._held: dict = {}              # Stream -> results collected while serving another one
+        # host time per part of the rounds (seconds, summed): what the CPU spends where
+        self._host = {"prepare": 0.0, "launch": 0.0, "readback": 0.0, "results": 0.0}
 
     # ------------------------------------------------------------------ admission
     def _reserve(self, device: torch.device) -> int:
@@ -281,8 +282,11 @@ class StreamScheduler:
         stream.queue.append((frame, timestamp, self.clock()))
 
     def pending(self) -> int:
-        """Queued frames of the streams that can still run (not closed, no error)."""
-        return sum(len(s.queue) for s in self.streams if not s.closed and s.error is None)
+        """Frames not yet returned: queued in streams that can still run (not closed, no error),
+        in flight (pipeline) and collected for a stream but not yet handed out."""
+        return (sum(len(s.queue) for s in self.streams if not s.closed and s.error is None)
+                + self._inflight
+                + sum(len(r) for r in self._held.values()))
 
     def _order(self, now: float, only: Optional[Stream] = None) -> list[Stream]:
         """Streams with queued frames: urgent ones (budget at risk) first, then round robin."""
@@ -315,12 +319,13 @@ class StreamScheduler:
         t0 = self.clock()
         self._drop_late(t0)
         chosen = self._order(t0, only)[:self.max_batch]
-        if not chosen:
-            return []
+        out: list[tuple[Stream, list[FrameResult]]] = self._take_held(only)
+        if not chosen:                     # nothing to run: hand out what is in flight
+            return out + self._collect(0, only)
         first = self.streams.index(chosen[0])
         self._rr = (first + 1) % len(self.streams)
-        out: list[tuple[Stream, list[FrameResult]]] = []
         groups: dict[tuple, list] = {}
+        h0 = time.perf_counter()
         for s in chosen:
             frame, ts, submitted = s.queue.popleft()
             sess = s.session
@@ -335,8 +340,16 @@ class StreamScheduler:
                 continue
             key = (tuple(prep.tensor.shape), sess.config.camera_iterations)
             groups.setdefault(key, []).append((s, prep, index, ts2, kf, submitted))
+        self._host["prepare"] += time.perf_counter() - h0
+        launched = 0
         for (_, iterations), items in groups.items():
-            out.extend(self._batched(items, iterations))
+            got = self._batched(items, iterations)
+            if got is None:                # pipelined: its results come with a later step
+                launched += 1
+            else:
+                out.extend(got)
+        if self.pipeline:                  # the rounds queued before this step's own
+            out.extend(self._collect(launched, only))
         self._round_s.append(self.clock() - t0)
         self._rounds += 1
         return out
@@ -365,6 +378,9 @@ class StreamScheduler:
     def _batched(self, items: list, iterations: int) -> list[tuple[Stream, list[FrameResult]]]:
         """One forward for frames of several streams (each stream's session bookkeeping kept)."""
         t0 = self.clock()
+        h0 = time.perf_counter()
+        order = {s: i for i, s in enumerate(self.streams)}
+        items = sorted(items, key=lambda it: order[it[0]])    # the same composition every round
         begun = []
         try:
             parts = []
@@ -376,7 +392,8 @@ class StreamScheduler:
             if len(parts) == 1:     # exactly the session's own call (its per-cache CUDA graphs apply)
                 kv, cam = parts[0][0], parts[0][1]
             else:                   # fresh adapters each round: the model must not graph them (S > 1)
-                kv, cam = _BatchKV([p[0] for p in parts]), _BatchCameraCache([p[1] for p in parts])
+                side = side_streams_for(dev, len(parts), self._side) if self.attention_streams else None
+                kv, cam = BatchKV([p[0] for p in parts], side), _BatchCameraCache([p[1] for p in parts])
             res = self.model.forward_step(images, time_index=[p[2] for p in parts], first_frame=False,
                                           scale_phase=False, kv=kv, camera_cache=cam, iterations=iterations,
                                           **self._fwd_kw)
@@ -389,16 +406,56 @@ class StreamScheduler:
             raise
         for s, _, _, _, kf, _ in items:
             _SessionOps.commit(s.session, kf)
-        out_np = {k: v.float().cpu().numpy() for k, v in res.items()}
-        dt = self.clock() - t0
         self._batched_frames += len(items)
         self._largest_batch = max(self._largest_batch, len(items))
+        outputs = {k: res[k] for k in ("pose_enc", "depth", "conf")}
+        h1 = time.perf_counter()
+        self._host["launch"] += h1 - h0
+        if self.pipeline:
+            if self._copies is None:
+                from .host_copy import HostCopies
+                self._copies = HostCopies(dev, slots=4)
+            self._copies.submit(outputs, tag=(items, t0))
+            self._inflight += len(items)
+            self._host["readback"] += time.perf_counter() - h1
+            return None
+        out_np = {k: v.float().cpu().numpy() for k, v in outputs.items()}
+        self._host["readback"] += time.perf_counter() - h1
+        return self._finish(items, out_np, t0)
+
+    def _finish(self, items: list, out_np: dict, t0: float) -> list[tuple[Stream, list[FrameResult]]]:
+        """Results of one batched forward from its outputs on the host."""
+        h0 = time.perf_counter()
+        dt = self.clock() - t0
         done = []
         for b, (s, prep, index, ts, kf, submitted) in enumerate(items):
             r = [_SessionOps.result(s.session, b, index, ts, prep, out_np, kf, dt)]
             self._account(s, r, submitted)
             done.append((s, r))
+        self._host["results"] += time.perf_counter() - h0
         return done
+
+    def _collect(self, keep: int, only: Optional[Stream] = None) -> list[tuple[Stream, list[FrameResult]]]:
+        """(pipeline) Results of the forwards in flight but the newest `keep`; with `only`, other
+        streams' results are held for the next step."""
+        if self._copies is None:
+            return []
+        out = []
+        h0 = time.perf_counter()
+        taken = self._copies.take(keep)       # waits only for the copies it hands out
+        self._host["readback"] += time.perf_counter() - h0
+        for (items, t0), arrays in taken:
+            self._inflight -= len(items)
+            for s, res in self._finish(items, arrays, t0):
+                if only is None or s is only:
+                    out.append((s, res))
+                else:
+                    self._held.setdefault(s, []).extend(res)
+        return out
+
+    def _take_held(self, only: Optional[Stream] = None) -> list[tuple[Stream, list[FrameResult]]]:
+        keys = [only] if only is not None else list(self._held)
+        return [(s, self._held.pop(s)) for s in keys if s in self._held]
 
     def run_until_idle(self) -> dict:
         """Step until no frame is queued; {stream name: [results]} in order."""
@@ -417,6 +474,8 @@ class StreamScheduler:
         while stream.queue and stream.error is None:
             for _, res in self.step(only=stream):
                 results.extend(res)
+        for _, res in self._take_held(stream) + self._collect(0, stream):    # pipelined, in flight
+            results.extend(res)
         if stream.error is None:
             results.extend(self._guard(stream, stream.session.flush, self.clock()))
         stream.session.close()
@@ -433,5 +492,7 @@ class StreamScheduler:
     def stats(self) -> dict:
         return {"streams": [s.stats() for s in self.streams], "rounds": self._rounds,
                 "batched_frames": self._batched_frames, "largest_batch": self._largest_batch,
-                "max_batch": self.max_batch,
-                "round_ms_median": float(np.median(self._round_s)) * 1e3 if self._round_s else None}
+                "max_batch": self.max_batch, "attention_streams": self.attention_streams,
+                "pipeline": self.pipeline,
+                "round_ms_median": float(np.median(self._round_s)) * 1e3 if self._round_s else None,
+                "host_ms_per_round": {k: v * 1e3 / max(self._rounds, 1) for k, v in self._host.items()}}

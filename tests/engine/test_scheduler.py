@@ -183,3 +183,68 @@ def test_a_stream_shorter_than_its_scale_phase_runs_it_at_close(tiny):
                                rtol=1e-5, atol=1e-5)
     with pytest.raises(EngineError, match="positive"):
         sched.open_stream(_cfg(), latency_budget_ms=0)
+
+
+def test_pipelined_rounds_equal_each_stream_alone_one_round_later(tiny):
+    names = ("a", "b", "d")                 # one batch group (same size and iterations)
+    frames = {k: _frames(**STREAMS[k][1]) for k in names}
+    ref = {k: _alone(tiny, STREAMS[k][0], frames[k]) for k in names}
+    sched = StreamScheduler(tiny, max_batch=8, pipeline=True)
+    streams = {k: sched.open_stream(_cfg(**STREAMS[k][0]), name=k) for k in names}
+    got = {k: [] for k in names}
+    late = []                               # streamed rounds whose results came with the next step
+    for i in range(max(len(f) for f in frames.values())):
+        for k, st in streams.items():
+            if i < len(frames[k]):
+                sched.submit(st, frames[k][i])
+        served = sched.step()
+        for st, res in served:
+            got[st.name].extend(res)
+        if i >= 3:                          # streaming: this step's own frames are in flight
+            assert sched.pending() == sum(i < len(frames[k]) for k in names)
+            late.append(sum(len(r) for _, r in served))
+    assert late[0] == 3                     # the round before, for all three streams
+    for k, st in streams.items():
+        got[k].extend(sched.close_stream(st))
+    assert sched.pending() == 0 and sched.stats()["pipeline"]
+    assert set(sched.stats()["host_ms_per_round"]) == {"prepare", "launch", "readback", "results"}
+    for k in names:
+        a, b = ref[k], got[k]
+        assert [r.index for r in a] == [r.index for r in b] and len(b) == len(frames[k])
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(y.pose_enc, x.pose_enc, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(y.depth, x.depth, rtol=1e-5, atol=1e-6)
+            assert y.is_keyframe == x.is_keyframe and y.timestamp == x.timestamp
+
+
+def test_pipelined_close_of_one_stream_keeps_the_others_results(tiny):
+    sched, st = _streaming_scheduler(tiny, "ab", pipeline=True)
+    fa, fb = _frames(20, 3), _frames(21, 3)
+    ref_sched, ref_st = _streaming_scheduler(tiny, "ab")
+    want = {}
+    for s_, f in ((ref_st["a"], fa), (ref_st["b"], fb)):
+        for x in f:
+            ref_sched.submit(s_, x)
+    for s_, res in ref_sched.run_until_idle().items():
+        want[s_] = res
+    for x, y in zip(fa, fb):
+        sched.submit(st["a"], x)
+        sched.submit(st["b"], y)
+    first = sched.step()                          # launches a+b, nothing back yet (scale phases done)
+    assert first == []
+    closing = sched.close_stream(st["a"])         # a's frames, b's results held meanwhile
+    rest = sched.run_until_idle()
+    got_b = rest.get("b", [])
+    assert [r.index for r in closing] == [r.index for r in want["a"]]
+    assert [r.index for r in got_b] == [r.index for r in want["b"]]
+    for x, y in zip(want["b"], got_b):
+        np.testing.assert_allclose(y.pose_enc, x.pose_enc, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_attention_side_streams_are_cuda_only(tiny):
+    from engine.kv.batch_attention import BatchKV, side_streams_for
+    assert side_streams_for("cpu", 4, {}) is None
+    with pytest.raises(ValueError, match="side streams"):
+        BatchKV([object(), object()], side_streams=[object()])
+    sched = StreamScheduler(tiny, attention_streams=True)      # CPU: the plain per-stream loop
+    assert sched.stats()["attention_streams"]
