@@ -194,6 +194,12 @@ class SessionConfig:
                                  tooltip="Recognise places seen before, correct the drift of every keyframe "
                                          "(Sim(3) pose graph) and place a segment started after a tracking loss "
                                          "in the existing map. Runs on a worker thread.")
+    loop_max_keyframes: int = setting(1000, label="Loop keyframes", group="Geometric", engines=_GEOMETRIC,
+                                      range=(10, 100_000),
+                                      tooltip="Most keyframes kept for recognising places (loop closure and "
+                                              "relocalisation, about 30 KB each). Keyframes of a place already "
+                                              "stored are not kept again, so a long run in one area stays "
+                                              "well below it; beyond it the most redundant keyframe is dropped.")
     init_max_frames: int = setting(300, label="Start-up window", group="Geometric", engines=_GEOMETRIC,
                                    range=(10, 100_000),
                                    tooltip="Frames held while waiting for enough sideways motion to start "

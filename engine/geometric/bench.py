@@ -2,6 +2,7 @@
 
     python -m engine.geometric.bench /work/shared/data/icl_livingroom_kt3 [--max-side 640] [--json]
     python -m engine.geometric.bench SEQ --robustness      # blank-stretch and jump-cut clips
+    python -m engine.geometric.bench SEQ --soak 12000      # memory over the clip looped (headless)
 
 Frames are decoded before timing starts, so the figures are the engine's own: tracking FPS
 (input → pose, wall clock and CPU time of the tracking thread), overall push FPS, keyframe rate
@@ -96,6 +97,54 @@ def robustness(seq, frames, cfg) -> list:
     return out
 
 
+def soak(seq, cfg, n_frames: int, every: int = 1000, marks=(2000, 6000, 12000), use_tracemalloc=False) -> list:
+    """The sequence's video (or frames) replayed in a loop for `n_frames` frames, headless, as fast
+    as possible, through the run driver (as `reconstudio run ... --loop`, with the same bounded
+    heap). Every `every` frames and at `marks`: process RSS, the engine's structure sizes
+    (`GeometricSession.memory()`), optionally the Python heap traced by tracemalloc."""
+    import time
+    import tracemalloc
+    from ..api import open_session
+    from ..io.sources import open_source
+    from ..memory import bound_heap
+    from ..run_driver import RunDriver, Sink
+    from ..stats_csv import rss_mb
+    bound_heap()
+    video = seq.root / "video.mp4"
+    src = open_source(str(video if video.exists() else seq.root / "rgb"), loop=True)
+    s = open_session(cfg)
+    rows = []
+    if use_tracemalloc:
+        tracemalloc.start()
+    t0 = time.perf_counter()
+
+    class Probe(Sink):
+        n = 0
+        peak = 0.0    # highest RSS sampled (every 50 frames) since the last row
+
+        def on_results(self, results):
+            for _ in results:
+                self.n += 1
+                if self.n % 50 == 0:
+                    self.peak = max(self.peak, rss_mb() or 0.0)
+                if self.n % every == 0 or self.n in marks:
+                    row = {"frames": self.n, "t_s": round(time.perf_counter() - t0, 1), "rss_mb": rss_mb(),
+                           "rss_peak_mb": self.peak, "load_avg_1min": os.getloadavg()[0], **s.memory()}
+                    self.peak = 0.0
+                    if use_tracemalloc:
+                        row["traced_mb"] = tracemalloc.get_traced_memory()[0] / 1e6
+                    rows.append(row)
+                    print("  ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                          flush=True)
+
+    try:
+        RunDriver(src, s, [Probe()], max_frames=n_frames, stats_hz=0).run()
+    finally:
+        s.close()
+        src.close()
+    return rows
+
+
 def main(argv=None) -> int:
     from ..api import SessionConfig
     from ..evaluate import load_sequence
@@ -106,8 +155,19 @@ def main(argv=None) -> int:
     p.add_argument("--no-depth", action="store_true")
     p.add_argument("--robustness", action="store_true")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--soak", type=int, default=0, metavar="N",
+                   help="replay the clip in a loop for N frames and print RSS / structure sizes")
+    p.add_argument("--tracemalloc", action="store_true", help="(with --soak) also trace the Python heap")
+    p.add_argument("--loop-max-keyframes", type=int, default=1000)
     a = p.parse_args(argv)
     seq = load_sequence(a.sequence)
+    if a.soak:
+        cfg = SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple() if seq.intrinsics else None,
+                            max_side=a.max_side, depth=not a.no_depth, loop_max_keyframes=a.loop_max_keyframes)
+        rows = soak(seq, cfg, a.soak, use_tracemalloc=a.tracemalloc)
+        if a.json:
+            print(json.dumps(rows, indent=2))
+        return 0
     frames = _frames(seq, a.max_frames or len(seq))
     cfg = SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple() if seq.intrinsics else None,
                         max_side=a.max_side, depth=not a.no_depth)

@@ -20,6 +20,15 @@ Pieces (all OpenCV + numpy; the heavy part runs on a worker thread):
   fixed gauge.
 - **Relocalisation**: a keyframe of a segment started after a tracking loss is also looked up among
   the keyframes of earlier segments; a verified match places the segment there (`SegmentLink`).
+- **Bounded memory** (a long run revisiting the same places must not grow): a new keyframe whose
+  verified match is an older database keyframe seen from nearly the same viewpoint (`cull_deg`,
+  `cull_dist` × depth) is *redundant*: its place-recognition data (descriptors, words, 3-D points)
+  is freed at once and it stays only as a pose-graph node of its live segment. The database holds
+  at most `max_keyframes` keyframes (beyond: the one most similar to another keyframe goes, then
+  the oldest). When a segment has ended (`end_segment`, queued by the session after its last
+  detection) its pose graph and every node not in the database are dropped: nothing can move
+  an ended segment again, and only database keyframes can be matched later. `memory()` reports the
+  sizes.
 
 Coordinates: node n is keyframe n's camera frame in the units of the world it was produced in;
 its pose T_n (4×4 similarity, node → world) starts as the c2w the client received. Corrections
@@ -30,6 +39,7 @@ pushed (back-pressure, as for depth), so results do not depend on the worker's s
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,6 +75,10 @@ class LoopParams:
     max_edge_trans: float = 0.5   # the loop was a false match and is dropped
     depth_sigma: float = 0.05     # relative depth noise of map points, for the loop's scale
     lag: int = 30                 # frames after the query keyframe when its answer is applied
+    max_keyframes: int = 1000     # place-recognition database cap (≈ 30 KB per keyframe)
+    cull_deg: float = 10.0        # a new keyframe verified against a database keyframe this close
+    cull_dist: float = 0.15       # (rotation; distance / its median depth) is redundant: freed
+    keep_solutions: int = 20      # LoopSolutions kept for inspection (`loops`)
 
 
 @dataclass
@@ -81,6 +95,30 @@ class KeyframeNode:
     a_uv: Optional[np.ndarray] = None
     a_P: Optional[np.ndarray] = None
     bow: Optional[np.ndarray] = None
+    med_depth: float = 1.0       # median depth of its map points (produced units)
+    in_db: bool = True           # in the place-recognition database (False: freed, graph node only)
+    similarity: float = 0.0      # best word score against an older keyframe (eviction order)
+
+    def free(self) -> None:
+        """Drop everything place recognition / verification needs (the pose stays)."""
+        self.uv, self.P_cam = _EMPTY2, _EMPTY3
+        self.gray = self.desc = self.a_desc = self.a_uv = self.a_P = None
+        self.in_db = False
+
+
+_EMPTY2 = np.zeros((0, 2))
+_EMPTY3 = np.zeros((0, 3))
+
+
+@dataclass
+class Forget:
+    """Keyframes the closer dropped for good (the session may forget their poses). With `segment`
+    set: the answer of `end_segment`, `fids` are every keyframe of that segment not in `kept`
+    (`kept`: still in the database, matched as places only)."""
+    fids: list
+    segment: Optional[int] = None
+    kept: list = field(default_factory=list)
+    segments: list = field(default_factory=list)   # (without `segment`) the segment of each of fids
 
 
 @dataclass
@@ -122,16 +160,22 @@ class LoopCloser:
         self.T_est: dict[int, np.ndarray] = {}               # worker's current pose of each node
         self._lock = threading.Lock()
         self._arrivals: list = []                            # (fid, session epoch) not yet seen by the worker
-        self._corrections: list = []                         # (segment, C_last) of every solution, in order
+        self._corrections: list = []                         # (segment, C_last) of solutions, in order ...
+        self._corr_base = 0                                  # ... from this solution index on (older ones dropped)
+        self.db: dict[int, None] = {}                        # place-recognition database: fids, oldest first
+        self._forgotten: list = []                           # evicted keyframes of ended segments, to report
+        self.keyframes_culled = 0                            # redundant keyframes freed on arrival
+        self.keyframes_evicted = 0                           # keyframes dropped by the database cap
         self._linked: dict[int, int] = {}                    # segment → the earlier segment it was placed in
         self.vocab: Optional[np.ndarray] = None              # words × 32 uint8
         self._vocab_bits: Optional[np.ndarray] = None
         self._df: Optional[np.ndarray] = None
         self._n_docs = 0
-        self.loops: list[LoopSolution] = []
+        self.loops: collections.deque = collections.deque(maxlen=self.p.keep_solutions)   # latest LoopSolutions
+        self.loops_closed = 0
         self.loops_rejected = 0                              # verified loops the odometry could not follow
         self.loops_consistent = 0                            # verified loops the map already agreed with
-        self.detect_cpu: list[float] = []
+        self.detect_cpu: collections.deque = collections.deque(maxlen=200)
 
     # --- tracking thread ------------------------------------------------------------------------
     def add_keyframe(self, fid: int, segment: int, c2w_produced: np.ndarray, T_current_of, uv: np.ndarray,
@@ -158,9 +202,42 @@ class LoopCloser:
                     continue
                 w = self.p.odo_information * min(n, 150) / 100.0
                 edges.append((f, fid, sim3_inverse(T_current_of(f)) @ node.T_produced, w, None))
+            z = node.P_cam[:, 2]
+            node.med_depth = float(np.median(z[z > 0])) if (z > 0).any() else 1.0
             fids.append(fid)
             self.nodes[fid] = node
+            self.db[fid] = None
             self._arrivals.append((fid, epoch))
+
+    def end_segment(self, segment: int) -> Forget:
+        """Worker: segment `segment` has ended (its keyframes' detections are done, queued before
+        this call). Its pose graph goes, and so does every node not in the database."""
+        with self._lock:
+            fids = self.by_segment.pop(segment, [])
+            self.edges.pop(segment, None)
+            kept = [f for f in fids if self.nodes[f].in_db]
+            for f in fids:
+                if not self.nodes[f].in_db:
+                    del self.nodes[f]
+                    self.T_est.pop(f, None)
+            for f in kept:
+                self.nodes[f].gray = None
+            if kept:
+                self.by_segment[segment] = kept   # matched as a place only, never solved again
+            self._linked.pop(segment, None)
+        return Forget([f for f in fids if f not in set(kept)], segment, kept)
+
+    def memory(self) -> dict:
+        """Sizes of what the closer holds (for soak benchmarks and tests)."""
+        with self._lock:
+            nodes = list(self.nodes.values())
+            n_edges = sum(len(e) for e in self.edges.values())
+            n_seg = len(self.by_segment)
+        arrays = sum(a.nbytes for n in nodes for a in (n.uv, n.P_cam, n.gray, n.desc, n.a_desc, n.a_uv, n.a_P, n.bow)
+                     if a is not None)
+        return {"nodes": len(nodes), "database": len(self.db), "edges": n_edges, "segments": n_seg,
+                "estimates": len(self.T_est), "corrections": len(self._corrections),
+                "node_bytes": int(arrays), "culled": self.keyframes_culled, "evicted": self.keyframes_evicted}
 
     # --- worker ---------------------------------------------------------------------------------
     def detect(self, fid: int) -> list:
@@ -181,10 +258,16 @@ class LoopCloser:
             arr, self._arrivals = self._arrivals, []
         for f, epoch in arr:
             T = self.nodes[f].T_produced
-            for seg, C in self._corrections[epoch:]:
+            for seg, C in self._corrections[max(epoch - self._corr_base, 0):]:
                 if seg == self.nodes[f].segment:
                     T = C @ T
             self.T_est[f] = T
+        if arr:
+            # later arrivals come from a session that applied at least this many solutions
+            drop = arr[-1][1] - self._corr_base
+            if drop > 0:
+                del self._corrections[:drop]
+                self._corr_base += drop
 
     def _detect(self, fid: int) -> list:
         node = self.nodes[fid]
@@ -197,43 +280,92 @@ class LoopCloser:
         out = []
         with self._lock:   # the tracking thread adds keyframes meanwhile
             fids = list(self.by_segment[node.segment])
-            nodes = list(self.nodes.values())
+            db = [f for f in self.db if f in self.nodes]
         k = node.index
-        prev = self.nodes[fids[k - 1]] if k > 0 else None
+        prev = self.nodes.get(fids[k - 1]) if k > 0 else None
         ref = self._score(node.bow, prev.bow) if prev is not None and prev.bow is not None else 0.0
-        if node.segment not in self._linked:
-            # relocalisation: is this place in the map of an earlier segment?
-            others = [n.fid for n in nodes if n.segment < node.segment and n.bow is not None]
-            best = self._best_match(node, others, ref)
-            if best is not None:
-                cand, n_inl, S = best
+        if prev is not None and not prev.in_db:
+            prev.bow = None    # kept only for this score
+        # the place in the map of an earlier segment: relocalisation while unlinked, afterwards a
+        # redundancy check (a revisited place need not be stored again)
+        others = [f for f in db if self.nodes[f].segment < node.segment and self.nodes[f].bow is not None]
+        close = None
+        best = self._best_match(node, others, ref)
+        if best is not None:
+            cand, n_inl, S = best
+            if node.segment not in self._linked:
                 self._linked[node.segment] = cand.segment
                 out.append(SegmentLink(node.segment, cand.segment, fid, cand.fid, n_inl, S))
-        if k <= self.p.min_gap:
-            return out
-        older = [f for f in fids[:k - self.p.min_gap] if self.nodes[f].bow is not None]
-        best = self._best_match(node, older, ref)
-        if best is None:
-            return out
-        cand, n_inl, S = best
-        # S maps query camera frame → candidate camera frame: T_q ≈ T_c · S
-        with self._lock:
-            self.edges[node.segment].append((cand.fid, fid, S, self.p.loop_information, self.p.loop_huber))
-        if self._agrees(node, cand, S):
-            # the map already agrees with the loop (no drift to speak of): keep the edge for later
-            # solves, but do not move the map for noise
-            self.loops_consistent += 1
-            return out
-        sol = self._solve(node, cand, n_inl, S)
-        if sol is not None:
-            out.append(sol)
+            close = cand if self._covers(cand, S) else None
+        if k > self.p.min_gap:
+            older = [f for f in fids[:k - self.p.min_gap] if f in self.db and self.nodes[f].bow is not None]
+            best = self._best_match(node, older, ref)
+            if best is not None:
+                cand, n_inl, S = best
+                # S maps query camera frame → candidate camera frame: T_q ≈ T_c · S
+                with self._lock:
+                    self.edges[node.segment].append((cand.fid, fid, S, self.p.loop_information, self.p.loop_huber))
+                if close is None and self._covers(cand, S):
+                    close = cand
+                if self._agrees(node, cand, S):
+                    # the map already agrees with the loop (no drift to speak of): keep the edge for
+                    # later solves, but do not move the map for noise
+                    self.loops_consistent += 1
+                else:
+                    sol = self._solve(node, cand, n_inl, S)
+                    if sol is not None:
+                        out.append(sol)
+        if close is not None:
+            self._cull(node)
+        else:
+            self._cap()
+        if self._forgotten:
+            out.append(Forget([f for f, _ in self._forgotten], segments=[g for _, g in self._forgotten]))
+            self._forgotten = []
         return out
+
+    def _covers(self, cand: KeyframeNode, S: np.ndarray) -> bool:
+        """Whether database keyframe `cand` sees the place from nearly the query's viewpoint
+        (S: query camera frame → cand camera frame)."""
+        s, R, t = sim3_split(S)
+        ang = np.degrees(np.arccos(np.clip((np.trace(R) - 1.0) / 2.0, -1.0, 1.0)))
+        return ang < self.p.cull_deg and float(np.linalg.norm(t)) < self.p.cull_dist * cand.med_depth
+
+    def _cull(self, node: KeyframeNode) -> None:
+        """A redundant new keyframe leaves the database (it stays a node of its segment's graph);
+        its words stay until the next keyframe's reference score is taken."""
+        with self._lock:
+            self.db.pop(node.fid, None)
+            bow = node.bow
+            node.free()
+            node.bow = bow
+        self.keyframes_culled += 1
+
+    def _cap(self) -> None:
+        """Database over `max_keyframes`: the keyframe most similar to an older one goes (ties:
+        the oldest); it keeps its pose-graph node while its segment lives."""
+        while len(self.db) > self.p.max_keyframes:
+            with self._lock:
+                victim = max(self.db, key=lambda f: (self.nodes[f].similarity, -f))
+                self.db.pop(victim)
+                node = self.nodes[victim]
+                node.free()
+                node.bow = None
+                if node.segment not in self.edges:   # an ended segment: nothing refers to it any more
+                    del self.nodes[victim]
+                    self.T_est.pop(victim, None)
+                    rest = [f for f in self.by_segment.get(node.segment, []) if f != victim]
+                    if rest:
+                        self.by_segment[node.segment] = rest
+                    else:
+                        self.by_segment.pop(node.segment, None)
+                    self._forgotten.append((victim, node.segment))
+            self.keyframes_evicted += 1
 
     def _agrees(self, node, cand, S) -> bool:
         """Whether the current estimate already satisfies the loop edge within its noise."""
         r = sim3_log(sim3_inverse(S) @ sim3_inverse(self.T_est[cand.fid]) @ self.T_est[node.fid])
-        z = node.P_cam[:, 2]
-        med = float(np.median(z[z > 0])) if (z > 0).any() else 1.0
+        med = node.med_depth
         return (np.degrees(np.linalg.norm(r[:3])) < self.p.agree_deg
                 and np.linalg.norm(r[3:6]) < self.p.agree_trans * med and abs(r[6]) < self.p.agree_scale)
 
@@ -242,6 +374,7 @@ class LoopCloser:
         if not fids:
             return None
         scores = np.array([self._score(node.bow, self.nodes[f].bow) for f in fids])
+        node.similarity = max(node.similarity, float(scores.max()))
         best = None
         for o in np.argsort(-scores)[: self.p.n_candidates]:
             if scores[o] < self.p.min_score_ratio * ref:
@@ -281,6 +414,7 @@ class LoopCloser:
         self._corrections.append((seg, C_last))
         sol = LoopSolution(seg, node.fid, cand.fid, n_inl, sim3_split(S)[0], new, time.perf_counter() - t0)
         self.loops.append(sol)
+        self.loops_closed += 1
         return sol
 
     def _plausible(self, g: Sim3PoseGraph, edges, slot) -> bool:
@@ -315,6 +449,7 @@ class LoopCloser:
                 node.a_desc = ad[ok]
                 node.a_uv = node.uv[keep]
                 node.a_P = node.P_cam[keep]
+        node.uv, node.P_cam = _EMPTY2, _EMPTY3    # verification uses the a_* subset only
         if self.vocab is not None and node.desc is not None:
             node.bow = self._bow(node.desc)
 

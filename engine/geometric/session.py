@@ -33,7 +33,7 @@ from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from ..intrinsics import resolve_intrinsics
 from .depth import DepthView, choose_neighbours, choose_sweep_neighbours, keyframe_depth, limit_depth
 from .frontend import KLTFrontend
-from .loop import LoopCloser, LoopParams, SegmentLink
+from .loop import Forget, LoopCloser, LoopParams, SegmentLink
 from .tracker import MonoTracker, TrackerParams
 
 
@@ -93,6 +93,7 @@ class GeometricSession:
             self.depth_enabled = bool(config.depth)
             self.max_features = int(config.max_features)
             self.max_depth_ratio = float(getattr(config, "max_depth_ratio", 8.0))
+            self.loop_max_keyframes = int(getattr(config, "loop_max_keyframes", 1000))
             self._params = TrackerParams(max_init_frames=int(getattr(config, "init_max_frames", 300)),
                                          min_init_angle_deg=float(getattr(config, "init_min_parallax_deg", 1.0)))
             for k, v in extra.items():
@@ -107,6 +108,8 @@ class GeometricSession:
         if self._params.max_init_frames < 3 or not (0.0 < self._params.min_init_angle_deg < 45.0) \
                 or not self.max_depth_ratio > 1.0:
             raise EngineError("init_max_frames must be ≥ 3, init_min_parallax_deg in (0, 45) and max_depth_ratio > 1")
+        if self.loop_max_keyframes < 10:
+            raise EngineError(f"loop_max_keyframes must be at least 10, got {self.loop_max_keyframes}")
         if self.depth_width < 64 or self.max_features < 20 or self.depth_max_lag < 0:
             raise EngineError("depth_width must be ≥ 64, max_features ≥ 20 and depth_max_lag ≥ 0")
         self._input_size: Optional[tuple[int, int]] = None
@@ -132,7 +135,10 @@ class GeometricSession:
         self._T_cur: dict[int, np.ndarray] = {}        # keyframe fid → current pose (similarity, node → world)
         self._anchors: dict[int, list] = {}            # segment → [(first fid, keyframe fid, pose as produced)]
         self._sent: dict[tuple, np.ndarray] = {}       # (segment, first fid) → last correction sent
-        self._links: dict[int, tuple] = {}             # segment → (earlier segment, similarity into its world)
+        self._links: dict[int, tuple] = {}             # segment → (root segment, similarity into its world)
+        self._n_links = 0
+        self._loop_seg: Optional[int] = None           # segment of the last keyframe given to the closer
+        self._kept: dict[int, int] = {}                # ended segment → its keyframes still in the closer's database
         self._epoch = 0                                # loop solutions applied
         self._loops_closed = 0
         self.tracker: Optional[MonoTracker] = None
@@ -153,7 +159,7 @@ class GeometricSession:
         params = dataclasses.replace(self._params, px=px)
         self.tracker = MonoTracker(self.K, params)
         if self.loop_enabled:
-            self._loop = LoopCloser(self.K, LoopParams(), px=px)
+            self._loop = LoopCloser(self.K, LoopParams(max_keyframes=self.loop_max_keyframes), px=px)
             self._loop_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geom-loop")
         self._input_size = (w_in, h_in)
         self.intrinsics_note = note
@@ -241,12 +247,25 @@ class GeometricSession:
             "depth_wait_s": self._depth_wait, "map_points": self.tracker.n_points if self.tracker else 0,
             "resolution": list(self.work_size) if self._input_size else None,
             "intrinsics": self.intrinsics_note or None,
-            "loops_closed": self._loops_closed, "segments_relocalised": len(self._links),
+            "loops_closed": self._loops_closed, "segments_relocalised": self._n_links,
             "loops_consistent": self._loop.loops_consistent if self._loop is not None else 0,
             "loops_rejected": self._loop.loops_rejected if self._loop is not None else 0, "loop_wait_s": self._loop_wait,
-            "loop_cpu_ms": (1e3 * float(np.mean(self._loop.detect_cpu[-50:]))
+            "loop_cpu_ms": (1e3 * float(np.mean(list(self._loop.detect_cpu)[-50:]))
                             if self._loop is not None and self._loop.detect_cpu else None),
+            "loop_keyframes": len(self._loop.db) if self._loop is not None else 0,
         }
+
+    def memory(self) -> dict:
+        """Sizes of the structures that could grow over a long run (soak benchmark, tests)."""
+        tr = self.tracker
+        out = {"tracker_points": tr.n_points if tr else 0, "tracker_keyframes": len(tr.keyframes) if tr else 0,
+               "tracker_tracks": len(tr.first_obs) if tr else 0, "tracker_poses": len(tr.poses) if tr else 0,
+               "queue": len(self._queue), "poses": len(self._T_cur),
+               "anchors": sum(len(a) for a in self._anchors.values()), "sent": len(self._sent),
+               "links": len(self._links), "loop_jobs": len(self._loop_jobs)}
+        if self._loop is not None:
+            out.update({f"loop_{k}": v for k, v in self._loop.memory().items()})
+        return out
 
     def close(self) -> None:
         if self._loop_pool is not None:
@@ -329,6 +348,11 @@ class GeometricSession:
         if data is None:
             return
         uv, P, cov = data
+        if self._loop_seg is not None and seg != self._loop_seg:
+            # the previous segment has ended: once its detections are done (queued before) the
+            # closer drops its graph and we drop its correction state (Forget)
+            self._loop_jobs.append((rec.fid, self._loop_pool.submit(self._loop.end_segment, self._loop_seg)))
+        self._loop_seg = seg
         gray = cv2.cvtColor(rec.image, cv2.COLOR_RGB2GRAY)
         self._loop.add_keyframe(rec.fid, seg, T, self._T_cur.__getitem__, uv, P, gray, cov, self._epoch)
         self._loop_jobs.append((rec.fid, self._loop_pool.submit(self._loop.detect, rec.fid)))
@@ -345,11 +369,38 @@ class GeometricSession:
                 self._events.append(EngineEvent("warning", 0, message=f"loop detection at keyframe {kfid} failed: {exc}"))
                 sol = None
             self._loop_wait += time.perf_counter() - t0
+            if isinstance(sol, Forget):
+                sol = [sol]
             for item in sol or []:
                 if isinstance(item, SegmentLink):
                     self._apply_link(item)
+                elif isinstance(item, Forget):
+                    self._forget(item)
                 else:
                     self._apply_loop(item, fid)
+
+    def _forget(self, item: Forget) -> None:
+        """Drop the correction state the closer no longer needs: poses of forgotten keyframes and,
+        for an ended segment, its frame-range anchors (nothing can move it again: its loops were
+        all applied, its placement is fixed). A segment with no database keyframe left loses its
+        placement too (no later segment can be placed through it)."""
+        for f in item.fids:
+            self._T_cur.pop(f, None)
+        seg = item.segment
+        if seg is not None:
+            if self.tracker is not None and seg == self.tracker.segment:
+                return   # (cannot happen: a segment ends when a later one has keyframes)
+            self._anchors.pop(seg, None)
+            for key in [k for k in self._sent if k[0] == seg]:
+                del self._sent[key]
+            self._kept[seg] = len(item.kept)
+        else:
+            for s in item.segments:
+                if s in self._kept:
+                    self._kept[s] -= 1
+        for s in [s for s, n in self._kept.items() if n <= 0]:
+            del self._kept[s]
+            self._links.pop(s, None)
 
     def _apply_loop(self, sol, fid: Optional[int]) -> None:
         seg = sol.segment
@@ -373,13 +424,10 @@ class GeometricSession:
             f"{sol.scale:.3f}); {len(sol.poses)} keyframes corrected (latest moved by scale {s_m:.3f})")))
         self._send_corrections(seg)
 
-    def _placement(self, seg: int, depth: int = 0) -> np.ndarray:
+    def _placement(self, seg: int) -> np.ndarray:
         """Similarity placing segment `seg`'s world in the world of the first segment it is linked
-        to (through relocalisation); identity for an unlinked segment."""
-        if seg not in self._links or depth > 100:
-            return np.eye(4)
-        target, L = self._links[seg]
-        return self._placement(target, depth + 1) @ L
+        to (through relocalisation, chains flattened); identity for an unlinked segment."""
+        return self._links[seg][1] if seg in self._links else np.eye(4)
 
     def _apply_link(self, link) -> None:
         """Relocalisation: a keyframe of a new segment was recognised in an earlier segment's map.
@@ -388,24 +436,22 @@ class GeometricSession:
         if link.segment in self._links or link.query_fid not in self._T_cur or link.match_fid not in self._T_cur:
             return
         L = self._T_cur[link.match_fid] @ link.S @ sim3_inverse(self._T_cur[link.query_fid])
-        self._links[link.segment] = (link.target, L)
+        root = self._links[link.target][0] if link.target in self._links else link.target
+        self._links[link.segment] = (root, self._placement(link.target) @ L)
+        self._n_links += 1
+        moved = {link.segment}
+        for seg, (r, Ls) in list(self._links.items()):
+            if r == link.segment:     # placed in this segment's world before it was placed itself
+                self._links[seg] = (root, self._links[link.segment][1] @ Ls)
+                moved.add(seg)
         self._events.append(EngineEvent("info", link.segment, message=(
             f"Relocalised: segment {link.segment} is placed in the map of segment {link.target} "
             f"(keyframe {link.query_fid} matches keyframe {link.match_fid}, {link.inliers} points)")))
         for seg in sorted(self._anchors):
-            if seg == link.segment or self._links_to(seg, link.segment):
+            if seg in moved:
                 P = self._placement(seg)
                 self._events.append(EngineEvent("realign", seg, P))
                 self._send_corrections(seg, force=True)
-
-    def _links_to(self, seg: int, target: int) -> bool:
-        seen = set()
-        while seg in self._links and seg not in seen:
-            seen.add(seg)
-            seg = self._links[seg][0]
-            if seg == target:
-                return True
-        return False
 
     def _send_corrections(self, seg: int, force: bool = False) -> None:
         """One absolute "realign" event per frame range of the segment whose correction changed

@@ -82,6 +82,7 @@ class MonoTracker:
         self.segment = 0
         self.origin = np.eye(4)            # c2w of the first frame of the segment
         self.target_depth = 1.0            # median scene depth the initial map is scaled to
+        self.base_depth = 1.0              # the first map's (moves with transform_world)
         self.lost_count = 0
         self.world_scale = 1.0             # product of the scales of every re-anchoring (transform_world)
         self.ever_initialised = False
@@ -163,6 +164,7 @@ class MonoTracker:
         self.origin = c2w_from_rt(R0, t0)
         self.median_depth *= s
         self.target_depth *= s
+        self.base_depth *= s
         self.world_scale *= s
 
     def add_tracks(self, fid: int, ids, uv) -> None:
@@ -382,7 +384,11 @@ class MonoTracker:
         last = self.last_fids[-1] if self.last_fids else None
         if last is not None and last in self.poses:
             self.origin = c2w_from_rt(*self.poses[last])
-        self.target_depth = self.median_depth
+        # the new map continues at the last scene depth, within a factor 4 of the first map's: a
+        # clip that ends closer to the scene than it starts, replayed in a loop, would otherwise
+        # shrink the world by that ratio on every replay until the numbers break down (ICL: ×0.83
+        # per replay, keyframes on every frame after ~28 replays)
+        self.target_depth = float(np.clip(self.median_depth, 0.25 * self.base_depth, 4.0 * self.base_depth))
         self.segment += 1
         self.lost_count += 1
         out.events.append(("segment", self.segment,
