@@ -4,6 +4,12 @@ LingBot-Map in windowed mode, on one GPU. Prints one line per measurement and wr
     python3 scripts/vggt_bench.py --out out/vggt_bench.json            # H200, full size, bf16
     python3 scripts/vggt_bench.py --tiny --device cpu --frames 60      # smoke run of the script
 
+VGGT runs at --width x --height (518x392); LingBot-Map windowed at --width x --windowed-height
+(518x378, its benchmark default). The windowed phase writes a row at every window boundary, so each
+row is one window's peak memory and FPS (the first row includes the warm-up). After the offline sizes, the script fits peak memory
+(linear in frames) and time (quadratic) to them and prints the largest offline batch that would
+fit in the GPU's memory with the time it would take: an extrapolation, labelled as such.
+
 Weights: random with the fixtures' recipe statistics (drawn on the GPU, seeded; speed and memory
 do not depend on the values). Frames: 32 distinct random images at the model resolution, cycled.
 Each phase has a wall-clock budget: it stops at `--frames` or when its budget is spent, and the
@@ -17,6 +23,9 @@ import json
 import math
 import time
 
+from typing import Optional
+
+import numpy as np
 import torch
 
 
@@ -115,10 +124,28 @@ def stream(session, imgs, total: int, budget: float, checkpoints, dev, label: st
             "fps_overall": round(results / wall, 2), "budget_hit": done < total}
 
 
+def offline_fit(rows: list, dev) -> Optional[dict]:
+    """Largest offline batch that would fit: peak GiB = a + b*n fitted to the measured sizes, time
+    = c*n + d*n^2 (global attention is quadratic). An extrapolation, not a measurement."""
+    ok = [r for r in rows if not r.get("oom")]
+    if len(ok) < 2 or dev.type != "cuda":
+        return None
+    n = np.array([r["frames"] for r in ok], float)
+    b, a = np.polyfit(n, [r["peak_gib"] for r in ok], 1)
+    c, d = np.linalg.lstsq(np.stack([n, n ** 2], 1), np.array([r["wall_s"] for r in ok]), rcond=None)[0]
+    total = torch.cuda.get_device_properties(dev).total_memory / 2**30
+    n_fit = int((0.97 * total - a) / b) if b > 0 else None
+    est = (c * n_fit + d * n_fit ** 2) if n_fit else None
+    return {"gib_per_frame": round(float(b), 4), "gib_at_zero": round(float(a), 3), "gpu_total_gib": round(total, 1),
+            "frames_that_fit_est": n_fit, "seconds_at_that_size_est": round(float(est), 1) if est else None,
+            "fps_at_that_size_est": round(n_fit / float(est), 2) if est else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--backend", default="sdpa", help="attention backend of both sessions (sdpa needs no FlashInfer)")
     ap.add_argument("--tiny", action="store_true", help="test-sized models (smoke run)")
     ap.add_argument("--width", type=int, default=518)
     ap.add_argument("--height", type=int, default=392)
@@ -128,6 +155,7 @@ def main() -> None:
     ap.add_argument("--overlap", type=int, default=2)
     ap.add_argument("--offline", default="100,200", help="frame counts of VGGT's offline pass")
     ap.add_argument("--window-size", type=int, default=256, help="LingBot-Map windowed: frames per window")
+    ap.add_argument("--windowed-height", type=int, default=378, help="LingBot-Map windowed: input height")
     ap.add_argument("--budget-chunked", type=float, default=60.0)
     ap.add_argument("--budget-offline", type=float, default=30.0)
     ap.add_argument("--budget-windowed", type=float, default=40.0)
@@ -141,6 +169,10 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": a.dtype, "resolution": [a.width, a.height], "args": vars(a)}
     print(f"[env] {report['device']} torch {torch.__version__}", flush=True)
+    t_start = time.perf_counter()
+
+    def phase(name):
+        print(f"[phase] {name} at {time.perf_counter() - t_start:.1f}s", flush=True)
     imgs = frames(32, a.height, a.width)
     checkpoints = [200, 500, 1000, 2000, 3000, 4000, 5000] if not a.tiny else [10, 20, 40, 60]
 
@@ -154,7 +186,8 @@ def main() -> None:
     vggt = build("vggt-tiny" if a.tiny else "vggt-1b", dev, dtype)
     print(f"[build] vggt {time.perf_counter() - t:.1f}s", flush=True)
     if "chunked" not in skip:
-        cfg = SessionConfig(engine="vggt-1b", device=a.device, dtype=a.dtype, backend="sdpa", image_width=a.width,
+        phase("chunked")
+        cfg = SessionConfig(engine="vggt-1b", device=a.device, dtype=a.dtype, backend=a.backend, image_width=a.width,
                             chunk_size=a.chunk, sliding_window_num=a.window_chunks, overlap=a.overlap)
         s = open_session(cfg, model=vggt)
         report["vggt_chunked"] = stream(s, imgs, a.frames, a.budget_chunked, checkpoints, dev, "vggt-chunked",
@@ -163,7 +196,11 @@ def main() -> None:
         s.close()
         del s
     if "offline" not in skip:
+        phase("offline")
         rows = []
+        with torch.no_grad():                   # warm-up (kernel selection, workspaces): not timed
+            vggt.forward_chunk(torch.stack(imgs[:8]).to(dev), heads=("camera", "depth"))
+        sync(dev)
         t_all = time.perf_counter()
         for n in [int(x) for x in a.offline.split(",") if x]:
             if time.perf_counter() - t_all > a.budget_offline:
@@ -187,23 +224,32 @@ def main() -> None:
             if row.get("oom"):
                 break
         report["vggt_offline"] = rows
+        report["vggt_offline_fit"] = offline_fit(rows, dev)
+        print(f"[vggt-offline-fit] {json.dumps(report['vggt_offline_fit'])}", flush=True)
     del vggt
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     if "windowed" not in skip:
+        phase("windowed")
+        imgs = frames(32, a.windowed_height, a.width)
+        # window 0 takes window_size new frames, every later one window_size - overlap (it re-reads
+        # the overlap first): a row at each window's end
+        win_cps = list(range(a.window_size, a.frames, a.window_size - 4)) + [a.frames]
         t = time.perf_counter()
         lb = build("lingbot-map-tiny" if a.tiny else "lingbot-map", dev, dtype)
         print(f"[build] lingbot-map {time.perf_counter() - t:.1f}s", flush=True)
-        cfg = SessionConfig(engine="lingbot-map", mode="windowed", device=a.device, dtype=a.dtype,
+        cfg = SessionConfig(engine="lingbot-map", mode="windowed", device=a.device, dtype=a.dtype, backend=a.backend,
                             image_width=a.width, window_size=a.window_size, overlap=4,
                             scale_frames=8 if not a.tiny else 2, window=64 if not a.tiny else 4)
         s = open_session(cfg, model=lb)
-        report["lingbot_windowed"] = stream(s, imgs, a.frames, a.budget_windowed, checkpoints, dev,
+        report["lingbot_windowed"] = stream(s, imgs, a.frames, a.budget_windowed, win_cps, dev,
                                             "lingbot-windowed", on_row=save_partial("lingbot_windowed"))
         report["lingbot_windowed"]["alignments"] = len(s.alignments)
+        report["lingbot_windowed"]["resolution"] = [a.width, a.windowed_height]
         s.close()
     with open(a.out, "w") as f:
         json.dump(report, f, indent=1)
+    phase("done")
     print(f"[done] wrote {a.out}", flush=True)
 
 
