@@ -126,7 +126,8 @@ class PageTable:
     """Integer bookkeeping of the paged KV cache (see the module docstring)."""
 
     def __init__(self, page_size: int, special_tokens: int, scale_frames: int, window: int,
-                 special_cap: int, max_step_frames: int = 1, keep_tokens: Optional[int] = None):
+                 special_cap: int, max_step_frames: int = 1, keep_tokens: Optional[int] = None,
+                 keyframes_only: bool = False):
         self.page_size, self.special_tokens = int(page_size), int(special_tokens)
         self.scale_frames, self.window = int(scale_frames), int(window)
         self.special_cap, self.max_step_frames = int(special_cap), int(max_step_frames)
@@ -135,6 +136,13 @@ class PageTable:
         if not 1 <= self.keep_tokens <= P:
             raise KVCacheError(f"KV cache: keep_tokens must be in 1..{P} (got {keep_tokens})")
         self.compact = self.keep_tokens < P
+        # keyframes_only (VGGT's chunks): no step ever rolls back, so no pages are set aside for
+        # non-keyframes; keyframe pages start at page 0
+        self.keyframes_only = bool(keyframes_only)
+        if self.keyframes_only and self.compact:
+            raise KVCacheError("KV cache: a compressed window processes every frame on a step page; "
+                               "it cannot be keyframes_only")
+        self._step_pages = 0 if self.keyframes_only else self.max_step_frames
         M = self.max_step_frames
         if self.compact:
             # [0, M) step pages, [M, M+scale) scale pages, then the compact window region
@@ -142,7 +150,7 @@ class PageTable:
             self._compact_pages = math.ceil(self.window * self.keep_tokens / P)
             self._patch_zone = self._compact_first + self._compact_pages
         else:
-            self._patch_zone = self.scale_frames + self.window + M
+            self._patch_zone = self.scale_frames + self.window + self._step_pages
         cap_tokens = self.special_tokens * (self.special_cap + M)
         self._special_zone_pages = math.ceil(cap_tokens / P) if self.special_tokens else 0
         self.num_pages = self._patch_zone + self._special_zone_pages
@@ -202,6 +210,8 @@ class PageTable:
         elif F > self.max_step_frames:
             raise KVCacheError(f"KV cache: {F} frames in one streamed step exceed "
                                f"max_step_frames={self.max_step_frames}")
+        if not keyframe and self.keyframes_only:
+            raise KVCacheError("KV cache: this cache is keyframes_only (no pages for non-keyframe steps)")
 
         P, S = self.page_size, self.special_tokens
         # Only a keyframe evicts; a non-keyframe sees the full window plus itself (upstream)
@@ -218,9 +228,9 @@ class PageTable:
                     self._release(p)
             self._evictions += len(evicted)
         if scale:
-            lowest = self.max_step_frames
+            lowest = self._step_pages
         else:       # see "Placement"; a compressed stream processes every frame on a step page
-            lowest = self.max_step_frames if keyframe and not self.compact else 0
+            lowest = self._step_pages if keyframe and not self.compact else 0
         new_pages = [self._alloc(lowest) for _ in range(F)]
 
         # special slots for the new frames: appended at the end of the committed stream

@@ -54,6 +54,8 @@ evicts before it allocates, so it reuses the evicted page. In the steady state o
 stream the visible pages are therefore one contiguous run whose partial page is its last, and the
 SDPA backend attends to a zero-copy view of the pool (one dense call, no gather); a non-keyframe
 adds page 0 in front of that run, so its set (full window + itself) is one run as well.
+``keyframes_only=True`` (VGGT's chunks, which never roll back) sets no step pages aside: keyframe
+pages start at page 0, and with ``scale_frames=0`` the pool is exactly ``window`` patch pages.
 """
 from __future__ import annotations
 
@@ -84,10 +86,10 @@ class PagedKVCache:
                  special_tokens: int = 6, scale_frames: int = 8, window: int = 64,
                  special_cap: int = 1024, dtype: Any = torch.float32, device: Any = "cpu",
                  backend: Any = "sdpa", max_step_frames: int = 1, attn_dtype: Any = None,
-                 compression: Optional[Compressor] = None):
+                 compression: Optional[Compressor] = None, keyframes_only: bool = False):
         for name, val, lo in (("num_layers", num_layers, 1), ("num_heads", num_heads, 1),
                               ("head_dim", head_dim, 1), ("patch_tokens", patch_tokens, 1),
-                              ("special_tokens", special_tokens, 0), ("scale_frames", scale_frames, 1),
+                              ("special_tokens", special_tokens, 0), ("scale_frames", scale_frames, 0),
                               ("window", window, 1), ("special_cap", special_cap, 1),
                               ("max_step_frames", max_step_frames, 1)):
             if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or val < lo:
@@ -119,7 +121,8 @@ class PagedKVCache:
         self.compression = compression or Compressor()
         keep = self.compression.keep_tokens(self.page_size) if self.compression.stores_fewer else None
         self.table = PageTable(self.page_size, self.special_tokens, self.scale_frames, self.window,
-                               self.special_cap, self.max_step_frames, keep_tokens=keep)
+                               self.special_cap, self.max_step_frames, keep_tokens=keep,
+                               keyframes_only=keyframes_only)
         self.num_pages = self.table.num_pages
         self.pool = KVPool(self.num_layers, self.num_pages, self.page_size, self.num_heads, self.head_dim,
                            self.precision, self.device)

@@ -24,9 +24,9 @@ Flow (the RFC's "Reconstruction Engine" design for VGGT):
 One chunk covering every frame (chunk_size >= frames) is exactly the offline pass of the camera
 and depth heads (same token set, no alignment). The point and track heads are not run here.
 
-Memory: the KV pools are allocated once at the first chunk; pages in use stop growing once the
-window is full (window + one chunk's spare pages + one page the cache reserves for a scale stream
-VGGT does not use), whatever the length of the stream.
+Memory: the KV pools are allocated once at the first chunk, exactly `sliding_window_num ×
+chunk_size` frame pages (no scale pages, no pages for non-keyframe steps: a chunk is always
+committed); pages in use stop growing once the window is full, whatever the length of the stream.
 """
 from __future__ import annotations
 
@@ -164,9 +164,9 @@ class VGGTChunkedSession(SessionTiming):
         h, w = self._hw
         tokens = geo["special_tokens"] + (h // 14) * (w // 14)      # a page = one whole frame
         self.kv = PagedKVCache(geo["num_layers"], geo["num_heads"], geo["head_dim"], tokens,
-                               special_tokens=0, scale_frames=1, window=self.W * self.C, special_cap=1,
+                               special_tokens=0, scale_frames=0, window=self.W * self.C, special_cap=1,
                                dtype=self.kv_dtype, device=self.device, backend=self.config.backend,
-                               max_step_frames=self.C)
+                               max_step_frames=self.C, keyframes_only=True)   # exactly W*C pages
 
     def _run_chunk(self) -> list[FrameResult]:
         items = self._carry + self._pending

@@ -113,3 +113,20 @@ def test_wrong_model_is_refused():
     from engine import build_model
     with pytest.raises(EngineError, match="VGGT model"):
         open_session(_cfg(), model=build_model("lingbot-map-tiny"))
+
+
+def test_kv_pool_is_exactly_the_window(model, frames):
+    """No pages for a scale stream or non-keyframe steps: pool = sliding_window_num x chunk_size
+    pages, all in use once the window is full, and the steady state attends to one run of pages."""
+    s = open_session(_cfg(chunk_size=4, overlap=1, sliding_window_num=2), model=model)
+    for f in frames[:10]:
+        s.push(f)
+    kv = s.stats()["kv"]
+    assert kv["pages_total"] == 8 and kv["pages_free"] == 0 and kv["pages_scale"] == 0
+    assert sorted(s.kv.window_pages) == list(range(8))
+    with pytest.raises(EngineError, match="keyframes_only"):
+        s.kv.begin_step(1, keyframe=False)
+    step = s.kv.table.begin_step(4, keyframe=True)     # the next chunk: evicts 4, reuses them
+    assert step.contiguous == (0, 8)                   # one run: SDPA reads a zero-copy view
+    s.kv.table.abort_step()
+    s.close()
