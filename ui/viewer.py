@@ -22,6 +22,7 @@ framing and the chase view are `SceneModel.framing` and `engine.scene.chase_view
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Iterable, Optional
 
@@ -33,6 +34,16 @@ from vispy.visuals import Visual
 from engine.scene import DEFAULT_CAMERA_BUDGET, DEFAULT_POINT_BUDGET, SceneModel, chase_view
 
 log = logging.getLogger(__name__)
+
+# Mesa llvmpipe (software OpenGL: no GPU, VMs, Xvfb) hands each frame's binned points to
+# rasteriser threads and, with those threads, keeps ~150-200 B of 64 KiB blocks per point drawn and
+# more with every redraw of the same cloud (bare viewer, 2 M points, 10 redraws: RSS 556 -> 587 MB
+# with the default threads, 709 -> 900 MB with one; docs/benchmarks_gui.md). Rasterising on the
+# drawing thread (0 threads) holds none of it (359 MB, flat) at a similar draw time on a shared
+# 2-core VM, and the view caps its redraw rate anyway. Set before the first GL context; a user's
+# LP_NUM_THREADS wins. Hardware drivers do not read it.
+SOFTWARE_GL_THREADS = "0"
+os.environ.setdefault("LP_NUM_THREADS", SOFTWARE_GL_THREADS)
 
 COLOR_MODES = ("rgb", "depth", "confidence")
 _OVERLAY_CONF = 3.0e38          # lines carry this confidence so the threshold never hides them

@@ -70,6 +70,64 @@ def test_hidden_window_queues_no_gl_commands(make_window, qtbot):
     assert w.viewer.cloud.count == w.viewer.scene.count > 0
 
 
+def _mmapped_blocks():
+    """glibc's count of live mmapped malloc blocks (mallinfo2), None elsewhere."""
+    import ctypes
+
+    class MI2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                     "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    try:
+        f = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    f.restype = MI2
+    return f().hblks
+
+
+def test_software_gl_keeps_no_blocks_per_point_drawn(qtbot):
+    """llvmpipe with rasteriser threads keeps ~2.7k 64 KiB blocks per million points drawn and
+    adds more with every redraw (issue #7: the GUI soak's RSS followed the points drawn); with
+    LP_NUM_THREADS=0 (set by ui.viewer unless the user set it) it keeps none. Counted as glibc's
+    live mmapped blocks, which bound_heap's 32 KiB threshold makes those blocks."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from vispy.gloo import gl
+
+    from engine.memory import bound_heap
+    from ui.viewer import PointCloudViewer
+    if not bound_heap() or _mmapped_blocks() is None:
+        pytest.skip("needs glibc (mallinfo2, mallopt)")
+    v = PointCloudViewer(point_budget=1_000_000)
+    qtbot.addWidget(v)
+    v.resize(800, 600)
+    v.show()
+    qtbot.waitExposed(v)
+    v.canvas.set_current()
+    if "llvmpipe" not in str(gl.glGetParameter(gl.GL_RENDERER)):
+        pytest.skip("not Mesa llvmpipe")
+    rng = np.random.default_rng(0)
+    n = 50_000
+    for i in range(10):                       # 500k points spread over the view
+        u = rng.random((n, 3)).astype(np.float32)
+        v.add_frames([SimpleNamespace(
+            index=i, segment=0, is_keyframe=True, points=u * [4, 3, 1] + [0, 0, 3],
+            colors=rng.integers(0, 255, (n, 3), dtype=np.uint8), conf=np.ones(n, np.float32),
+            depth=np.full(n, 3.0, np.float32), c2w=np.eye(4), frustum=np.zeros((5, 3), np.float32),
+            look_at=np.array([2, 1.5, 3.5], np.float32), median_depth=3.0, width=640)])
+    v.canvas.native.repaint()                 # uploads + first draw
+    before = _mmapped_blocks()
+    for _ in range(4):
+        v.canvas.native.repaint()
+        qtbot.wait(5)
+    assert v.cloud.count == 500_000 and v.canvas.draws >= 5
+    assert os.environ.get("LP_NUM_THREADS") is not None
+    held = _mmapped_blocks()
+    assert held - before < 200, f"{held - before} blocks added by redrawing the same cloud"
+    assert held < 1000, f"{held} mmapped blocks held after drawing 500k points"
+
+
 def soak(seconds: float, budget: int = BUDGET, rate: float = RATE) -> dict:
     """Run the real main window for `seconds` with the synthetic engine; return one sample per
     second (t, frames, points, buffer bytes, RSS MB, refcounts, loop gap) and the summary."""
