@@ -30,6 +30,7 @@ import numpy as np
 
 from ..align import sim3_inverse, sim3_split
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
+from ..geometry import apply_similarity
 from ..intrinsics import resolve_intrinsics
 from .depth import DepthView, choose_neighbours, choose_sweep_neighbours, keyframe_depth, limit_depth
 from .frontend import KLTFrontend
@@ -137,8 +138,13 @@ class GeometricSession:
         self._sent: dict[tuple, np.ndarray] = {}       # (segment, first fid) → last correction sent
         self._links: dict[int, tuple] = {}             # segment → (root segment, similarity into its world)
         self._n_links = 0
+        self._n_cont = 0
         self._loop_seg: Optional[int] = None           # segment of the last keyframe given to the closer
         self._kept: dict[int, int] = {}                # ended segment → its keyframes still in the closer's database
+        # relocalised while tracking: segment → (first frame continued, segment continued, placement
+        # then): frames from there on are returned in that segment's world, with its id
+        self._cont: dict[int, tuple] = {}
+        self._whole: dict[int, np.ndarray] = {}        # result segment → last whole-segment realign sent
         self._epoch = 0                                # loop solutions applied
         self._loops_closed = 0
         self.tracker: Optional[MonoTracker] = None
@@ -248,6 +254,7 @@ class GeometricSession:
             "resolution": list(self.work_size) if self._input_size else None,
             "intrinsics": self.intrinsics_note or None,
             "loops_closed": self._loops_closed, "segments_relocalised": self._n_links,
+            "segments_continued": self._n_cont,
             "loops_consistent": self._loop.loops_consistent if self._loop is not None else 0,
             "loops_rejected": self._loop.loops_rejected if self._loop is not None else 0, "loop_wait_s": self._loop_wait,
             "loop_cpu_ms": (1e3 * float(np.mean(list(self._loop.detect_cpu)[-50:]))
@@ -373,7 +380,7 @@ class GeometricSession:
                 sol = [sol]
             for item in sol or []:
                 if isinstance(item, SegmentLink):
-                    self._apply_link(item)
+                    self._apply_link(item, fid)
                 elif isinstance(item, Forget):
                     self._forget(item)
                 else:
@@ -391,6 +398,8 @@ class GeometricSession:
             if self.tracker is not None and seg == self.tracker.segment:
                 return   # (cannot happen: a segment ends when a later one has keyframes)
             self._anchors.pop(seg, None)
+            self._cont.pop(seg, None)
+            self._whole.pop(seg, None)
             for key in [k for k in self._sent if k[0] == seg]:
                 del self._sent[key]
             self._kept[seg] = len(item.kept)
@@ -429,47 +438,76 @@ class GeometricSession:
         to (through relocalisation, chains flattened); identity for an unlinked segment."""
         return self._links[seg][1] if seg in self._links else np.eye(4)
 
-    def _apply_link(self, link) -> None:
+    def _apply_link(self, link, fid: Optional[int] = None) -> None:
         """Relocalisation: a keyframe of a new segment was recognised in an earlier segment's map.
         The new segment is placed in that world by a whole-segment "realign" event (and its
-        frame-range corrections are re-sent composed with the placement)."""
+        frame-range corrections are re-sent composed with the placement). When the new segment is
+        still being tracked, tracking *continues the lost segment*: frames from `fid` on are
+        returned in the lost segment's world (the placement applied) with its id."""
         if link.segment in self._links or link.query_fid not in self._T_cur or link.match_fid not in self._T_cur:
             return
+        seg = link.segment
         L = self._T_cur[link.match_fid] @ link.S @ sim3_inverse(self._T_cur[link.query_fid])
         root = self._links[link.target][0] if link.target in self._links else link.target
-        self._links[link.segment] = (root, self._placement(link.target) @ L)
+        self._links[seg] = (root, self._placement(link.target) @ L)
         self._n_links += 1
-        moved = {link.segment}
-        for seg, (r, Ls) in list(self._links.items()):
-            if r == link.segment:     # placed in this segment's world before it was placed itself
-                self._links[seg] = (root, self._links[link.segment][1] @ Ls)
-                moved.add(seg)
-        self._events.append(EngineEvent("info", link.segment, message=(
-            f"Relocalised: segment {link.segment} is placed in the map of segment {link.target} "
-            f"(keyframe {link.query_fid} matches keyframe {link.match_fid}, {link.inliers} points)")))
-        for seg in sorted(self._anchors):
-            if seg in moved:
-                P = self._placement(seg)
-                self._events.append(EngineEvent("realign", seg, P))
-                self._send_corrections(seg, force=True)
+        moved = {seg}
+        for other, (r, Ls) in list(self._links.items()):
+            if r == seg:     # placed in this segment's world before it was placed itself
+                self._links[other] = (root, self._links[seg][1] @ Ls)
+                moved.add(other)
+        live = (fid is not None and self.tracker is not None and self.tracker.initialised
+                and self.tracker.segment == seg and self._anchors.get(seg))
+        if live:
+            last_node = [a for f, a, _ in self._anchors[seg] if f == a][-1]
+            self._anchors[seg].append((fid, last_node, self._T_cur[last_node].copy()))
+            self._cont[seg] = (fid, root, self._links[seg][1].copy())
+            self._n_cont += 1
+            self._events.append(EngineEvent("info", root, message=(
+                f"Relocalised: tracking continues segment {root} from frame {fid} (keyframe {link.query_fid} "
+                f"matches keyframe {link.match_fid} of segment {link.target}, {link.inliers} points); "
+                f"frames {self._anchors[seg][0][0]}–{fid - 1} of segment {seg} are placed in its map")))
+        else:
+            self._events.append(EngineEvent("info", seg, message=(
+                f"Relocalised: segment {seg} is placed in the map of segment {link.target} "
+                f"(keyframe {link.query_fid} matches keyframe {link.match_fid}, {link.inliers} points)")))
+        fresh = set()
+        for other in sorted(self._anchors):
+            if other in moved:
+                P = self._placement(other)
+                self._events.append(EngineEvent("realign", other, P))
+                self._whole[other] = P
+                fresh.add(other)
+        for other in sorted(self._anchors):
+            if other in moved:
+                self._send_corrections(other, fresh=fresh)
 
-    def _send_corrections(self, seg: int, force: bool = False) -> None:
-        """One absolute "realign" event per frame range of the segment whose correction changed
-        (composed with the segment's placement when it was relocalised in an earlier map)."""
+    def _send_corrections(self, seg: int, fresh: frozenset = frozenset()) -> None:
+        """One absolute "realign" event per frame range of the segment whose correction changed,
+        composed with the segment's placement when it was relocalised in an earlier map. Ranges
+        returned in a continued segment's world (and id) are relative to the placement they were
+        returned with. `fresh`: result segments that just got a whole-segment event (it replaced
+        every earlier event on them, so every range that differs from it is re-sent)."""
         anchors = sorted(self._anchors.get(seg, []), key=lambda a: a[0])
         last_fid = self._frames_in - 1
         P = self._placement(seg)
+        cont = self._cont.get(seg)
+        eye = np.eye(4)
         for k, (first, node, T_ref) in enumerate(anchors):
             last = anchors[k + 1][0] - 1 if k + 1 < len(anchors) else last_fid
             if last < first:
                 continue
-            C = P @ self._T_cur[node] @ sim3_inverse(T_ref)
-            # after a new whole-segment event every range must be re-sent (the latest event wins)
-            prev = P if force else self._sent.get((seg, first), P)
+            if cont is not None and first >= cont[0]:
+                out_seg, emitted = cont[1], cont[2]
+            else:
+                out_seg, emitted = seg, eye
+            C = P @ self._T_cur[node] @ sim3_inverse(T_ref) @ sim3_inverse(emitted)
+            base = self._whole.get(out_seg, eye)
+            prev = base if out_seg in fresh else self._sent.get((seg, first), base)
             if np.abs(C - prev).max() < 1e-9:
                 continue
             self._sent[(seg, first)] = C
-            self._events.append(EngineEvent("realign", seg, C, frames=(first, last)))
+            self._events.append(EngineEvent("realign", out_seg, C, frames=(first, last)))
 
     def _depth_job(self, view, nbrs, uv, z, sweep=False):
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -524,6 +562,11 @@ class GeometricSession:
                     if depth is not None and rec.depth_scale != 1.0:
                         depth = depth * np.float32(rec.depth_scale)
         self._n_out += 1
-        return FrameResult(index=rec.fid, timestamp=rec.timestamp, is_keyframe=rec.is_kf,
-                           c2w=np.array(c2w, np.float64), K=self.K.copy(), image=rec.image,
-                           depth=depth, conf=conf, segment=rec.segment)
+        res = FrameResult(index=rec.fid, timestamp=rec.timestamp, is_keyframe=rec.is_kf,
+                          c2w=np.array(c2w, np.float64), K=self.K.copy(), image=rec.image,
+                          depth=depth, conf=conf, segment=rec.segment)
+        cont = self._cont.get(rec.segment)
+        if cont is not None and rec.fid >= cont[0]:
+            # relocalised while tracking: returned in the continued segment's world, with its id
+            res = dataclasses.replace(apply_similarity(res, cont[2]), segment=cont[1])
+        return res

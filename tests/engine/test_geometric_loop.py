@@ -196,3 +196,24 @@ def test_a_false_loop_is_rejected_and_a_true_one_closes():
     lc2.edges[0].append((0, 23, bad, 1.0, 0.5))
     assert lc2._solve(lc2.nodes[23], lc2.nodes[0], 50, bad) is None
     assert lc2.loops_rejected == 1 and all(e[4] is None for e in lc2.edges[0])
+
+
+def test_relocalisation_continues_the_lost_segment(icl):
+    """After the cut back (frames 0-120, then 30-199) tracking is relocalised while it goes on:
+    from the frame the match is applied, results carry segment 0 again and are already in its
+    world (no event needed: the raw poses of segment 0, before and after the loss, agree with the
+    ground truth under ONE Sim(3)); only the stretch between the loss and that frame is segment 1,
+    placed by a whole-segment realign event; the corrected trajectory is as good as before."""
+    seq, frames = icl
+    order = list(range(0, 121)) + list(range(30, 200))
+    res, ev, st = _run(seq, frames, order)
+    assert len(res) == len(order) and st["segments_continued"] == 1
+    seg1 = [r.index for r in res if r.segment == 1]
+    assert seg1 and min(seg1) == 121 and len(seg1) <= 60           # the stretch before the match
+    back = [r for r in res if r.segment == 0 and r.index > 121]
+    assert len(back) >= len(order) - 121 - 60 and min(r.index for r in back) == max(seg1) + 1
+    assert any(e.kind == "info" and "continues segment 0" in e.message for e in ev)
+    seg0 = sorted((r for r in res if r.segment == 0), key=lambda r: r.index)
+    raw0 = ate(np.array([r.c2w for r in seg0]), np.array([seq.gt_c2w[order[r.index]] for r in seg0]))["rmse"]
+    assert raw0 < 0.02
+    assert _ate(apply_realignments(res, ev), seq, order) < 0.02
