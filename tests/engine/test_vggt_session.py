@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from engine import EngineError, SessionConfig, engine_capabilities, open_session
+from tests.engine.test_flashinfer_dense import fake_flashinfer  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +131,36 @@ def test_kv_pool_is_exactly_the_window(model, frames):
     assert step.contiguous == (0, 8)                   # one run: SDPA reads a zero-copy view
     s.kv.table.abort_step()
     s.close()
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_vggt_cache_layout_through_flashinfer_equals_sdpa(fake_flashinfer, dense):
+    """The chunked session's cache layout (frame pages, no specials, no scale stream, keyframes
+    only, C-frame steps) through the FlashInfer backend's host logic (a stand-in module whose
+    kernels are SDPA over the planned keys) gives the SDPA backend's outputs, chunk after chunk."""
+    from engine.kv import PagedKVCache
+    from engine.kv.backends import FlashInferBackend
+    from tests.engine.test_flashinfer_dense import D, H, L, P
+
+    C, W = 3, 2
+    kw = dict(special_tokens=0, scale_frames=0, window=W * C, special_cap=1, max_step_frames=C,
+              keyframes_only=True, dtype=torch.float32)
+    fi = PagedKVCache(L, H, D, P, backend=FlashInferBackend, **kw)
+    fi._attn = FlashInferBackend(fi, dense=dense)
+    sd = PagedKVCache(L, H, D, P, backend="sdpa", **kw)
+    g = torch.Generator().manual_seed(0)
+    for chunk in range(5):
+        k, v, q = (torch.randn(L, C, P, H, D, generator=g) for _ in range(3))
+        outs = []
+        for c in (fi, sd):
+            c.begin_step(C, scale=False, keyframe=True)
+            o = []
+            for layer in range(L):
+                c.write(layer, k[layer], v[layer])
+                o.append(c.attend(layer, q[layer]))
+            c.end_step()
+            outs.append(torch.stack(o))
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+        # every chunk's visible pages are one run (the pool is exactly the window)
+        assert fi._attn.path == ("dense" if dense else "paged") and sd.stats()["zero_copy"]
+    assert fi.stats()["pages_total"] == W * C
