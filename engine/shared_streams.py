@@ -36,6 +36,8 @@ from .scheduler import StreamScheduler
 class SharedStreams:
     """Thread-safe front of one StreamScheduler (see the module docstring)."""
 
+    ACTIVE_S = 0.5           # a stream that pushed within this is expected to push again soon
+
     def __init__(self, model, *, max_batch: int = 8, gather_s: float = 0.02, **scheduler_kw):
         self.scheduler = StreamScheduler(model, max_batch=max_batch, **scheduler_kw)
         self.gather_s = float(gather_s)
@@ -84,6 +86,7 @@ class SharedStreams:
             s._check()
             self._inbox.append((s, frame, timestamp))
             s._sent += 1
+            s._last_push = time.monotonic()
             self._cv.notify_all()             # a runner gathering frames may be waiting for this one
             want = s._sent
             while True:
@@ -113,13 +116,16 @@ class SharedStreams:
 
     def _gather(self) -> None:
         """(lock held) Wait up to gather_s for the other open streams' next frames, so that they
-        join this round. Streams that never pushed, or failed, are not waited for."""
+        join this round. Streams that failed, or pushed nothing for ACTIVE_S (paused, waiting on
+        their display), are not waited for."""
         if self.gather_s <= 0:
             return
-        end = time.monotonic() + self.gather_s
+        now = time.monotonic()
+        end = now + self.gather_s
         while True:
             waiting = {o for o, _, _ in self._inbox}
             missing = [o for o in self.sessions if not o.closed and o.error is None and o._sent
+                       and now - o._last_push < self.ACTIVE_S
                        and o not in waiting and o._moved - o._done == 0]
             left = end - time.monotonic()
             if not missing or left <= 0:
@@ -188,6 +194,7 @@ class SharedSession:
         self._moved = 0           # frames handed to the scheduler
         self._done = 0            # frames that left its queue
         self._out: list = []      # results not yet returned
+        self._last_push = 0.0     # time.monotonic() of the last push
 
     @property
     def name(self) -> str:

@@ -98,3 +98,17 @@ def test_stats_and_session_facts_pass_through(tiny):
     assert s.config.image_width == 70 and s.kv is not None     # the session's own attributes
     s.close()
     assert s.closed and hub.open_sessions() == 0
+
+
+def test_a_stream_that_stopped_pushing_is_not_waited_for(tiny, monkeypatch):
+    import time
+    monkeypatch.setattr(SharedStreams, "ACTIVE_S", 0.1)
+    hub = SharedStreams(tiny, gather_s=30.0)           # would wait 30 s for an active stream
+    a, b = hub.open_session(_cfg(), name="a"), hub.open_session(_cfg(), name="b")
+    b.push(_frames(9, 1)[0])                            # b pushes once, then pauses
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    for f in _frames(10, 4):
+        a.push(f)
+    assert time.monotonic() - t0 < 25                   # no 30 s gather for the paused stream
+    a.close(), b.close()
