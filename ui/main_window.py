@@ -445,6 +445,10 @@ class MainWindow(QtWidgets.QMainWindow):
         # a second stream in its own view and session folder (ui/second_view.py)
         self.act_second = m.addAction("Open s&econd source…", self._open_second_dialog)
         self.act_second.setToolTip("Run another video, folder or webcam beside this one, in a second view")
+        self.act_second.setIconText("Second source…")
+        acts = self.transport.actions()                # also on the transport bar, after Stop
+        after_stop = acts[acts.index(self.act_stop) + 1] if self.act_stop in acts[:-1] else None
+        self.transport.insertAction(after_stop, self.act_second)
         m.addAction("Sessions &folder…", self.sessions_dialog)   # where runs go, their size, retention
         m.addSeparator()
         # one entry per engine.io.export.EXPORT_FORMATS (the CLI's --ply/--npz/--trajectory/--colmap/--glb)

@@ -26,6 +26,7 @@ def test_two_sources_two_views_two_sessions(qtbot, make_window, shared_data):
     _start_first(qtbot, w, shared_data)
     w.max_frames.setValue(15)                  # the second stream takes the transport's frame limit
     w.loop.setChecked(False)
+    assert w.act_second in w.transport.actions() and w.act_second in w.menuBar().actions()[0].menu().actions()
     v = w.open_second_source(_video(shared_data, "7scenes_redkitchen_150_199"))
     assert v is not None and v in w.second_views
     with qtbot.waitSignal(v.runFinished, timeout=60_000) as done:
@@ -117,3 +118,22 @@ def test_lingbot_second_view_shares_the_model_and_batches(qtbot, make_window, sh
     assert hub.model is w.model and len(hub.sessions) == 2       # one network for both streams
     assert hub.scheduler.stats()["largest_batch"] == 2            # their frames shared forwards
     assert hubs.open_streams() == 0                               # both sessions closed at the end
+
+
+def test_menu_dialog_opens_the_chosen_source(qtbot, make_window, shared_data, monkeypatch):
+    from PySide6 import QtWidgets
+
+    from ui import second_view
+    w = make_window(extra={"delay_s": 0.01})
+    w.max_frames.setValue(5)
+
+    def accept(dlg):                                  # the user picks a video and presses Open
+        dlg.panel.set_input(_video(shared_data, "7scenes_redkitchen_150_199"))
+        return QtWidgets.QDialog.DialogCode.Accepted
+    monkeypatch.setattr(second_view.SourceDialog, "exec", accept)
+    w.act_second.trigger()
+    (v,) = w.second_views
+    with qtbot.waitSignal(v.runFinished, timeout=60_000) as done:
+        pass
+    assert done.args[0]["error"] is None and done.args[0]["results"] == 5 == v.viewer.frame_count
+    assert not w.running                              # nothing else was started
