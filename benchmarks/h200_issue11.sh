@@ -15,7 +15,7 @@ set -uo pipefail
 VIDEO=.cache/frames/icl_kt3.mp4
 SBS="python3 benchmarks/side_by_side.py"
 N=${N:-300}; FID=${FID:-40}
-T_OURS=${T_OURS:-230}; T_UP=${T_UP:-150}
+T_OURS=${T_OURS:-200}; T_UP=${T_UP:-140}
 VARIANTS=${VARIANTS:-fi-paged,sync,all-graphs,compiled}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'flashinfer', flashinfer.__version__)"
@@ -24,20 +24,20 @@ find "$JIT" -name '*.so' 2>/dev/null | sort > /tmp/jit_before.txt
 # recipe weights on the CPU cores while the GPU runs the tests and the attention benchmark
 $SBS weights /tmp/recipe.pt > /tmp/weights.log 2>&1 &
 WPID=$!
-timeout 60 python3 benchmarks/attention_bench.py --frames "$N" --json "$OUT/attention.json" 2>&1; el
-timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:pytest-qt \
+timeout 200 python3 benchmarks/attention_bench.py --frames "$N" --json "$OUT/attention.json" 2>&1; el
+timeout 100 python3 -m pytest -q -p no:cacheprovider -p no:pytest-qt \
   tests/engine/test_flashinfer_dense_gpu.py tests/engine/test_host_copy.py tests/engine/test_streaming_gpu.py \
   tests/engine/test_streaming_deferred.py \
   2>&1 | tail -6; el
 wait $WPID; cat /tmp/weights.log; el
-timeout "$T_OURS" $SBS ours --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames "$FID" --variants "$VARIANTS" \
-  --json "$OUT/ours.json" --npz /tmp/ours_fp32.npz 2>&1 | grep -v Warning; el
 timeout "$T_UP" $SBS upstream --no-eager --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames "$FID" \
   --upstream .upstream --json "$OUT/upstream.json" --npz /tmp/upstream_fp32.npz 2>&1 \
   | grep -v "Warning\|it/s\]\|pretrained"; el
+timeout "$T_OURS" $SBS ours --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames "$FID" --variants "$VARIANTS" \
+  --json "$OUT/ours.json" --npz /tmp/ours_fp32.npz 2>&1 | grep -v Warning; el
 $SBS report "$OUT/ours.json" "$OUT/upstream.json" --npz-ours /tmp/ours_fp32.npz --npz-upstream /tmp/upstream_fp32.npz \
   2>&1 | tee "$OUT/side_by_side.txt"; el
-timeout 70 python3 benchmarks/gpu_profile.py --backend flashinfer --frames 80 > "$OUT/profile.txt" 2>&1
+timeout 60 python3 benchmarks/gpu_profile.py --backend flashinfer --frames 80 > "$OUT/profile.txt" 2>&1
 grep "^\[\|SDPA alone" "$OUT/profile.txt"; el
 # the FlashInfer JIT cache comes back only when this run built something new
 find "$JIT" -name '*.so' 2>/dev/null | sort > /tmp/jit_after.txt

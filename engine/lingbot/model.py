@@ -98,9 +98,9 @@ class Aggregator(Trunk):
         gh, gw = H // cfg.patch_size, W // cfg.patch_size
         dtype = self.frame_blocks[0].attn.qkv.weight.dtype     # matmul dtype (q, k, RoPE tables)
         n_sp = cfg.num_special
-        # RoPE tables (built on the CPU, rounded once to the compute dtype) are uploaded BEFORE any
-        # GPU work of this step is queued: a host-to-device copy waits for the stream, and mid-step
-        # it would stall the CPU until the patch embed finished (measured on the H200).
+        # RoPE tables (built on the CPU, rounded once to the compute dtype) are uploaded before any
+        # GPU work of this step is queued, through pinned memory without a host sync (a blocking
+        # copy mid-step stalled the CPU until the patch embed finished, measured on the H200).
         rot2d = self.rope2d.rotation(gh, gw, n_sp, images.device, dtype)
         rot3d = self.rope3d.rotation(list(time_index), gh, gw, n_sp, images.device, dtype)
         x = (images.float() - self._mean.float()) / self._std.float()

@@ -153,7 +153,12 @@ class LingBotMapSession(SessionTiming):
         self._frames = 0
         self._keyframes = 0
         self._init_timing()             # latency / rate of recent model runs, closed flag
-        self._pinned: dict = {}         # pinned host buffers of the outputs (CUDA), by shape
+        from ..host_copy import HostCopies
+        self._host = HostCopies(self.device)    # outputs on their way to the host (see _deliver)
+        # On CUDA a streamed frame's results come back from the NEXT push (or flush): the host
+        # then never waits for the GPU inside a step and prepares frame N+1 while the GPU runs N
+        # (engine/host_copy.py). False: every push returns its own frame (one sync per frame).
+        self.defer_results = self.device.type == "cuda"
 
     # ------------------------------------------------------------------ contract
     def push(self, frame, timestamp: Optional[float] = None) -> list[FrameResult]:
@@ -171,6 +176,8 @@ class LingBotMapSession(SessionTiming):
         self._check_open()
         if self._num_scale == 0 and self._pending:
             return self._timed(time.perf_counter(), self._run_scale)
+        if len(self._host):             # a streamed frame whose results are still in flight
+            return self._timed(time.perf_counter(), lambda: self._deliver(keep=0))
         return []
 
     def stats(self) -> dict:
@@ -202,7 +209,7 @@ class LingBotMapSession(SessionTiming):
         self.camera_cache = None
         self.caches = None
         self._pending.clear()
-        self._pinned.clear()
+        self._host.clear()          # a frame still in flight is dropped (flush() first to keep it)
 
     # ------------------------------------------------------------------ internals
     def _ensure_caches(self) -> None:
@@ -246,27 +253,26 @@ class LingBotMapSession(SessionTiming):
         self.caches.end_step()
         if keyframe:
             self._advance_time(n)
-        return self._to_host(out)
+        return {k: out[k] for k in self._OUTPUTS}
 
     _OUTPUTS = ("pose_enc", "depth", "conf")    # what FrameResult carries; nothing else is copied
 
-    def _to_host(self, out: dict) -> dict:
-        """The outputs results use, on the host as numpy. On CUDA: copied into pinned buffers kept
-        per shape (reused: `_result` copies out of them before the next step) with one
-        synchronisation for all of them, instead of one blocking copy each."""
-        if self.device.type != "cuda":
-            return {k: out[k].float().numpy() for k in self._OUTPUTS}
-        host = {}
-        for k in self._OUTPUTS:
-            t = out[k]
-            key = (k, tuple(t.shape))
-            buf = self._pinned.get(key)
-            if buf is None:
-                buf = self._pinned[key] = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
-            buf.copy_(t, non_blocking=True)
-            host[k] = buf.numpy()
-        torch.cuda.current_stream(self.device).synchronize()
-        return host
+    def _timed(self, t0: float, run) -> list:
+        """As SessionTiming._timed, without its GPU synchronisation when results are deferred
+        (the push's wall time is then the figure: the GPU work it queued is paid by later pushes)."""
+        if not (self.defer_results and self.device.type == "cuda"):
+            return super()._timed(t0, run)
+        results = run()
+        self._record_run(time.perf_counter() - t0, len(results))
+        return results
+
+    def _deliver(self, keep: int) -> list[FrameResult]:
+        """FrameResults of the steps whose outputs reached the host, oldest first, leaving the
+        newest `keep` in flight."""
+        out = []
+        for (kind, items, keyframe), host in self._host.take(keep):
+            out += [self._result(i, idx, ts, prep, host, keyframe) for i, (idx, ts, prep) in enumerate(items)]
+        return out
 
     def _run_scale(self) -> list[FrameResult]:
         items = list(self._pending)             # kept until the step succeeds
@@ -274,13 +280,15 @@ class LingBotMapSession(SessionTiming):
         out = self._step(imgs, len(items), scale=True, keyframe=True, first=True)
         self._pending = []
         self._num_scale = len(items)
-        return [self._result(i, idx, ts, prep, out, True) for i, (idx, ts, prep) in enumerate(items)]
+        self._host.submit(out, ("scale", items, True))
+        return self._deliver(keep=0)            # the scale phase's results at once
 
     def _run_stream(self, index: int, ts: float, prep) -> list[FrameResult]:
         k = self.config.keyframe_interval
         keyframe = k <= 1 or (index - self._num_scale) % k == 0
         out = self._step(prep.tensor[None], 1, scale=False, keyframe=keyframe, first=False)
-        return [self._result(0, index, ts, prep, out, keyframe)]
+        self._host.submit(out, ("stream", [(index, ts, prep)], keyframe))
+        return self._deliver(keep=1 if self.defer_results else 0)
 
     def _advance_time(self, n: int) -> None:
         before, self._time = self._time, self._time + n

@@ -137,5 +137,8 @@ class VideoRope3D:
         ang = torch.cat((t_ang[:, None, :].expand(-1, sp.shape[0], -1),
                          sp[None].expand(t_ang.shape[0], -1, -1)), dim=-1)               # [F, N, D/2]
         cos, sin = _pair_tables(ang, interleaved=True)
-        return Rotation(cos.to(dtype)[:, :, None, :].to(device), sin.to(dtype)[:, :, None, :].to(device),
+        # new tables every step: uploaded without a host sync (a blocking copy would wait for the
+        # previous step's GPU work; engine/host_copy.py)
+        from ..host_copy import upload
+        return Rotation(upload(cos.to(dtype)[:, :, None, :], device), upload(sin.to(dtype)[:, :, None, :], device),
                         interleaved=True)
