@@ -7,6 +7,7 @@ monitors dock at the bottom; a status bar. Errors appear in a non-modal banner a
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -193,6 +194,7 @@ class LoopGapProbe(QtCore.QObject):
         return float(np.percentile(gaps, 99)) if gaps else None
 
 
+MESSAGES_KEPT = 1000          # newest messages kept in MainWindow.messages (issue #7: bounded)
 TRIM_EVERY_S = 5             # seconds of a run between malloc_trim calls (engine/memory.py)
 
 
@@ -218,7 +220,8 @@ class MainWindow(QtWidgets.QMainWindow):
         self.settings = settings
         self.session_root = session_root
         self.session_folder: Optional[str] = None
-        self.messages: list[tuple[str, str]] = []     # (level, text), newest last
+        # (level, text), newest last; bounded: a looped run's engine notes come every few seconds
+        self.messages: collections.deque = collections.deque(maxlen=MESSAGES_KEPT)
         self._handle: Optional[WorkerHandle] = None
         self._noted_next_run: set = set()              # settings already said to apply next run
         self.last_handle: Optional[WorkerHandle] = None

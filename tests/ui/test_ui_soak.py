@@ -70,6 +70,15 @@ def test_hidden_window_queues_no_gl_commands(make_window, qtbot):
     assert w.viewer.cloud.count == w.viewer.scene.count > 0
 
 
+def test_window_keeps_a_bounded_message_log(make_window):
+    from ui.main_window import MESSAGES_KEPT
+    w = make_window()
+    for i in range(MESSAGES_KEPT + 5):
+        w.show_message(f"note {i}", "info")
+    assert len(w.messages) == MESSAGES_KEPT
+    assert w.messages[-1] == ("info", f"note {MESSAGES_KEPT + 4}") and w.messages[0][1] == "note 5"
+
+
 def _mmapped_blocks():
     """glibc's count of live mmapped malloc blocks (mallinfo2), None elsewhere."""
     import ctypes
