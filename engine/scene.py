@@ -343,14 +343,13 @@ class SceneModel:
         self._pending = 0
         n = self._seq
         rows = np.flatnonzero(np.isin(self._fseg[:n], np.unique(self._ev_seg[pend.start:k])))
-        if not len(rows):
-            return
-        keys = list(zip(self._fseg[rows].tolist(), self._findex[rows].tolist()))
-        slots = self._winning_slots(keys, pend)
-        hit = slots >= 0
-        if hit.any():
-            self._fslot[rows[hit]] = slots[hit]
-            self._dirty_xf = min(self._dirty_xf, int(rows[hit][0]))
+        if len(rows):
+            keys = list(zip(self._fseg[rows].tolist(), self._findex[rows].tolist()))
+            slots = self._winning_slots(keys, pend)
+            hit = slots >= 0
+            if hit.any():
+                self._fslot[rows[hit]] = slots[hit]
+                self._dirty_xf = min(self._dirty_xf, int(rows[hit][0]))
         if k >= max(MIN_EVENTS_COMPACTED, 2 * self._events_live):
             self._compact_events()
 
