@@ -35,7 +35,7 @@ class TrackerParams:
     min_inliers: int = 15
     kf_max_gap: int = 20
     kf_baseline_ratio: float = 0.06    # camera moved this fraction of the median scene depth
-    kf_tracked_ratio: float = 0.65     # tracked map points fell below this fraction of the last keyframe's
+    kf_tracked_ratio: float = 0.8      # tracked map points fell below this fraction of the last keyframe's
     kf_min_points: int = 60
     ba_window: int = 7
     ba_fixed: int = 2
