@@ -27,7 +27,7 @@ WPID=$!
 timeout 200 python3 benchmarks/attention_bench.py --frames "$N" --json "$OUT/attention.json" 2>&1; el
 timeout 100 python3 -m pytest -q -p no:cacheprovider -p no:pytest-qt \
   tests/engine/test_flashinfer_dense_gpu.py tests/engine/test_host_copy.py tests/engine/test_streaming_gpu.py \
-  tests/engine/test_streaming_deferred.py \
+  tests/engine/test_streaming_deferred.py tests/engine/test_compile_blocks.py \
   2>&1 | tail -6; el
 wait $WPID; cat /tmp/weights.log; el
 timeout "$T_UP" $SBS upstream --no-eager --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames "$FID" \

@@ -159,30 +159,10 @@ _VARIANTS = {
     "eager": ({"cuda_graphs": False}, {}),
     "fixed-graphs": ({"graph_scope": "fixed"}, {}),
     "all-graphs": ({"graph_scope": "all"}, {}),
-    # the blocks' two halves (norm/qkv/qk-norm/RoPE; proj/LayerScale/residual/MLP) through
-    # torch.compile (Inductor fuses the norms, casts and residual adds), inside our CUDA graphs
-    "compiled": ({"compiled": True}, {}),
+    # the blocks' two halves under torch.compile inside our CUDA graphs (engine/models/compile.py)
+    "compiled": ({}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
 }
 
-
-def _compile_blocks(model):
-    """Measurement variant (patched here, not in the engine): every Block's attn_pre / attn_post
-    under torch.compile (default mode: our CUDA graphs capture the compiled kernels). Returns a
-    function that undoes the patch."""
-    import torch
-    import torch._dynamo
-    torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
-    agg = model.aggregator
-    done = []
-    for blk in (*agg.patch_embed.blocks, *agg.frame_blocks, *agg.global_blocks):
-        for name in ("attn_pre", "attn_post"):
-            setattr(blk, name, torch.compile(getattr(blk, name), dynamic=False))
-            done.append((blk, name))
-
-    def undo():
-        for blk, name in done:
-            delattr(blk, name)
-    return undo
 
 
 def _dense_flashinfer():
@@ -311,11 +291,9 @@ def cmd_ours(args) -> None:
         kw, env = dict(_VARIANTS.get(label, ({}, {}))[0]), _VARIANTS.get(label, ({}, {}))[1]
         model.aggregator.graph_scope = kw.pop("graph_scope", scope0)
         dense = kw.pop("dense", False)
-        compiled = kw.pop("compiled", False)
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         restore = _dense_flashinfer() if dense else None
-        undo_compile = _compile_blocks(model) if compiled else None
         try:
             _, times, n_scale, peak, total, backend = _ours_stream(model, frames[:args.frames], "bf16", interval, dev,
                                                                    keep=False, **kw)
@@ -327,8 +305,6 @@ def cmd_ours(args) -> None:
             model.aggregator.graph_scope = scope0
             if restore is not None:
                 restore()
-            if undo_compile is not None:
-                undo_compile()
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         row = speed_summary(times, n_scale, peak, total, f"ours {label} kf{interval}")

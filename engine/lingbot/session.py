@@ -139,6 +139,13 @@ class LingBotMapSession(SessionTiming):
                       and getattr(self.model, "weight_dtype", None) is None)   # quantized: eager
         from ..models.graphs import GraphCache
         self.model.aggregator.graphs = GraphCache() if use_graphs else None
+        # opt-in: the blocks' norm/residual halves under torch.compile (engine/models/compile.py;
+        # measured faster on the H200, outputs not yet checked there, so off by default)
+        from ..models.compile import blocks_compiled, compile_blocks, compile_blocks_requested, uncompile_blocks
+        if self.device.type == "cuda" and compile_blocks_requested():
+            compile_blocks(self.model)
+        elif blocks_compiled(self.model):
+            uncompile_blocks(self.model)
         from ..kv.dtypes import kv_precision
         self.kv_precision = kv_precision(config.dtype, config.kv_dtype)   # decided once, here
         self.kv_dtype = self.kv_precision.storage

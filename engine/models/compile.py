@@ -1,0 +1,59 @@
+"""torch.compile of the transformer blocks' two halves (opt-in, measured, not the default).
+
+Outside attention a streamed LingBot-Map frame spends ~13 ms of kernel time on the H200 in
+LayerNorms, dtype casts, LayerScale residual adds and RoPE -- dozens of small kernels per block,
+because the residual stream stays float32 while the matmuls run in bf16 (docs/benchmarks.md).
+Inductor fuses them. `compile_blocks(model)` puts every `Block.attn_pre` (norm1, qkv, qk-norm,
+RoPE) and `Block.attn_post` (proj, LayerScale residual, norm2, MLP, residual) of the trunk under
+`torch.compile` (default mode: no CUDA graphs of its own, so engine/models/graphs.py still
+captures the compiled kernels); attention itself stays outside (SDPA, or the KV cache's backend).
+Blocks of one shape share compiled code (~10 graphs for the whole model, compiled on first use:
+tens of seconds).
+
+Measured on the H200 (issue #11, same run as upstream): 24.7 -> 27.6 FPS steady with the default
+session. Not the default because its outputs have not yet been checked against the eager path on
+the GPU (tests/engine/test_compile_blocks.py has that test; it runs with the GPU tests).
+Switch: RECONSTUDIO_COMPILE_BLOCKS=1 for a LingBot-Map session on CUDA (engine/lingbot/session.py).
+"""
+from __future__ import annotations
+
+import os
+
+_ATTRS = ("attn_pre", "attn_post")
+
+
+def compile_blocks_requested() -> bool:
+    """RECONSTUDIO_COMPILE_BLOCKS=1 (benchmarks / experiments; default off)."""
+    return os.environ.get("RECONSTUDIO_COMPILE_BLOCKS", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _blocks(model):
+    agg = model.aggregator
+    return (*agg.patch_embed.blocks, *agg.frame_blocks, *agg.global_blocks)
+
+
+def compile_blocks(model, backend: str = "inductor") -> int:
+    """Every trunk Block's attn_pre / attn_post through torch.compile (idempotent); returns how
+    many functions are compiled. `backend`: torch.compile's ("aot_eager" for CPU tests)."""
+    import torch
+    import torch._dynamo
+    # blocks of one shape share code; the limit guards against recompiling per instance
+    torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+    n = 0
+    for blk in _blocks(model):
+        for name in _ATTRS:
+            if name not in vars(blk):               # not compiled yet
+                setattr(blk, name, torch.compile(getattr(blk, name), dynamic=False, backend=backend))
+            n += 1
+    return n
+
+
+def uncompile_blocks(model) -> None:
+    """Back to the plain methods."""
+    for blk in _blocks(model):
+        for name in _ATTRS:
+            vars(blk).pop(name, None)
+
+
+def blocks_compiled(model) -> bool:
+    return any(name in vars(blk) for blk in _blocks(model) for name in _ATTRS)
