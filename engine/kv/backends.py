@@ -49,6 +49,7 @@ from .dtypes import FP8, KVPrecision, parse_dtype
 from .page_table import KVCacheError, StepTable
 
 _FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024
+_FLASHINFER_FA3_WORKSPACE_BYTES = 8 * 1024 * 1024
 _FP8_MAX = float(torch.finfo(FP8).max)          # 448 (e4m3)
 
 
@@ -235,7 +236,6 @@ class FlashInferBackend(_CacheRef):
         if flashinfer is None:
             raise KVCacheError(f"FlashInfer is not available ({err})")
         self.cache = cache
-        self._workspace = torch.empty(_FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=cache.device)
         # RECONSTUDIO_FLASHINFER_BACKEND=fa2|fa3|auto picks the kernel family (benchmarks)
         kind = os.environ.get("RECONSTUDIO_FLASHINFER_BACKEND", "auto")
         self._fp8 = cache.pool.kind == "fp8"
@@ -245,6 +245,11 @@ class FlashInferBackend(_CacheRef):
         elif kind == "auto":
             kind = flashinfer_kernel(cache.device)
         self.kernel = kind
+        # FA2 splits long KV sets and merges the parts in this float workspace; FlashInfer 0.6.1's
+        # FA3 (sm90) plan and kernels never touch it (its scheduler only fills the int workspace),
+        # so a 16-bit FA3 cache keeps a token buffer instead of 128 MiB
+        ws = _FLASHINFER_FA3_WORKSPACE_BYTES if kind == "fa3" and not self._fp8 else _FLASHINFER_WORKSPACE_BYTES
+        self._workspace = torch.empty(ws, dtype=torch.uint8, device=cache.device)
         self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=kind)
         # dense path: FlashInfer's ragged wrapper over the one contiguous run of pages (same JIT
         # module as the paged kernel; K/V tiles loaded whole by TMA instead of row by row through

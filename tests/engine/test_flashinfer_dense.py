@@ -180,5 +180,7 @@ def test_fa3_is_picked_on_hopper(monkeypatch, fake_flashinfer, cap, cuda, want):
                       backend=FlashInferBackend)
     be = fi._attn
     assert be.kernel == want and be._wrapper.backend == want and be._ragged.backend == want
+    # FA3 never uses the float workspace: a small one; FA2 splits and merges in it
+    assert be._workspace.numel() == (8 if want == "fa3" else 128) * 2**20
     monkeypatch.setenv("RECONSTUDIO_FLASHINFER_BACKEND", "fa2")     # the benchmark override
     assert FlashInferBackend(fi).kernel == "fa2"
