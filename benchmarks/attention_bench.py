@@ -9,7 +9,8 @@ then, on the last keyframe step, each path attends the same q (1,005 tokens) to 
 set: FlashInfer dense (ragged wrapper over the zero-copy run; FA3 on Hopper), FlashInfer paged
 (the page-table kernel), SDPA flash and cuDNN over the zero-copy view. Median of `--reps` CUDA-
 event timings per path, the rate in TFLOP/s (4 * q * kv * heads * head_dim per call) and each
-path's relative difference to the first one.
+path's relative difference to the first one. Then cuDNN's wall time per call when the KV length
+changes every call (as in the model) and with a fixed capacity plus a -inf tail mask.
 """
 from __future__ import annotations
 
@@ -38,6 +39,68 @@ def _median_ms(fn, reps: int) -> float:
         b.record()
     torch.cuda.synchronize()
     return sorted(a.elapsed_time(b) for a, b in evs)[reps // 2]
+
+
+def _wall_ms(calls) -> float:
+    """Host wall time per call of `calls` (list of thunks), GPU included: what a frame pays when
+    a call also rebuilds something on the host."""
+    import time
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - t) / len(calls)
+
+
+def _cudnn_lengths(cache, step, q, reps: int) -> list:
+    """cuDNN in the model sees a new KV length every frame (+6 special tokens). Wall time per call
+    (a) at one length, (b) at a new length each call, (c) at one fixed capacity (the run's whole
+    pages) with the unused tail masked by an additive -inf bias, the length changing each call --
+    whether a fixed-shape call keeps cuDNN's graph and its speed (the lead in docs/benchmarks.md)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    a0, m = step.contiguous
+    L = step.num_kv_tokens
+    kp = cache.pool.k[0, a0:a0 + m].reshape(m * P, H, D)
+    vp = cache.pool.v[0, a0:a0 + m].reshape(m * P, H, D)
+    qh = q.transpose(0, 1)[None]
+    cap = m * P
+    n = min(reps, (L - 1) // 6)
+    lengths = [L - 6 * (n - 1 - i) for i in range(n)]
+    masks = []
+    for length in lengths:
+        bias = torch.zeros(1, 1, 1, cap, dtype=q.dtype, device=q.device)
+        bias[..., length:] = float("-inf")
+        masks.append(bias)
+
+    def call(length, bias=None):
+        k = (kp if bias is not None else kp[:length]).transpose(0, 1)[None]
+        v = (vp if bias is not None else vp[:length]).transpose(0, 1)[None]
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(qh, k, v, attn_mask=bias)
+
+    rows = []
+    tests = {"cudnn, one length (wall per call)": [lambda: call(L)] * n,
+             "cudnn, new length every call (wall per call)": [lambda x=x: call(x) for x in lengths],
+             "cudnn, fixed capacity + -inf tail mask, length changing (wall per call)":
+                 [lambda x=x, b=b: call(x, b) for x, b in zip(lengths, masks)]}
+    for name, calls in tests.items():
+        try:
+            for c in calls[:2]:
+                c()
+            if "mask" in name:          # the masked call must equal the plain one
+                diff = float((call(L, masks[-1]).float() - call(L).float()).norm() / call(L).float().norm())
+            else:
+                diff = None
+            ms = _wall_ms(calls)
+        except Exception as exc:        # e.g. no bias support in this cuDNN / PyTorch
+            print(f"{name:70s} failed: {type(exc).__name__}: {str(exc)[:200]}")
+            rows.append({"path": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            continue
+        rows.append({"path": name, "wall_ms": ms, "rel_diff_masked_vs_plain": diff, "capacity": cap})
+        print(f"{name:70s} {ms:7.3f} ms" + (f"  masked vs plain {diff:.1e}" if diff is not None else ""))
+    return rows
 
 
 def main(argv=None) -> None:
@@ -88,6 +151,7 @@ def main(argv=None) -> None:
         extra = {k: getattr(be, k) for k in ("kernel", "path") if hasattr(be, k)}
         rows.append({"path": name, "ms": ms, "tflops": flop / ms / 1e9, "rel_diff_to_first": diff, **extra})
         print(f"{name:32s} {ms:7.3f} ms  {flop / ms / 1e9:6.0f} TFLOP/s  rel diff {diff:.1e}  {extra}")
+    rows += _cudnn_lengths(cache, step, q, a.reps)
     cache.end_step()
     if a.json:
         Path(a.json).write_text(json.dumps({"visible_tokens": L, "q_tokens": q.shape[0], "frames": a.frames,
