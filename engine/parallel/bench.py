@@ -16,8 +16,12 @@ With 2+ GPUs it spawns 2 processes (one per GPU, NCCL; NVLink multicast stays of
 then on GPU 0 alone
 0. (`--noise-floor`) the bf16 tolerance the ring's deviations are judged against: the same scale
    phase and VGGT chunk on one GPU in bf16 against fp32, with the same metrics as parts 2 and 3;
-4. the stream scheduler: 1 stream, 4 streams batched, 4 streams one at a time (max_batch 1) at
-   518x378, aggregate FPS over `--frames` streamed frames per stream and memory per stream.
+4. the stream scheduler at 518x378, for each of `--backends` (sdpa) and `--variants` (one: 1
+   stream; batched: `--streams` batched; serial: `--streams` one at a time, max_batch 1; each
+   with +streams = per-stream attention on CUDA side streams, +pipeline = results one round
+   later): aggregate FPS over `--frames` streamed frames per stream against the `one` row, host
+   time per round (prepare / launch / readback / results), memory per stream; `--breakdown` adds
+   CUDA-event time per model section over 10 more rounds.
 Writes DIR/parallel_bench.json and prints a summary. Needs CUDA.
 """
 from __future__ import annotations
@@ -345,62 +349,132 @@ def _noise_floor_part(args, log):
     return rows
 
 
-def _scheduler_part(model, args, log):
-    from ..scheduler import StreamScheduler, stream_cache_bytes
-    rows = []
-    for n, max_batch in ((1, 1), (args.streams, args.streams), (args.streams, 1)):
-        mem.sync()
-        mem.empty()
-        base = mem.allocated()
-        sched = StreamScheduler(model, max_batch=max_batch)
-        streams = [sched.open_stream(_cfg(), name=f"s{i}", frame_size=(W, H)) for i in range(n)]
-        frames = _frames(8 + 5 + args.frames, 1)
-        for st in streams:                                 # scale phases + 5 warm-up frames each
-            for f in frames[:13]:
-                sched.submit(st, f)
+def _variant(name: str, streams: int):
+    """'one' | 'batched' | 'serial', '+streams' (attention on CUDA side streams), '+pipeline'."""
+    base, *mods = name.split("+")
+    sizes = {"one": (1, 1), "batched": (streams, streams), "serial": (streams, 1)}
+    if base not in sizes or not set(mods) <= {"streams", "pipeline"}:
+        raise SystemExit(f"unknown scheduler variant {name!r}: one|batched|serial[+streams][+pipeline]")
+    n, max_batch = sizes[base]
+    return n, max_batch, {"attention_streams": "streams" in mods, "pipeline": "pipeline" in mods}
+
+
+def _breakdown(model, sched, streams, frames, rounds):
+    """CUDA-event time per model section over `rounds` more rounds (stream time between the
+    events: GPU work plus any GPU idle inside the section), ms per round, and the wall time."""
+    from ..bench import SectionTimer
+    timer = SectionTimer(mem.cuda)
+    model.timer = timer
+    for st in streams:
+        st.session.kv.timer = timer
+    mem.sync()
+    t0 = time.perf_counter()
+    for f in frames[:rounds]:
+        for st in streams:
+            sched.submit(st, f)
         while sched.pending():
             sched.step()
-        mem.sync()
-        mem_streams = mem.allocated() - base
-        for s in streams:
-            s.latencies.clear()                            # latency of the timed frames only
-        mem.reset_peak()
-        t0 = time.perf_counter()
-        last = {}
-        for f in frames[13:]:
-            for st in streams:
-                sched.submit(st, f)
-            while sched.pending():
-                for st, res in sched.step():
-                    if res:
-                        last[st.name] = (res[-1].pose_enc, res[-1].depth)
-        mem.sync()
-        dt = time.perf_counter() - t0
-        est = stream_cache_bytes(model, _cfg(), (W, H))
-        st = sched.stats()
-        row = {"streams": n, "max_batch": max_batch, "frames_per_stream": args.frames, "seconds": dt,
-               "aggregate_fps": n * args.frames / dt, "per_stream_fps": args.frames / dt,
-               "memory_per_stream_bytes": mem_streams / n, "cache_estimate_bytes": est["total"],
-               "peak_during_timed_bytes": mem.peak() - base,
-               "largest_batch": st["largest_batch"],
-               "latency_p50_ms": [s["latency_p50_ms"] for s in st["streams"]]}
-        # every stream got the same frames: its last result must match the single stream's
-        if rows:
-            p0, d0 = rows[0]["_last"]
-            row["pose_max_abs_diff_vs_one_stream"] = float(max(np.abs(p - p0).max() for p, _ in last.values()))
-            row["depth_max_rel_diff_vs_one_stream"] = float(max(
-                np.median(np.abs(d - d0) / np.maximum(np.abs(d0), 1e-6)) for _, d in last.values()))
-        row["_last"] = last["s0"]
-        log(f"scheduler {n} stream(s), max_batch {max_batch}: {row['aggregate_fps']:.1f} FPS together "
-            f"({row['per_stream_fps']:.1f} each), {mem_streams / n / 2**30:.2f} GiB per stream "
-            f"(caches {est['total'] / 2**30:.2f} GiB), p50 latency {row['latency_p50_ms'][0]:.0f} ms"
-            + (f"; vs one stream: pose max |diff| {row['pose_max_abs_diff_vs_one_stream']:.2e}, depth median rel "
-               f"{row['depth_max_rel_diff_vs_one_stream']:.2e}" if len(rows) else ""))
-        for s in streams:
-            sched.close_stream(s)
-        rows.append(row)
-    for r in rows:
-        r.pop("_last", None)
+    mem.sync()
+    wall = (time.perf_counter() - t0) / rounds
+    timer.collect()
+    model.timer = None
+    for st in streams:
+        st.session.kv.timer = None
+    ms = {k: v * 1e3 / rounds for k, v in timer.totals.items()}
+    top = ("patch_embed", "frame_blocks", "global_blocks", "camera_head", "depth_head")
+    ms["round_wall"] = wall * 1e3
+    ms["outside_sections"] = wall * 1e3 - sum(ms.get(k, 0.0) for k in top)
+    return ms
+
+
+def _scheduler_row(model, args, log, backend, variant):
+    from ..scheduler import StreamScheduler, stream_cache_bytes
+    n, max_batch, opts = _variant(variant, args.streams)
+    cfg = _cfg(backend=backend)
+    mem.sync()
+    mem.empty()
+    base = mem.allocated()
+    sched = StreamScheduler(model, max_batch=max_batch, **opts)
+    streams = [sched.open_stream(cfg, name=f"s{i}", frame_size=(W, H)) for i in range(n)]
+    extra = 10 if args.breakdown else 0
+    frames = _frames(8 + 5 + args.frames + extra, 1)
+    for st in streams:                                 # scale phases + 5 warm-up frames each
+        for f in frames[:13]:
+            sched.submit(st, f)
+    while sched.pending():
+        sched.step()
+    mem.sync()
+    mem_streams = mem.allocated() - base
+    for s in streams:
+        s.latencies.clear()                            # latency of the timed frames only
+    sched._host = dict.fromkeys(sched._host, 0.0)      # host time of the timed rounds only
+    rounds0 = sched.stats()["rounds"]
+    mem.reset_peak()
+    t0 = time.perf_counter()
+    last = {}
+    for f in frames[13:13 + args.frames]:
+        for st in streams:
+            sched.submit(st, f)
+        while sched.pending():
+            for st, res in sched.step():
+                if res:
+                    last[st.name] = (res[-1].pose_enc, res[-1].depth)
+    mem.sync()
+    dt = time.perf_counter() - t0
+    est = stream_cache_bytes(model, cfg, (W, H))
+    st = sched.stats()
+    timed_rounds = st["rounds"] - rounds0
+    row = {"backend": backend, "variant": variant, "streams": n, "max_batch": max_batch, **opts,
+           "frames_per_stream": args.frames, "seconds": dt,
+           "aggregate_fps": n * args.frames / dt, "per_stream_fps": args.frames / dt,
+           "round_ms": dt * 1e3 / max(timed_rounds, 1),
+           "host_ms_per_round": {k: v * 1e3 / max(timed_rounds, 1) for k, v in sched._host.items()},
+           "memory_per_stream_bytes": mem_streams / n, "cache_estimate_bytes": est["total"],
+           "peak_during_timed_bytes": mem.peak() - base, "largest_batch": st["largest_batch"],
+           "latency_p50_ms": [s["latency_p50_ms"] for s in st["streams"]], "_last": last}
+    if extra:
+        row["breakdown_ms_per_round"] = _breakdown(model, sched, streams, frames[13 + args.frames:], extra)
+    for s in streams:
+        sched.close_stream(s)
+    return row
+
+
+def _scheduler_part(model, args, log, save=lambda rows: None):
+    """Each backend x variant: aggregate FPS over `--frames` streamed frames per stream, against
+    the 'one' row of the same backend; each stream's last result against the single stream's."""
+    rows = []
+    for backend in args.backends:
+        one = None
+        for variant in args.variants:
+            try:
+                row = _scheduler_row(model, args, log, backend, variant)
+            except Exception as exc:           # keep the rows measured so far (e.g. FlashInfer missing)
+                log(f"scheduler {backend} {variant}: FAILED {type(exc).__name__}: {exc}")
+                rows.append({"backend": backend, "variant": variant, "error": f"{type(exc).__name__}: {exc}"})
+                save(rows)
+                continue
+            last = row.pop("_last")
+            if row["streams"] == 1 and one is None:
+                one = (row["aggregate_fps"], last["s0"])
+            elif one is not None:
+                row["vs_one_stream"] = row["aggregate_fps"] / one[0]
+                p0, d0 = one[1]
+                row["pose_max_abs_diff_vs_one_stream"] = float(max(np.abs(p - p0).max() for p, _ in last.values()))
+                row["depth_max_rel_diff_vs_one_stream"] = float(max(
+                    np.median(np.abs(d - d0) / np.maximum(np.abs(d0), 1e-6)) for _, d in last.values()))
+            hm = row["host_ms_per_round"]
+            log(f"scheduler [{backend}] {variant}: {row['streams']} stream(s), max_batch {row['max_batch']}: "
+                f"{row['aggregate_fps']:.1f} FPS together ({row['per_stream_fps']:.1f} each"
+                + (f", x{row['vs_one_stream']:.2f} one stream" if "vs_one_stream" in row else "")
+                + f"), round {row['round_ms']:.1f} ms (host: prepare {hm['prepare']:.1f}, launch {hm['launch']:.1f}, "
+                f"readback {hm['readback']:.1f}, results {hm['results']:.1f}), "
+                f"{row['memory_per_stream_bytes'] / 2**30:.2f} GiB per stream, p50 latency {row['latency_p50_ms'][0]:.0f} ms"
+                + (f"; vs one stream: pose max |diff| {row['pose_max_abs_diff_vs_one_stream']:.2e}, depth median rel "
+                   f"{row['depth_max_rel_diff_vs_one_stream']:.2e}" if "pose_max_abs_diff_vs_one_stream" in row else ""))
+            if "breakdown_ms_per_round" in row:
+                log("  breakdown ms/round: " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_ms_per_round"].items()))
+            rows.append(row)
+            save(rows)
     return rows
 
 
@@ -447,7 +521,10 @@ def _rank(rank, world, args, rdzv):
         res["noise_floor"] = _noise_floor_part(args, log)
         save()
     if args.streams:
-        res["scheduler"] = _scheduler_part(model, args, log)
+        def keep(rows):
+            res["scheduler"] = rows
+            save()
+        res["scheduler"] = _scheduler_part(model, args, log, keep)
     save()
 
 
@@ -462,6 +539,15 @@ def main(argv=None) -> int:
                    help="part 0 on one GPU: scale phase of S frames and a VGGT chunk of C frames, bf16 vs fp32")
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--frames", type=int, default=40)
+    words = lambda s: [x for x in s.split(",") if x]
+    p.add_argument("--backends", type=words, default=["sdpa"],
+                   help="attention backends of the scheduler rows, e.g. sdpa,flashinfer")
+    p.add_argument("--variants", type=words, default=["one", "batched", "serial"],
+                   help="scheduler rows: one | batched | serial (--streams streams, max_batch 1), each "
+                        "optionally +streams (attention on CUDA side streams) and/or +pipeline (results "
+                        "one round later, no host wait per round)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="10 more rounds per scheduler row with CUDA events around each model section")
     p.add_argument("--smoke", action="store_true", help="run the same code on 2 CPU processes, tiny model")
     args = p.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
