@@ -66,6 +66,8 @@ def speed_and_accuracy(seq, frames, cfg) -> dict:
         "depth_maps_per_s": st["depth_fps"], "depth_cpu_ms_per_keyframe": st["depth_cpu_ms"],
         "keyframes_per_s_at_30fps_input": 30.0 * len(kfs) / n,
         "push_waited_for_depth_s": st["depth_wait_s"],
+        "loop_cpu_ms_per_keyframe": st.get("loop_cpu_ms"), "loops_closed": st.get("loops_closed"),
+        "loops_consistent": st.get("loops_consistent"), "push_waited_for_loops_s": st.get("loop_wait_s"),
         "latency_p50_ms": st["latency_p50_ms"], "latency_p95_ms": st["latency_p95_ms"],
         "resolution": st["resolution"], "load_avg_1min": os.getloadavg()[0],
     }
@@ -129,7 +131,7 @@ def soak(seq, cfg, n_frames: int, every: int = 1000, marks=(2000, 6000, 12000), 
                     self.peak = max(self.peak, rss_mb() or 0.0)
                 if self.n % every == 0 or self.n in marks:
                     row = {"frames": self.n, "t_s": round(time.perf_counter() - t0, 1), "rss_mb": rss_mb(),
-                           "rss_peak_mb": self.peak, "load_avg_1min": os.getloadavg()[0], **s.memory()}
+                           "rss_peak_mb": self.peak, "load_avg_1min": os.getloadavg()[0], **s.memory(settle=True)}
                     self.peak = 0.0
                     if use_tracemalloc:
                         row["traced_mb"] = tracemalloc.get_traced_memory()[0] / 1e6

@@ -79,13 +79,15 @@ class LoopParams:
     cull_deg: float = 10.0        # a new keyframe verified against a database keyframe this close
     cull_dist: float = 0.15       # (rotation; distance / its median depth) is redundant: freed
     keep_solutions: int = 20      # LoopSolutions kept for inspection (`loops`)
+    max_graph_nodes: int = 300    # a live segment's pose graph is compacted beyond this many nodes ...
+    keep_recent: int = 40         # ... never touching its latest nodes (the tracker's window and more)
 
 
 @dataclass
 class KeyframeNode:
     fid: int
     segment: int
-    index: int                   # node index in the graph of its segment
+    index: int                   # keyframes of its segment added before it (gaps count in these)
     T_produced: np.ndarray       # c2w as sent to the client (rigid)
     uv: np.ndarray               # map-point observations, N×2
     P_cam: np.ndarray            # the same points in this keyframe's camera frame (produced units)
@@ -119,6 +121,8 @@ class Forget:
     segment: Optional[int] = None
     kept: list = field(default_factory=list)
     segments: list = field(default_factory=list)   # (without `segment`) the segment of each of fids
+    merged: list = field(default_factory=list)     # (segment, fid, into fid, R): node fid of a live
+    # segment's graph now moves rigidly with node `into`, T_fid = T_into · R (pose-graph compaction)
 
 
 @dataclass
@@ -164,6 +168,8 @@ class LoopCloser:
         self._corr_base = 0                                  # ... from this solution index on (older ones dropped)
         self.db: dict[int, None] = {}                        # place-recognition database: fids, oldest first
         self._forgotten: list = []                           # evicted keyframes of ended segments, to report
+        self._merged: list = []                              # (segment, fid, into fid, relative pose): compacted nodes
+        self._n_added: dict[int, int] = {}                   # segment → keyframes added
         self.keyframes_culled = 0                            # redundant keyframes freed on arrival
         self.keyframes_evicted = 0                           # keyframes dropped by the database cap
         self._linked: dict[int, int] = {}                    # segment → the earlier segment it was placed in
@@ -186,7 +192,9 @@ class LoopCloser:
         epoch: how many of this closer's solutions the session had applied (its world)."""
         with self._lock:
             fids = self.by_segment.setdefault(segment, [])
-            node = KeyframeNode(fid, segment, len(fids), np.array(c2w_produced, np.float64),
+            index = self._n_added.get(segment, 0)
+            self._n_added[segment] = index + 1
+            node = KeyframeNode(fid, segment, index, np.array(c2w_produced, np.float64),
                                 np.asarray(uv, np.float64).reshape(-1, 2), np.asarray(P_cam, np.float64).reshape(-1, 3),
                                 gray=gray)
             edges = self.edges.setdefault(segment, [])
@@ -225,6 +233,7 @@ class LoopCloser:
             if kept:
                 self.by_segment[segment] = kept   # matched as a place only, never solved again
             self._linked.pop(segment, None)
+            self._n_added.pop(segment, None)
         return Forget([f for f in fids if f not in set(kept)], segment, kept)
 
     def memory(self) -> dict:
@@ -282,7 +291,8 @@ class LoopCloser:
             fids = list(self.by_segment[node.segment])
             db = [f for f in self.db if f in self.nodes]
         k = node.index
-        prev = self.nodes.get(fids[k - 1]) if k > 0 else None
+        pos = fids.index(fid)
+        prev = self.nodes.get(fids[pos - 1]) if pos > 0 else None
         ref = self._score(node.bow, prev.bow) if prev is not None and prev.bow is not None else 0.0
         if prev is not None and not prev.in_db:
             prev.bow = None    # kept only for this score
@@ -298,7 +308,8 @@ class LoopCloser:
                 out.append(SegmentLink(node.segment, cand.segment, fid, cand.fid, n_inl, S))
             close = cand if self._covers(cand, S) else None
         if k > self.p.min_gap:
-            older = [f for f in fids[:k - self.p.min_gap] if f in self.db and self.nodes[f].bow is not None]
+            older = [f for f in fids[:pos] if self.nodes[f].index < k - self.p.min_gap and f in self.db
+                     and self.nodes[f].bow is not None]
             best = self._best_match(node, older, ref)
             if best is not None:
                 cand, n_inl, S = best
@@ -319,10 +330,51 @@ class LoopCloser:
             self._cull(node)
         else:
             self._cap()
-        if self._forgotten:
-            out.append(Forget([f for f, _ in self._forgotten], segments=[g for _, g in self._forgotten]))
-            self._forgotten = []
+        self._compact(node.segment)
+        if self._forgotten or self._merged:
+            out.append(Forget([f for f, _ in self._forgotten], segments=[g for _, g in self._forgotten],
+                              merged=self._merged))
+            self._forgotten, self._merged = [], []
         return out
+
+    def _compact(self, segment: int) -> None:
+        """Pose-graph compaction of a live segment longer than `max_graph_nodes`: the oldest nodes
+        that left the database (redundant or evicted) are merged into the node before them — they
+        move rigidly with it from now on (relative pose from the current estimates) and their edges
+        are re-attached to it, loop edges included. The first node (gauge), database nodes and the
+        `keep_recent` latest nodes stay."""
+        with self._lock:
+            fids = self.by_segment.get(segment, [])
+            excess = len(fids) - self.p.max_graph_nodes
+            if excess <= 0:
+                return
+            victims = [f for f in fids[1:-self.p.keep_recent] if not self.nodes[f].in_db][:excess]
+            if not victims:
+                return
+            gone = set()
+            parent = {}
+            for f in fids:
+                if f in victims:
+                    p = parent.get(prev_kept, prev_kept)
+                    parent[f] = p
+                    gone.add(f)
+                else:
+                    prev_kept = f
+            rel = {c: sim3_inverse(self.T_est[p]) @ self.T_est[c] for c, p in parent.items()}
+            edges = []
+            for i, j, Z, info, hub in self.edges.get(segment, []):
+                if i in gone:
+                    i, Z = parent[i], rel[i] @ Z
+                if j in gone:
+                    j, Z = parent[j], Z @ sim3_inverse(rel[j])
+                if i != j:
+                    edges.append((i, j, Z, info, hub))
+            self.edges[segment] = edges
+            self.by_segment[segment] = [f for f in fids if f not in gone]
+            for c, p in parent.items():
+                del self.nodes[c]
+                self.T_est.pop(c, None)
+                self._merged.append((segment, c, p, rel[c]))
 
     def _covers(self, cand: KeyframeNode, S: np.ndarray) -> bool:
         """Whether database keyframe `cand` sees the place from nearly the query's viewpoint
@@ -389,7 +441,7 @@ class LoopCloser:
         t0 = time.perf_counter()
         seg = node.segment
         with self._lock:
-            fids = list(self.by_segment[seg][: node.index + 1])
+            fids = [f for f in self.by_segment[seg] if self.nodes[f].index <= node.index]
             edges = list(self.edges[seg])
         slot = {f: i for i, f in enumerate(fids)}
         g = Sim3PoseGraph()

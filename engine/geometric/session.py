@@ -97,7 +97,10 @@ class GeometricSession:
             self.loop_max_keyframes = int(getattr(config, "loop_max_keyframes", 1000))
             self._params = TrackerParams(max_init_frames=int(getattr(config, "init_max_frames", 300)),
                                          min_init_angle_deg=float(getattr(config, "init_min_parallax_deg", 1.0)))
+            self._loop_params = LoopParams()
             for k, v in extra.items():
+                if k.startswith("loop_") and hasattr(self._loop_params, k[5:]):   # developer knobs
+                    setattr(self._loop_params, k[5:], type(getattr(self._loop_params, k[5:]))(v))
                 if k.startswith("tracker_"):
                     if not hasattr(self._params, k[8:]):
                         raise EngineError(f"unknown geometric engine setting {k!r}")
@@ -165,7 +168,8 @@ class GeometricSession:
         params = dataclasses.replace(self._params, px=px)
         self.tracker = MonoTracker(self.K, params)
         if self.loop_enabled:
-            self._loop = LoopCloser(self.K, LoopParams(max_keyframes=self.loop_max_keyframes), px=px)
+            self._loop = LoopCloser(self.K, dataclasses.replace(self._loop_params, max_keyframes=self.loop_max_keyframes),
+                                    px=px)
             self._loop_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geom-loop")
         self._input_size = (w_in, h_in)
         self.intrinsics_note = note
@@ -262,8 +266,12 @@ class GeometricSession:
             "loop_keyframes": len(self._loop.db) if self._loop is not None else 0,
         }
 
-    def memory(self) -> dict:
-        """Sizes of the structures that could grow over a long run (soak benchmark, tests)."""
+    def memory(self, settle: bool = False) -> dict:
+        """Sizes of the structures that could grow over a long run (soak benchmark, tests).
+        settle: first wait until the loop worker has done every job queued so far (its answers
+        are still applied at their usual frame), so the figures do not depend on its speed."""
+        if settle:
+            wait([f for _, f in self._loop_jobs])
         tr = self.tracker
         out = {"tracker_points": tr.n_points if tr else 0, "tracker_keyframes": len(tr.keyframes) if tr else 0,
                "tracker_tracks": len(tr.first_obs) if tr else 0, "tracker_poses": len(tr.poses) if tr else 0,
@@ -410,6 +418,36 @@ class GeometricSession:
         for s in [s for s, n in self._kept.items() if n <= 0]:
             del self._kept[s]
             self._links.pop(s, None)
+        for seg_m, c, p, R in item.merged:
+            self._merge_node(seg_m, c, p, R)
+
+    def _merge_node(self, seg: int, c: int, p: int, R: np.ndarray) -> None:
+        """Pose-graph compaction: keyframe c now moves rigidly with keyframe p (T_c = T_p · R).
+        Its frame ranges are re-pointed to p; consecutive ranges that then get the same correction
+        become one (always, unless a loop correction bent c against p since they were produced)."""
+        self._T_cur.pop(c, None)
+        anchors = self._anchors.get(seg)
+        if not anchors:
+            return
+        Rinv = sim3_inverse(R)
+        anchors = sorted(((f, p, T @ Rinv) if a == c else (f, a, T) for f, a, T in anchors), key=lambda x: x[0])
+        cont = self._cont.get(seg)
+        out = [anchors[0]]
+        dirty = False
+        for f, a, T in anchors[1:]:
+            pf, pa, pT = out[-1]
+            if a == pa and np.abs(T - pT).max() < 1e-9 and not (cont is not None and f == cont[0]):
+                # same correction as the range before: one range. If the two had different events,
+                # the merged range is re-sent now (so every frame of it has the same latest event)
+                a_sent, b_sent = self._sent.pop((seg, f), None), self._sent.get((seg, pf))
+                if (a_sent is None) != (b_sent is None) or (a_sent is not None and np.abs(a_sent - b_sent).max() > 1e-9):
+                    self._sent[(seg, pf)] = np.full((4, 4), np.nan)
+                    dirty = True
+                continue
+            out.append((f, a, T))
+        self._anchors[seg] = out
+        if dirty:
+            self._send_corrections(seg)
 
     def _apply_loop(self, sol, fid: Optional[int]) -> None:
         seg = sol.segment
