@@ -65,7 +65,8 @@ def run_many(args, inputs: list) -> int:
 
         from engine.lingbot.session import _DTYPES, _device, load_lingbot_map
         model = load_lingbot_map(cfg0, _device(cfg0), _DTYPES[cfg0.dtype])
-        sched = StreamScheduler(model, max_batch=len(inputs))
+        # throughput: results of a round come with the next step (no host wait per round)
+        sched = StreamScheduler(model, max_batch=len(inputs), pipeline=True)
         root = Path(args.session_dir).expanduser() if args.session_dir else None
         if root is None:
             base._retention(default_session_root(), log)
@@ -123,7 +124,7 @@ def run_many(args, inputs: list) -> int:
                     if r["stream"].error and not r["done"]:
                         log(f"{r['name']}: stopped: {r['stream'].error}")
                         r["done"] = True
-                        sched.close_stream(r["stream"])
+                        deliver(r["stream"], sched.close_stream(r["stream"]))   # its frames done before
         except KeyboardInterrupt:
             interrupted = True
             log("interrupted: keeping and exporting the frames done so far")
