@@ -87,9 +87,10 @@ class SessionConfig:
                                         "precision; int8 / fp8 quantize them per output channel (about half "
                                         "the weight memory of bf16, small accuracy loss).")
     backend: str = setting("auto", label="Attention", group="Engine", engines=_NEURAL,
-                           choices=("auto", "sdpa", "flashinfer"),
-                           tooltip="Attention kernel: flashinfer (paged, CUDA, bf16/fp16) or sdpa (PyTorch, "
-                                   "any device); auto picks flashinfer when it can.")
+                           choices=("auto", "sdpa", "flashinfer", "cudnn"),
+                           tooltip="Attention kernel: flashinfer (paged, CUDA, bf16/fp16), sdpa (PyTorch, "
+                                   "any device) or cudnn (PyTorch's cuDNN kernel over a fixed KV capacity, "
+                                   "CUDA, bf16/fp16; experimental); auto picks flashinfer when it can.")
     cuda_graphs: bool = setting(True, label="CUDA graphs", group="Engine", engines=_NEURAL,
                                 tooltip="On CUDA, replay the fixed-shape parts of a frame (patch embed, frame "
                                         "blocks, depth head) as CUDA graphs: faster, same outputs. Ignored on CPU.")

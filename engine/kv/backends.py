@@ -32,8 +32,13 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
     JIT build stops at cute's "No eligible GMMA operator" (the failure in docs/benchmarks_kv.md).
   - ``fa3``: FA3's fp8 kernel (fp8 tensor cores): q quantised to e4m3 per head on each call,
     the per-head q / k / v scales handed to the kernel. Less exact (q and P in e4m3).
+* ``cudnn``: PyTorch's cuDNN SDPA kernel over a FIXED key/value capacity -- each layer's whole
+  pool, read in place, the keys a step must not see hidden by an additive bias row built once per
+  step -- so cuDNN builds one graph for the whole run instead of one per visible length
+  (`CuDNNBackend`). Exact SDPA while the window fills. CUDA, native bf16/fp16 stores. Not
+  measured on the GPU yet (docs/benchmarks.md).
 * ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16 (or fp8
-  attended in bf16/fp16); else sdpa.
+  attended in bf16/fp16); else sdpa. (Never cudnn: not measured yet.)
 """
 from __future__ import annotations
 
@@ -70,9 +75,11 @@ def available_backends(device: Any = "cpu", dtype: Any = None) -> list[str]:
     """Backends usable on `device` (for the settings panel / CLI help)."""
     out = ["auto", "sdpa"]
     dev = torch.device(device)
-    if dev.type == "cuda" and flashinfer_available():
-        if dtype is None or _canon(dtype) in (torch.bfloat16, torch.float16):
-            out.append("flashinfer")
+    half = dtype is None or _canon(dtype) in (torch.bfloat16, torch.float16)
+    if dev.type == "cuda" and flashinfer_available() and half:
+        out.append("flashinfer")
+    if dev.type == "cuda" and half:
+        out.append("cudnn")
     return out
 
 
@@ -147,7 +154,18 @@ def resolve_backend(name: str, device: torch.device, dtype):
             raise KVCacheError(f"the FlashInfer attention backend is not available ({err}); install "
                                f"flashinfer-python or use backend 'sdpa'")
         return FlashInferBackend
-    raise KVCacheError(f"unknown attention backend {name!r}; use auto, sdpa or flashinfer")
+    if name == "cudnn":
+        if device.type != "cuda":
+            raise KVCacheError("the cuDNN attention backend needs a CUDA device; use backend 'sdpa' (or "
+                               "'auto') on the CPU")
+        if not isinstance(dtype, torch.dtype):
+            dtype = parse_dtype(dtype, allow_quantized=True)
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise KVCacheError(f"the cuDNN attention backend supports bf16 and fp16 KV stores only, not "
+                               f"{str(dtype).replace('torch.', '')}; choose dtype bf16/fp16 (kv_dtype auto) "
+                               f"or backend 'sdpa'")
+        return CuDNNBackend
+    raise KVCacheError(f"unknown attention backend {name!r}; use auto, sdpa, flashinfer or cudnn")
 
 
 def _quantize_q(q: torch.Tensor):
@@ -365,3 +383,174 @@ class FlashInferBackend(_CacheRef):
             out = self._wrapper.run((q.float() * ks[:, None]).to(q.dtype).contiguous(), (k, v))
             return (out.float() * vs[:, None]).to(q.dtype)
         return self._wrapper.run(q.contiguous(), (k, v))
+
+
+# ---------------------------------------------------------------------------------------- cuDNN
+# Additive bias of a hidden key. Finite on purpose: a fixed-capacity call has whole KV tiles that
+# are hidden (page 0 of a keyframe step, free pages), and an online softmax whose running max is
+# still -inf computes exp(-inf - -inf) = NaN unless the kernel guards it; PyTorch's own bool-mask
+# conversion for cuDNN uses -65504 for the same reason. exp(score - 65504) is exactly 0 in fp32
+# for any score this model produces, so the result equals attention over the visible keys only.
+CUDNN_MASKED = -65504.0
+
+
+def cudnn_min_fill_default() -> float:
+    """Below this fraction of the capacity visible, `CuDNNBackend` attends the visible keys with the
+    exact SDPA path instead (the window-filling phase; huge special caps); RECONSTUDIO_CUDNN_MIN_FILL
+    overrides (0 = always the fixed-capacity call, e.g. to test CUDA-graph capture)."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_MIN_FILL", "0.5")
+    try:
+        fill = float(val)
+    except ValueError:
+        fill = -1.0
+    if not 0.0 <= fill <= 1.0:
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_MIN_FILL must be a number in [0, 1] (got {val!r})")
+    return fill
+
+
+def cudnn_mask_form() -> str:
+    """How the hidden tail reaches cuDNN: "row" (default) -- one [1, 1, 1, capacity] bias row that
+    PyTorch expands over the queries with stride 0 (no copy); "full" -- the row materialised as
+    [1, 1, q_tokens, capacity] once per step (fallback should cuDNN reject a stride-0 bias);
+    RECONSTUDIO_CUDNN_MASK picks (benchmarks)."""
+    form = os.environ.get("RECONSTUDIO_CUDNN_MASK", "row").strip().lower()
+    if form not in ("row", "full"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_MASK must be 'row' or 'full' (got {form!r})")
+    return form
+
+
+def _cudnn_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """q [1, H, n, D], k / v [1, H, capacity, D], bias [1, 1, 1 | n, capacity] -> [1, H, n, D] through
+    PyTorch's cuDNN SDPA kernel ONLY: asked for alone, an ineligible call raises ("No available
+    kernel") instead of silently running another kernel (with a priority list it would fall back)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+class CuDNNBackend(_CacheRef):
+    """cuDNN attention over a FIXED key/value capacity: every layer's whole page pool, read in place.
+
+    PyTorch builds (and caches) one cuDNN graph per shape *and stride* of q, k, v and the bias;
+    the streamed visible length changes every frame (+6 special tokens) and with keyframe
+    rollbacks, which made cuDNN lose end to end when called on the visible keys (a new graph,
+    ~0.7 ms of CPU, per frame and layer). Here k / v are always the layer's whole pool viewed as
+    ``[capacity, H, D]`` (capacity = num_pages * page_size; a zero-copy view, the same shape and
+    strides for every layer and step), and the keys a step must not see -- free pages, page 0 of a
+    keyframe step, the unused part of the last special page -- are hidden by an additive bias row
+    (0 visible, `CUDNN_MASKED` hidden) built once per step from the step's page table (or token
+    slots) on the device, with no host sync. So one graph serves the whole run (one per q length:
+    the scale step and streamed steps) and the call is CUDA-graph capturable (static shapes,
+    pointers and mask buffer). The visible pages need not be one run: any page set is exact.
+
+    PyTorch (2.11 .. 2.13) exposes no sequence-length / padding-mask form of cuDNN SDPA for dense
+    inputs (`varlen_attn` refuses `seqused_k` on its cuDNN path), so the bias is the public way.
+
+    Exact path (`SDPABackend`, flash kernel first on CUDA: same result to bf16 rounding): when
+    less than `min_fill` of the capacity is visible (the window-filling phase: attending 80k keys
+    for 10k visible would cost more than it saves), and for good after the cuDNN call failed once
+    (`error` says why; e.g. a PyTorch/cuDNN that rejects the bias). Native bf16/fp16 stores only
+    (cuDNN has no fp32 kernel; quantized stores go to flashinfer or sdpa). The pool is zeroed at
+    creation: a hidden key is still multiplied (by probability 0), and uninitialised memory may
+    hold NaN bit patterns, which 0 * NaN would spread."""
+
+    name = "cudnn"
+    kernel = "cudnn"
+
+    def __init__(self, cache, kernel=None, min_fill: Optional[float] = None, mask: Optional[str] = None):
+        """kernel: the attention call (q, k, v, bias) -> out; default PyTorch's cuDNN SDPA (tests
+        pass a stand-in, which may run any dtype on any device)."""
+        self.cache = cache
+        pool = cache.pool
+        self._kernel = kernel or _cudnn_sdpa
+        self.min_fill = cudnn_min_fill_default() if min_fill is None else float(min_fill)
+        self.mask_form = cudnn_mask_form() if mask is None else mask
+        self.capacity = pool.num_pages * pool.page_size
+        self.error = None             # why the fixed-capacity call was given up, if it was
+        self.path = None              # "fixed" | "exact": what the last attend ran
+        self.calls = {"fixed": 0, "exact": 0}
+        self._exact = SDPABackend.create(cache)
+        self._fixed_ok = pool.kind == "native" and (
+            kernel is not None or cache.attn_dtype in (torch.bfloat16, torch.float16))
+        self._bias = self._bias_full = None
+        if self._fixed_ok:
+            pool.k.zero_()
+            pool.v.zero_()
+            # [1, 1, 1, capacity] in the attention dtype (an fp32 bias would be misread by cuDNN as
+            # q's dtype in PyTorch < pytorch#191612)
+            self._bias = torch.full((1, 1, 1, self.capacity), CUDNN_MASKED, dtype=cache.attn_dtype,
+                                    device=pool.device)
+        self._step_fixed = False      # the current step takes the fixed-capacity call
+
+    @classmethod
+    def create(cls, cache):
+        return cls(cache)
+
+    @classmethod
+    def check_supports(cls, cache) -> None:
+        if cache.pool.kind != "native":
+            raise KVCacheError(f"the cuDNN attention backend reads the pool in place and needs a bf16/fp16 "
+                               f"KV store, not {cache.pool.kind}; use backend 'flashinfer' (fp8) or 'sdpa'")
+
+    # ------------------------------------------------------------------ mask
+    def _mask_pages(self, step: StepTable) -> None:
+        """Bias row: 0 on the step's visible pages (the last one up to last_page_len)."""
+        P = self.cache.page_size
+        row = self._bias.view(-1, P)
+        row.fill_(CUDNN_MASKED)
+        if len(step.pages) > 1:
+            row.index_fill_(0, step.pages_t[:-1], 0.0)
+        row[step.pages[-1], :step.last_page_len] = 0.0        # host integers: no sync
+
+    def _mask_slots(self, slots_t: torch.Tensor) -> None:
+        row = self._bias.view(-1)
+        row.fill_(CUDNN_MASKED)
+        row.index_fill_(0, slots_t, 0.0)
+
+    def _bias_for(self, q_tokens: int) -> torch.Tensor:
+        if self.mask_form == "row":
+            return self._bias
+        full = self._bias_full
+        if full is None or full.shape[2] != q_tokens:
+            full = self._bias_full = torch.empty((1, 1, q_tokens, self.capacity), dtype=self._bias.dtype,
+                                                 device=self._bias.device)
+        full.copy_(self._bias.expand_as(full))
+        return full
+
+    # ------------------------------------------------------------------ protocol
+    def plan(self, step: StepTable) -> None:
+        """Once per step: decide the path and build the bias row (shared by all layers)."""
+        self._step_fixed = (self._fixed_ok and self.error is None
+                            and step.num_kv_tokens >= self.min_fill * self.capacity)
+        if self._step_fixed:
+            if step.slots_t is not None:
+                self._mask_slots(step.slots_t)
+            else:
+                self._mask_pages(step)
+            self._step_bias = self._bias_for(step.q_tokens)
+
+    def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        if self._step_fixed and self.error is None:
+            try:
+                out = self._attend_fixed(step, q, layer, slots_t)
+            except RuntimeError as exc:     # e.g. no cuDNN kernel for this bias: exact from now on
+                self.error = f"{type(exc).__name__}: {exc}"[:500]
+            else:
+                self.path = "fixed"
+                self.calls["fixed"] += 1
+                return out
+        self.path = "exact"
+        self.calls["exact"] += 1
+        return self._exact.attend(step, q, layer, slots_t=slots_t)
+
+    def _attend_fixed(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        pool = self.cache.pool
+        H, D = pool.num_heads, pool.head_dim
+        bias = self._step_bias
+        if slots_t is not None:           # block-sparse: this layer's own token list
+            self._mask_slots(slots_t)
+            bias = self._bias_for(step.q_tokens)
+        k = pool.k[layer].view(self.capacity, H, D)           # zero copy, same shape every call
+        v = pool.v[layer].view(self.capacity, H, D)
+        qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q.contiguous(), k, v))
+        return self._kernel(qh, kh, vh, bias)[0].transpose(0, 1)

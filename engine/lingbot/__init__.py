@@ -15,7 +15,7 @@ CAPABILITIES = {
     "needs_checkpoint": True,
     "devices": ["cpu", "cuda"],
     "dtypes": ["fp32", "bf16", "fp16"],
-    "backends": ["auto", "sdpa", "flashinfer"],
+    "backends": ["auto", "sdpa", "flashinfer", "cudnn"],
     "modes": ["streaming", "windowed"],
     "kv_compression": ["none", "token_partition", "random_subset", "token_merge", "block_sparse"],
     "kv_dtypes": ["auto", "fp32", "bf16", "fp16", "fp8", "int8"],
@@ -33,7 +33,8 @@ CAPABILITIES = {
         "dtype": "bf16/fp16 halve memory and run much faster on GPU; fp32 is the reference",
         "kv_dtype": "storage of the KV cache; auto = the compute dtype; fp8 / int8 = one byte per value "
                     "with scales (half of bf16), attention in the compute dtype",
-        "backend": "attention kernel: flashinfer (CUDA, bf16/fp16) or sdpa (everywhere)",
+        "backend": "attention kernel: flashinfer (CUDA, bf16/fp16), sdpa (everywhere) or cudnn "
+                   "(CUDA, bf16/fp16, fixed KV capacity; experimental)",
         "image_width": "model input width (multiple of 14); 518 is what the model was trained at",
     },
 }

@@ -59,8 +59,8 @@ def _validate(cfg: SessionConfig) -> None:
         raise _config_error(f"dtype must be one of {', '.join(_DTYPES)} (got {cfg.dtype!r})")
     if cfg.kv_dtype not in ("auto", *_KV_DTYPES):
         raise _config_error(f"kv_dtype must be auto, {', '.join(_KV_DTYPES)} (got {cfg.kv_dtype!r})")
-    if cfg.backend not in ("auto", "sdpa", "flashinfer"):
-        raise _config_error(f"backend must be auto, sdpa or flashinfer (got {cfg.backend!r})")
+    if cfg.backend not in ("auto", "sdpa", "flashinfer", "cudnn"):
+        raise _config_error(f"backend must be auto, sdpa, flashinfer or cudnn (got {cfg.backend!r})")
     if cfg.mode != "streaming":
         raise _config_error(f"mode {cfg.mode!r} is not available for this engine; use 'streaming'")
     from ..kv.compression import METHODS

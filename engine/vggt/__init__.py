@@ -16,7 +16,7 @@ CAPABILITIES = {
     "needs_checkpoint": True,
     "devices": ["cpu", "cuda"],
     "dtypes": ["fp32", "bf16", "fp16"],
-    "backends": ["auto", "sdpa", "flashinfer"],
+    "backends": ["auto", "sdpa", "flashinfer", "cudnn"],
     "modes": ["streaming", "windowed"],
     "kv_compression": ["none"],
     "kv_dtypes": ["auto", "fp32", "bf16", "fp16"],

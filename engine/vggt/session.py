@@ -49,8 +49,8 @@ def _error(msg: str) -> EngineError:
 def validate(cfg: SessionConfig) -> None:
     if cfg.dtype not in _DTYPES:
         raise _error(f"dtype must be one of {', '.join(_DTYPES)} (got {cfg.dtype!r})")
-    if cfg.backend not in ("auto", "sdpa", "flashinfer"):
-        raise _error(f"backend must be auto, sdpa or flashinfer (got {cfg.backend!r})")
+    if cfg.backend not in ("auto", "sdpa", "flashinfer", "cudnn"):
+        raise _error(f"backend must be auto, sdpa, flashinfer or cudnn (got {cfg.backend!r})")
     if cfg.mode != "streaming":
         raise _error(f"mode {cfg.mode!r} is handled by the windowed wrapper, not by the chunked session")
     require_ints(cfg, (("chunk_size", 2), ("sliding_window_num", 1), ("overlap", 1), ("camera_iterations", 1),
