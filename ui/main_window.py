@@ -1073,6 +1073,8 @@ class MainWindow(QtWidgets.QMainWindow):
         view.failed.connect(lambda text, v=view: self.show_message(f"{v.title}: {text}", "error"))
         dock.closed.connect(self._second_closed)
         self.addDockWidget(QtCore.Qt.DockWidgetArea.RightDockWidgetArea, dock)
+        if not self.second_views:              # the first one: ~40 % of the width, the controls keep theirs
+            self.resizeDocks([dock], [int(self.width() * 0.4)], QtCore.Qt.Orientation.Horizontal)
         self.second_views.append(view)
         view.start()
         return view
