@@ -7,10 +7,14 @@ A one-layer PagedKVCache (bf16, 16 heads x 64, 999 patch tokens + 6 specials per
 frames, window 64, special cap 1024) is streamed with random keys/values to `--frames` frames;
 then, on the last keyframe step, each path attends the same q (1,005 tokens) to the same visible
 set: FlashInfer dense (ragged wrapper over the zero-copy run; FA3 on Hopper), FlashInfer paged
-(the page-table kernel), SDPA flash and cuDNN over the zero-copy view. Median of `--reps` CUDA-
-event timings per path, the rate in TFLOP/s (4 * q * kv * heads * head_dim per call) and each
-path's relative difference to the first one. Then cuDNN's wall time per call when the KV length
-changes every call (as in the model) and with a fixed capacity plus a -inf tail mask.
+(the page-table kernel), SDPA flash and cuDNN over the zero-copy view, and the cuDNN backend
+(engine/kv/backends.py `CuDNNBackend`: the whole pool, fixed capacity, bias row; also with the
+bias materialised per step). Median of `--reps` CUDA-event timings per path, the rate in TFLOP/s
+(4 * q * kv * heads * head_dim per call, kv = the visible tokens) and each path's relative
+difference to the first one. Then cuDNN's wall time per call when the KV length changes every
+call (as in the model) and with a fixed capacity plus a -inf tail mask; then `--steps` further
+keyframe steps (the visible length changes every step, as in the model) with each backend's
+plan + attend timed by wall clock, GPU included (what a frame pays, graph rebuilds included).
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.kv import PagedKVCache                                          # noqa: E402
-from engine.kv.backends import FlashInferBackend, SDPABackend, flashinfer_available  # noqa: E402
+from engine.kv.backends import (CuDNNBackend, FlashInferBackend, SDPABackend,  # noqa: E402
+                                flashinfer_available)
 
 H, D, P, S6 = 16, 64, 999, 6
 
@@ -103,14 +108,59 @@ def _cudnn_lengths(cache, step, q, reps: int) -> list:
     return rows
 
 
+def _per_step_wall(cache, paths, kv, q, steps: int) -> list:
+    """`steps` more keyframe steps (the visible length grows by 6 special tokens a step, as in the
+    model): each backend plans the step and attends once, timed by wall clock with the GPU
+    synchronised around it. A backend that rebuilds something per length (PyTorch's cuDNN graph
+    over the visible keys) pays it here; the fixed-capacity cuDNN backend should not."""
+    import time
+    walls = {name: [] for name in paths}
+    errors = {}
+    for _ in range(steps):
+        step = cache.begin_step(1)
+        cache.write(0, *kv(1))
+        for name, be in paths.items():
+            if name in errors:
+                continue
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            try:
+                be.plan(step)
+                be.attend(step, q, 0)
+                torch.cuda.synchronize()
+            except Exception as exc:
+                errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+                continue
+            walls[name].append(1e3 * (time.perf_counter() - t))
+        cache.end_step()
+    rows = []
+    print(f"per step, {steps} keyframe steps, new visible length each (wall ms, plan + attend, median / max):")
+    for name, w in walls.items():
+        if name in errors or not w:
+            print(f"  {name:44s} failed: {errors.get(name)}")
+            rows.append({"path": f"per-step wall: {name}", "error": errors.get(name)})
+            continue
+        w = sorted(w)
+        extra = {("taken" if k == "path" else k): getattr(paths[name], k) for k in ("path", "error")
+                 if getattr(paths[name], k, None)}
+        print(f"  {name:44s} {w[len(w) // 2]:7.3f} / {w[-1]:7.3f}  {extra}")
+        rows.append({"path": f"per-step wall: {name}", "wall_ms_median": w[len(w) // 2], "wall_ms_max": w[-1],
+                     "steps": len(w), **extra})
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=300)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=30, help="steps of the per-step wall-time comparison")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     cache = PagedKVCache(1, H, D, P, special_tokens=S6, scale_frames=8, window=64, special_cap=1024,
                          dtype=torch.bfloat16, device="cuda", backend="sdpa")
+    # made before streaming: a CuDNNBackend zeroes the pool when it is created (as in a session)
+    cudnn_row = CuDNNBackend(cache, min_fill=0.0, mask="row")
+    cudnn_full = CuDNNBackend(cache, min_fill=0.0, mask="full")
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def kv(n):
@@ -133,6 +183,8 @@ def main(argv=None) -> None:
     from torch.nn.attention import SDPBackend
     paths["sdpa flash (zero-copy view)"] = SDPABackend(cache, kernels=[SDPBackend.FLASH_ATTENTION])
     paths["sdpa cudnn (zero-copy view)"] = SDPABackend(cache, kernels=[SDPBackend.CUDNN_ATTENTION])
+    paths["cudnn backend (fixed capacity, bias row)"] = cudnn_row
+    paths["cudnn backend (fixed capacity, full bias)"] = cudnn_full
     flop = 4.0 * q.shape[0] * L * H * D
     rows, ref = [], None
     print(f"visible tokens {L}, q tokens {q.shape[0]}, contiguous run {step.contiguous}, "
@@ -148,11 +200,14 @@ def main(argv=None) -> None:
             continue
         ref = out.float() if ref is None else ref
         diff = float((out.float() - ref).norm() / ref.norm())
-        extra = {k: getattr(be, k) for k in ("kernel", "path") if hasattr(be, k)}
+        # the backend's own path ("dense", "fixed", ...) under its own key: "path" names the row
+        extra = {("taken" if k == "path" else k): getattr(be, k) for k in ("kernel", "path", "capacity", "error")
+                 if getattr(be, k, None)}
         rows.append({"path": name, "ms": ms, "tflops": flop / ms / 1e9, "rel_diff_to_first": diff, **extra})
         print(f"{name:32s} {ms:7.3f} ms  {flop / ms / 1e9:6.0f} TFLOP/s  rel diff {diff:.1e}  {extra}")
     rows += _cudnn_lengths(cache, step, q, a.reps)
     cache.end_step()
+    rows += _per_step_wall(cache, paths, kv, q, a.steps)
     if a.json:
         Path(a.json).write_text(json.dumps({"visible_tokens": L, "q_tokens": q.shape[0], "frames": a.frames,
                                             "gpu": torch.cuda.get_device_name(0), "rows": rows}, indent=1))

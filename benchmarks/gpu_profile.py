@@ -3,7 +3,7 @@
 Streams synthetic frames through a bf16 session to the steady state, then (1) times the SDPA
 kernel choices on the same session, (2) prints a torch.profiler table of a few frames, (3) times
 SDPA alone on the pool views the session attends to. Run on the GPU machine:
-    python3 benchmarks/gpu_profile.py [--backend sdpa|flashinfer] [--frames 80] [--variants]
+    python3 benchmarks/gpu_profile.py [--backend sdpa|flashinfer|cudnn] [--frames 80] [--variants]
 (`bash benchmarks/gpu_bench.sh` runs it after sourcing benchmarks/gpu_env.sh)
 """
 import argparse
@@ -39,6 +39,9 @@ def main():
     for i in range(a.frames):
         s.push(frames[i % 8])
     print(f"[{a.backend}] steady ms/frame: {ms_per_frame(s, frames, 20):.1f}")
+    if hasattr(s.kv._attn, "calls"):    # cuDNN backend: fixed-capacity vs exact calls, and why not
+        print(f"[{a.backend}] attention calls {s.kv._attn.calls}, capacity {s.kv._attn.capacity}, "
+              f"error {s.kv._attn.error}")
     if a.variants and a.backend == "sdpa":
         attn = s.kv._attn
         for name, ks in [("flash", [SDPBackend.FLASH_ATTENTION]), ("cudnn", [SDPBackend.CUDNN_ATTENTION]),

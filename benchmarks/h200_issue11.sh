@@ -3,7 +3,7 @@
 # path, ours vs upstream LingBot-Map side by side (same recipe weights, same 300 real frames,
 # bf16, window 64, 8 scale frames, 4 camera iterations; ours: default + variants, bf16 vs fp32
 # fidelity; upstream: torch.compile, its fastest, + its bf16 fidelity), then a kernel-time profile
-# of our default. $OUT gets at most 8 files (the device tool's limit): ours.json, upstream.json,
+# of our default and of the cuDNN fixed-capacity backend (backend=cudnn). $OUT gets at most 8 files (the device tool's limit): ours.json, upstream.json,
 # attention.json, side_by_side.txt, profile.txt and, when this run built a FlashInfer module, the
 # JIT cache; everything else is printed (run it as `bash ... 2>&1 | tee $OUT/run.log`).
 #
@@ -15,8 +15,8 @@ set -uo pipefail
 VIDEO=.cache/frames/icl_kt3.mp4
 SBS="python3 benchmarks/side_by_side.py"
 N=${N:-300}; FID=${FID:-40}
-T_OURS=${T_OURS:-200}; T_UP=${T_UP:-140}
-VARIANTS=${VARIANTS:-fi-paged,sync,all-graphs,compiled}
+T_OURS=${T_OURS:-270}; T_UP=${T_UP:-140}
+VARIANTS=${VARIANTS:-fi-paged,sync,all-graphs,compiled,cudnn,cudnn-compiled}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'flashinfer', flashinfer.__version__)"
 JIT=$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer
@@ -25,10 +25,10 @@ find "$JIT" -name '*.so' 2>/dev/null | sort > /tmp/jit_before.txt
 $SBS weights /tmp/recipe.pt > /tmp/weights.log 2>&1 &
 WPID=$!
 timeout 200 python3 benchmarks/attention_bench.py --frames "$N" --json "$OUT/attention.json" 2>&1; el
-timeout 100 python3 -m pytest -q -p no:cacheprovider -p no:pytest-qt \
+timeout 160 python3 -m pytest -q -p no:cacheprovider -p no:pytest-qt \
   tests/engine/test_flashinfer_dense_gpu.py tests/engine/test_host_copy.py tests/engine/test_streaming_gpu.py \
-  tests/engine/test_streaming_deferred.py tests/engine/test_compile_blocks.py \
-  2>&1 | tail -6; el
+  tests/engine/test_streaming_deferred.py tests/engine/test_compile_blocks.py tests/engine/test_cudnn_backend_gpu.py \
+  2>&1 | tail -12; el
 wait $WPID; cat /tmp/weights.log; el
 timeout "$T_UP" $SBS upstream --no-eager --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames "$FID" \
   --upstream .upstream --json "$OUT/upstream.json" --npz /tmp/upstream_fp32.npz 2>&1 \
@@ -38,6 +38,8 @@ timeout "$T_OURS" $SBS ours --weights /tmp/recipe.pt --video $VIDEO --frames "$N
 $SBS report "$OUT/ours.json" "$OUT/upstream.json" --npz-ours /tmp/ours_fp32.npz --npz-upstream /tmp/upstream_fp32.npz \
   2>&1 | tee "$OUT/side_by_side.txt"; el
 timeout 60 python3 benchmarks/gpu_profile.py --backend flashinfer --frames 80 > "$OUT/profile.txt" 2>&1
+# the cuDNN fixed-capacity backend's kernel time (appended: $OUT holds at most 8 files)
+timeout 60 python3 benchmarks/gpu_profile.py --backend cudnn --frames 80 >> "$OUT/profile.txt" 2>&1
 grep "^\[\|SDPA alone" "$OUT/profile.txt"; el
 # the FlashInfer JIT cache comes back only when this run built something new
 find "$JIT" -name '*.so' 2>/dev/null | sort > /tmp/jit_after.txt

@@ -161,6 +161,11 @@ _VARIANTS = {
     "all-graphs": ({"graph_scope": "all"}, {}),
     # the blocks' two halves under torch.compile inside our CUDA graphs (engine/models/compile.py)
     "compiled": ({}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
+    # cuDNN over the pool's fixed capacity with a bias row (engine/kv/backends.py CuDNNBackend);
+    # -full: the bias materialised per step; -compiled: with the compiled blocks above
+    "cudnn": ({"backend": "cudnn"}, {}),
+    "cudnn-full": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MASK": "full"}),
+    "cudnn-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
 }
 
 
@@ -240,8 +245,10 @@ def _ours_stream(model, frames, dtype: str, interval: int, device: str, keep: bo
     n_scale = s.stats()["kv"]["scale_frames"] if s.kv is not None else 0
     backend = s.stats()["kv"]["backend"] if s.kv is not None else None
     attn = getattr(s.kv, "_attn", None)
-    if attn is not None and hasattr(attn, "kernel"):       # FlashInfer: kernel family and path
+    if attn is not None and hasattr(attn, "kernel"):       # FlashInfer / cuDNN: kernel family and path
         backend = f"{backend} {attn.kernel} {attn.path}"
+    if attn is not None and hasattr(attn, "calls"):        # cuDNN: fixed-capacity vs exact calls, why not
+        backend += f" {attn.calls}" + (f" error: {attn.error}" if attn.error else "")
     s.close()
     outs = None
     if keep:
