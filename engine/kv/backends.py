@@ -75,10 +75,8 @@ def available_backends(device: Any = "cpu", dtype: Any = None) -> list[str]:
     """Backends usable on `device` (for the settings panel / CLI help)."""
     out = ["auto", "sdpa"]
     dev = torch.device(device)
-    half = dtype is None or _canon(dtype) in (torch.bfloat16, torch.float16)
-    if dev.type == "cuda" and flashinfer_available() and half:
-        out.append("flashinfer")
-    if dev.type == "cuda" and half:
+    if dev.type == "cuda" and (dtype is None or _canon(dtype) in (torch.bfloat16, torch.float16)):
+        out += ["flashinfer"] if flashinfer_available() else []
         out.append("cudnn")
     return out
 
@@ -512,8 +510,9 @@ class CuDNNBackend(_CacheRef):
             return self._bias
         full = self._bias_full
         if full is None or full.shape[2] != q_tokens:
-            full = self._bias_full = torch.empty((1, 1, q_tokens, self.capacity), dtype=self._bias.dtype,
-                                                 device=self._bias.device)
+            pad = -self.capacity % 8        # rows 16-byte aligned whatever the capacity
+            full = self._bias_full = torch.empty((1, 1, q_tokens, self.capacity + pad), dtype=self._bias.dtype,
+                                                 device=self._bias.device)[..., :self.capacity]
         full.copy_(self._bias.expand_as(full))
         return full
 

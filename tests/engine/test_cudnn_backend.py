@@ -125,6 +125,7 @@ def test_full_bias_form_and_bf16():
             torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
     assert {s for s, _ in stand_in.bias_layouts} == {(1, 1, 2 * (S6 + P), cu._attn.capacity),
                                                      (1, 1, S6 + P, cu._attn.capacity)}
+    assert cu._attn.capacity % 8 and all(st[2] % 8 == 0 for _, st in stand_in.bias_layouts)  # rows aligned
 
 
 @pytest.mark.parametrize("method", ["random_subset", "block_sparse"])
