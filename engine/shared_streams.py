@@ -11,6 +11,10 @@ frames are batched into one forward:
     s2 = hub.open_session(cfg, name="cam1")                            # in worker thread 2
     results = s1.push(frame, t)      # blocks until this frame's round ran (like a session's push)
 
+On CUDA the scheduler pipelines its rounds (`pipeline`): like a LingBot-Map session there
+(`defer_results`), a push returns the stream's results up to its previous frame, and `flush`
+the rest.
+
 How the threads share the scheduler: `push` puts the frame in an inbox and waits. One waiting
 thread at a time becomes the *runner*: it moves the inbox into the scheduler and runs one
 `step()` (the other threads keep queueing meanwhile), hands every stream its results and wakes
@@ -38,8 +42,13 @@ class SharedStreams:
 
     ACTIVE_S = 0.5           # a stream that pushed within this is expected to push again soon
 
-    def __init__(self, model, *, max_batch: int = 8, gather_s: float = 0.02, **scheduler_kw):
-        self.scheduler = StreamScheduler(model, max_batch=max_batch, **scheduler_kw)
+    def __init__(self, model, *, max_batch: int = 8, gather_s: float = 0.02, pipeline: Optional[bool] = None,
+                 **scheduler_kw):
+        # pipeline (None = on CUDA): a push returns the results of the stream's previous frames, as a
+        # LingBot-Map session does on CUDA (defer_results): no host wait per round
+        if pipeline is None:
+            pipeline = getattr(getattr(model, "device", None), "type", "cpu") == "cuda"
+        self.scheduler = StreamScheduler(model, max_batch=max_batch, pipeline=bool(pipeline), **scheduler_kw)
         self.gather_s = float(gather_s)
         self._cv = threading.Condition()
         self._running = False                 # a thread is the runner (owns the scheduler)
@@ -90,10 +99,30 @@ class SharedStreams:
             self._cv.notify_all()             # a runner gathering frames may be waiting for this one
             want = s._sent
             while True:
-                if s._done >= want or s.error is not None:
+                if s.error is not None:
+                    if self._running:
+                        self._cv.wait()
+                        continue
+                    if not s.closed:          # end the stream; its frames done before the failure
+                        self._running = True  # (pipelined: still in flight) come out first
+                        self._cv.release()
+                        try:
+                            rest = self.scheduler.close_stream(s.stream)
+                        except BaseException:
+                            rest = []
+                        finally:
+                            self._cv.acquire()
+                            self._running = False
+                            s.closed = True
+                            self._cv.notify_all()
+                        s._out += rest
                     out, s._out = s._out, []
-                    if s.error is not None:
-                        raise EngineError(s.error)
+                    if out:                   # the next push (or flush) raises
+                        return out
+                    s._error_raised = True
+                    raise EngineError(s.error)
+                if s._done >= want:
+                    out, s._out = s._out, []
                     return out
                 if self._running:
                     self._cv.wait()
@@ -140,7 +169,8 @@ class SharedStreams:
 
     def _settle(self, served: list, failure: Optional[BaseException]) -> None:
         """(lock held) Hand out results; a frame counts as done once it left its stream's queue
-        (served, dropped as late, or its stream failed)."""
+        (served, dropped as late, or its stream failed; pipelined, its results come with a later
+        round or the stream's flush)."""
         by_stream = {s.stream: s for s in self.sessions}
         for stream, results in served:
             by_stream[stream]._out.extend(results)
@@ -154,17 +184,22 @@ class SharedStreams:
 
     # ------------------------------------------------------------------ per-session calls
     def _flush_close(self, s: "SharedSession", keep: bool) -> list:
+        res = []
         with self._as_runner():
-            if s.closed:
-                return []
-            try:
-                res = self.scheduler.close_stream(s.stream)
-            finally:
-                with self._cv:
-                    s.closed = True
-            if s.stream.error is not None and s.error is None:
-                s.error = s.stream.error
-        return res if keep else []
+            if not s.closed:
+                try:
+                    res = self.scheduler.close_stream(s.stream)
+                finally:
+                    with self._cv:
+                        s.closed = True
+                if s.stream.error is not None and s.error is None:
+                    s.error = s.stream.error
+        with self._cv:                        # results a round handed out after its last push
+            out, s._out = s._out + res, []
+            if keep and not out and s.error is not None and not s._error_raised:
+                s._error_raised = True        # a failure not reported by a push yet
+                raise EngineError(s.error)
+        return out if keep else []
 
     def _stats(self, s: "SharedSession") -> dict:
         with self._as_runner():                # not while a round mutates the caches
@@ -195,6 +230,7 @@ class SharedSession:
         self._done = 0            # frames that left its queue
         self._out: list = []      # results not yet returned
         self._last_push = 0.0     # time.monotonic() of the last push
+        self._error_raised = False
 
     @property
     def name(self) -> str:
@@ -202,7 +238,7 @@ class SharedSession:
 
     def _check(self) -> None:
         if self.closed:
-            raise EngineError(f"stream {self.stream.name!r} is closed")
+            raise EngineError(self.error or f"stream {self.stream.name!r} is closed")
 
     def push(self, frame, timestamp: Optional[float] = None) -> list:
         return self.hub._push(self, frame, timestamp)

@@ -46,11 +46,13 @@ def _worker(session, frames, out, errors):
         session.close()
 
 
-def test_threads_share_rounds_and_match_each_stream_alone(tiny):
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_threads_share_rounds_and_match_each_stream_alone(tiny, pipeline):
     specs = {"a": (dict(), _frames(1, 9)), "b": (dict(keyframe_interval=2), _frames(2, 8)),
              "c": (dict(), _frames(3, 7))}
     ref = {k: _alone(tiny, over, fr) for k, (over, fr) in specs.items()}
-    hub = SharedStreams(tiny, max_batch=4, gather_s=0.5)
+    hub = SharedStreams(tiny, max_batch=4, gather_s=0.5, pipeline=pipeline)
+    assert hub.scheduler.pipeline == pipeline
     sessions = {k: hub.open_session(_cfg(**over), name=k) for k, (over, _) in specs.items()}
     got = {k: [] for k in specs}
     errors: list = []
@@ -70,8 +72,9 @@ def test_threads_share_rounds_and_match_each_stream_alone(tiny):
     assert all(s.closed for s in sessions.values()) and hub.open_sessions() == 0
 
 
-def test_a_bad_frame_ends_only_its_session(tiny):
-    hub = SharedStreams(tiny, max_batch=4, gather_s=0.0)
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_bad_frame_ends_only_its_session(tiny, pipeline):
+    hub = SharedStreams(tiny, max_batch=4, gather_s=0.0, pipeline=pipeline)
     a, b = hub.open_session(_cfg(), name="a"), hub.open_session(_cfg(), name="b")
     fa, fb = _frames(5, 4), _frames(6, 5)
     fa[3] = _frames(7, 1, shape=(60, 120, 3))[0]            # another size mid-stream
@@ -84,7 +87,7 @@ def test_a_bad_frame_ends_only_its_session(tiny):
     assert [r.index for r in out_a] == [0, 1, 2] and [r.index for r in out_b] == list(range(5))
     stats = b.stats() if not b.closed else None
     assert stats is None
-    with pytest.raises(EngineError, match="closed"):
+    with pytest.raises(EngineError, match="frame size changed"):
         a.push(fa[0])
 
 
