@@ -15,8 +15,8 @@ set -uo pipefail
 VIDEO=.cache/frames/icl_kt3.mp4
 SBS="python3 benchmarks/side_by_side.py"
 N=${N:-300}; FID=${FID:-40}
-T_OURS=${T_OURS:-270}; T_UP=${T_UP:-140}
-VARIANTS=${VARIANTS:-fi-paged,sync,all-graphs,compiled,cudnn,cudnn-compiled}
+T_OURS=${T_OURS:-300}; T_UP=${T_UP:-140}
+VARIANTS=${VARIANTS:-fi-paged,sync,all-graphs,compiled,cudnn,cudnn-full,cudnn-compiled}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'flashinfer', flashinfer.__version__)"
 JIT=$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer
