@@ -35,7 +35,7 @@ class TrackerParams:
     min_inliers: int = 15
     kf_max_gap: int = 20
     kf_baseline_ratio: float = 0.06    # camera moved this fraction of the median scene depth
-    kf_tracked_ratio: float = 0.8      # tracked map points fell below this fraction of the last keyframe's
+    kf_tracked_ratio: float = 0.65     # tracked map points fell below this fraction of the last keyframe's
     kf_min_points: int = 60
     ba_window: int = 7
     ba_fixed: int = 2
@@ -297,6 +297,11 @@ class MonoTracker:
         # remaining reference tracks keep their reference observation for later triangulation
         self.first_obs = {i: (ref_fid, q) for i, q in ref_obs.items() if i not in self.points}
         self._local_ba(init=True)
+        if sum(1 for i in kf0.obs if i in self.points) < max(10, p.min_init_points // 2):
+            # the bundle adjustment rejected most of the map (seen after many re-initialisations
+            # under heavy drift: it emptied the map and the rescale below failed): not a start
+            self.points, self.keyframes = {}, []
+            return False
         self._rescale_initial_map()
         kf0, kf1 = self.keyframes
         self.poses = {ref_fid: (kf0.R, kf0.t), fid: (kf1.R, kf1.t)}
