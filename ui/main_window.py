@@ -579,6 +579,8 @@ class MainWindow(QtWidgets.QMainWindow):
         """LingBot-Map streaming runs (the main one and every second view) open their sessions in
         one engine.shared_streams.StreamHubs: one network in memory, their frames batched by the
         StreamScheduler. None (each run opens its own session) for the other engines."""
+        if cfg.engine != "lingbot-map":   # engine.shared_streams imports torch (~0.2 GB RSS): not for these
+            return None
         from engine.shared_streams import StreamHubs, shares_model
         if not shares_model(cfg):
             return None

@@ -79,6 +79,26 @@ def test_window_keeps_a_bounded_message_log(make_window):
     assert w.messages[-1] == ("info", f"note {MESSAGES_KEPT + 4}") and w.messages[0][1] == "note 5"
 
 
+def test_a_geometric_run_does_not_load_torch(tmp_path):
+    """Only LingBot-Map runs share a network through engine.shared_streams (which imports torch,
+    ~0.2 GB of RSS); a geometric run's window must not pay for it (issue #7: +90 MB at start-up,
+    ~+200 MB a few seconds into a run, in the soaks after 9b6d1b0)."""
+    code = (
+        "import sys\n"
+        "from PySide6 import QtWidgets\n"
+        "app = QtWidgets.QApplication([])\n"
+        "from app.settings import AppSettings\n"
+        "from ui.main_window import MainWindow\n"
+        f"w = MainWindow(settings=AppSettings({str(tmp_path / 's.ini')!r}), session_root={str(tmp_path)!r})\n"
+        "cfg = w.settings_panel.config()\n"
+        "cfg.engine = 'geometric'\n"
+        "assert w.session_factory(cfg) is None\n"
+        "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
 def _mmapped_blocks():
     """glibc's count of live mmapped malloc blocks (mallinfo2), None elsewhere."""
     import ctypes
