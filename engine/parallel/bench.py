@@ -162,6 +162,30 @@ def _ring_attention_part(rank, world, args, log):
     return rows
 
 
+def _pose_depth_diff(out, ref):
+    """The agreement metrics of parts 0, 2 and 3 on (pose encodings, depths): pose encoding max
+    |diff|, depth median relative diff."""
+    pe = float(np.abs(out[0] - ref[0]).max())
+    dep = float(np.median(np.abs(out[1] - ref[1]) / np.maximum(np.abs(ref[1]), 1e-6)))
+    return pe, dep
+
+
+def _peaks_per_rank(peak, world):
+    """Every rank's peak bytes, gathered (a collective: all ranks call it)."""
+    import torch.distributed as dist
+    peaks = [torch.zeros(1, dtype=torch.float64, device=DEV) for _ in range(world)]
+    dist.all_gather(peaks, torch.tensor([float(peak)], dtype=torch.float64, device=DEV))
+    return [int(p.item()) for p in peaks]
+
+
+def _vggt_images(n):
+    """n smooth random images at VGGT_HW in [0, 1] on DEV, [n, 3, H, W] (seeded by n)."""
+    vh, vw = VGGT_HW
+    g = torch.Generator().manual_seed(n)
+    x = torch.rand(n, 3, vh // 8, vw // 8, generator=g)
+    return torch.nn.functional.interpolate(x, size=(vh, vw), mode="bilinear").clamp(0, 1).to(DEV)
+
+
 def _scale_phase_part(rank, world, model, args, log):
     import torch.distributed as dist
     from ..lingbot.session import LingBotMapSession
@@ -197,14 +221,12 @@ def _scale_phase_part(rank, world, model, args, log):
             row["one_gpu_s"], row["one_gpu_peak_bytes"], ref = run(S, False)
         dist.barrier()
         dt, peak, out = run(S, True)
-        peaks = [torch.zeros(1, dtype=torch.float64, device=DEV) for _ in range(world)]
-        dist.all_gather(peaks, torch.tensor([float(peak)], dtype=torch.float64, device=DEV))
+        peaks = _peaks_per_rank(peak, world)
         if rank == 0:
             row["ring_s"] = dt
-            row["ring_peak_bytes_per_gpu"] = [int(p.item()) for p in peaks]
-            pe = np.abs(out[0] - ref[0]).max()
-            dep = float(np.median(np.abs(out[1] - ref[1]) / np.maximum(np.abs(ref[1]), 1e-6)))
-            row.update(pose_max_abs_diff=float(pe), depth_median_rel_diff=dep, speedup=row["one_gpu_s"] / dt)
+            row["ring_peak_bytes_per_gpu"] = peaks
+            pe, dep = _pose_depth_diff(out, ref)
+            row.update(pose_max_abs_diff=pe, depth_median_rel_diff=dep, speedup=row["one_gpu_s"] / dt)
             log(f"scale phase {S} frames: one GPU {row['one_gpu_s']*1e3:.0f} ms (peak +{row['one_gpu_peak_bytes']/2**30:.2f} GiB), "
                 f"ring x{world} {dt*1e3:.0f} ms (x{row['speedup']:.2f}; peak +{max(row['ring_peak_bytes_per_gpu'])/2**30:.2f} GiB/GPU); "
                 f"pose max |diff| {pe:.2e}, depth median rel diff {dep:.2e}")
@@ -225,14 +247,8 @@ def _vggt_chunk_part(rank, world, args, log):
     """Part 3: one VGGT chunk on one GPU (rank 0) against the chunk split over the ring."""
     import torch.distributed as dist
     from .vggt_ring import chunk_forward
-    vh, vw = VGGT_HW
     model = _vggt_model()
     heads = ("camera", "depth")
-
-    def images(n):
-        g = torch.Generator().manual_seed(n)
-        x = torch.rand(n, 3, vh // 8, vw // 8, generator=g)
-        return torch.nn.functional.interpolate(x, size=(vh, vw), mode="bilinear").clamp(0, 1).to(DEV)
 
     def timed(fn, imgs):
         mem.sync()
@@ -243,20 +259,20 @@ def _vggt_chunk_part(rank, world, args, log):
         out = fn(imgs)
         mem.sync()
         dt = time.perf_counter() - t0
-        out = {k: out[k].float().cpu().numpy() for k in ("pose_enc", "depth")}
+        out = tuple(out[k].float().cpu().numpy() for k in ("pose_enc", "depth"))
         return dt, mem.peak() - base, out
 
     single = lambda imgs: model.forward_chunk(imgs, heads=heads)
     ring = lambda imgs: chunk_forward(model, imgs, heads=heads)
-    warm = images(max(world, 4))
+    warm = _vggt_images(max(world, 4))
     if rank == 0:
         timed(single, warm)
     dist.barrier()
     timed(ring, warm)
     rows = []
     for n in args.vggt_chunks:
-        imgs = images(n)
-        row = {"frames": n, "tokens": n * (5 + (vh // 14) * (vw // 14))}
+        imgs = _vggt_images(n)
+        row = {"frames": n, "tokens": n * (5 + (VGGT_HW[0] // 14) * (VGGT_HW[1] // 14))}
         ref = None
         if rank == 0:
             try:
@@ -266,16 +282,14 @@ def _vggt_chunk_part(rank, world, args, log):
                 mem.empty()
         dist.barrier()
         dt, peak, out = timed(ring, imgs)
-        peaks = [torch.zeros(1, dtype=torch.float64, device=DEV) for _ in range(world)]
-        dist.all_gather(peaks, torch.tensor([float(peak)], dtype=torch.float64, device=DEV))
+        peaks = _peaks_per_rank(peak, world)
         if rank == 0:
             row["ring_s"] = dt
-            row["ring_peak_bytes_per_gpu"] = [int(p.item()) for p in peaks]
+            row["ring_peak_bytes_per_gpu"] = peaks
             msg = (f"vggt chunk {n} frames: ring x{world} {dt:.2f} s ({n / dt:.1f} FPS; "
                    f"peak +{max(row['ring_peak_bytes_per_gpu']) / 2**30:.2f} GiB/GPU)")
             if ref is not None:
-                pe = float(np.abs(out["pose_enc"] - ref["pose_enc"]).max())
-                dep = float(np.median(np.abs(out["depth"] - ref["depth"]) / np.maximum(np.abs(ref["depth"]), 1e-6)))
+                pe, dep = _pose_depth_diff(out, ref)
                 row.update(pose_max_abs_diff=pe, depth_median_rel_diff=dep, speedup=row["one_gpu_s"] / dt)
                 msg += (f"; one GPU {row['one_gpu_s']:.2f} s (peak +{row['one_gpu_peak_bytes'] / 2**30:.2f} GiB), "
                         f"x{row['speedup']:.2f}; pose max |diff| {pe:.2e}, depth median rel diff {dep:.2e}")
@@ -297,14 +311,7 @@ def _vggt_chunk_part(rank, world, args, log):
         log(f"vggt chunk memory per frame / longest chunk that fits (linear in the last two sizes): {fit}")
     del model
     mem.empty()
-    return {"rows": rows, "fit": fit, "resolution": [vw, vh], "heads": list(heads)}
-
-
-def _pose_depth_diff(out, ref):
-    """The metrics of parts 2 and 3: pose encoding max |diff|, depth median relative diff."""
-    pe = float(np.abs(out[0] - ref[0]).max())
-    dep = float(np.median(np.abs(out[1] - ref[1]) / np.maximum(np.abs(ref[1]), 1e-6)))
-    return pe, dep
+    return {"rows": rows, "fit": fit, "resolution": [VGGT_HW[1], VGGT_HW[0]], "heads": list(heads)}
 
 
 def _noise_floor_part(args, log):
@@ -330,10 +337,7 @@ def _noise_floor_part(args, log):
     log(f"noise floor, scale phase {S} frames, one GPU bf16 vs fp32: pose max |diff| {pe:.2e} "
         f"(max |pose| {rows['scale_phase']['pose_max_abs']:.2f}), depth median rel diff {dep:.2e}")
     n = args.noise_floor[1]
-    vh, vw = VGGT_HW
-    g = torch.Generator().manual_seed(n)
-    imgs = torch.nn.functional.interpolate(torch.rand(n, 3, vh // 8, vw // 8, generator=g), size=(vh, vw),
-                                           mode="bilinear").clamp(0, 1).to(DEV)
+    imgs = _vggt_images(n)
     vggt = _vggt_model()
     outs = {}
     for dt in (torch.float32, torch.bfloat16):
