@@ -10,6 +10,7 @@ from engine.evaluate import load_sequence
 from engine.geometric.loop import LoopCloser
 from engine.geometry import apply_realignments, result_transforms
 from engine.metrics import ate
+from tests.engine.geometric_drift import inject_scale_drift
 
 
 @pytest.fixture(scope="module")
@@ -80,21 +81,7 @@ def test_forward_backward_closes_loops_and_corrects(icl, monkeypatch, tmp_path):
     (the map is rescaled about the current camera after every keyframe): loops are closed against
     the forward pass, every frame stays in one segment, and the frame-range corrections bring the
     trajectory back (ATE after correction well below the drifted one)."""
-    import engine.geometric.session as GS
-    from engine.geometric.geometry import camera_center
-    orig = GS.GeometricSession._apply
-
-    def drifting_apply(self, step, gray):
-        orig(self, step, gray)
-        if step.keyframe and self.tracker.initialised:
-            kf = self.tracker.keyframes[-1]
-            c = camera_center(kf.R, kf.t)
-            S = np.eye(4)
-            S[:3, :3] *= 1.01
-            S[:3, 3] = c - 1.01 * c
-            self.tracker.transform_world(S)
-
-    monkeypatch.setattr(GS.GeometricSession, "_apply", drifting_apply)
+    inject_scale_drift(monkeypatch)
     seq, frames = icl
     order = list(range(200)) + list(range(199, -1, -1))
     res, ev, st = _run(seq, frames, order)

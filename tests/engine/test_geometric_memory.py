@@ -11,6 +11,7 @@ from engine.evaluate import load_sequence
 from engine.geometric.loop import Forget, LoopCloser, LoopParams
 from engine.geometry import apply_realignments
 from engine.metrics import ate
+from tests.engine.geometric_drift import inject_scale_drift
 
 
 @pytest.fixture(scope="module")
@@ -95,21 +96,7 @@ def test_pose_graph_compaction_keeps_loop_closure_working(icl, monkeypatch):
     per keyframe, the live pose graph capped at 10 nodes beyond the database: redundant keyframes
     are merged into their predecessors (their edges re-attached), the graph stops at database +
     the 4 latest nodes, and the loops still correct the drift (0.76 cm uncapped, 0.92 cm capped)."""
-    import engine.geometric.session as GS
-    from engine.geometric.geometry import camera_center
-    orig = GS.GeometricSession._apply
-
-    def drifting_apply(self, step, gray):
-        orig(self, step, gray)
-        if step.keyframe and self.tracker.initialised:
-            kf = self.tracker.keyframes[-1]
-            c = camera_center(kf.R, kf.t)
-            S = np.eye(4)
-            S[:3, :3] *= 1.01
-            S[:3, 3] = c - 1.01 * c
-            self.tracker.transform_world(S)
-
-    monkeypatch.setattr(GS.GeometricSession, "_apply", drifting_apply)
+    inject_scale_drift(monkeypatch)
     seq, frames = icl
     order = (list(range(200)) + list(range(199, -1, -1))) * 2
     s = open_session(SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple(), depth=False,

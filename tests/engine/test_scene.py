@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from engine.scene import MIN_POINT_BUDGET, RECENT_CAMERAS, SceneModel, chase_view
+from tests.engine.geometric_drift import inject_scale_drift
 
 BUDGET = MIN_POINT_BUDGET          # 100k: small enough for fast tests
 
@@ -295,25 +296,11 @@ def test_real_loop_closure_events_place_cameras_as_the_export(monkeypatch):
     the cameras end where engine.geometry.apply_realignments puts them for the exports."""
     import cv2
 
-    import engine.geometric.session as GS
     from engine.api import SessionConfig, open_session
     from engine.evaluate import load_sequence
-    from engine.geometric.geometry import camera_center
     from engine.geometry import apply_realignments
     from tests.conftest import DATA
-    orig = GS.GeometricSession._apply
-
-    def drifting_apply(self, step, gray):
-        orig(self, step, gray)
-        if step.keyframe and self.tracker.initialised:
-            kf = self.tracker.keyframes[-1]
-            c = camera_center(kf.R, kf.t)
-            S = np.eye(4)
-            S[:3, :3] *= 1.01
-            S[:3, 3] = c - 1.01 * c
-            self.tracker.transform_world(S)
-
-    monkeypatch.setattr(GS.GeometricSession, "_apply", drifting_apply)
+    inject_scale_drift(monkeypatch)
     seq = load_sequence(DATA / "icl_livingroom_kt3")
     frames = [cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in seq.frames]
     s = open_session(SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple(), extra={"depth": False}))
