@@ -5,34 +5,9 @@ import threading
 import numpy as np
 import pytest
 
-from engine import EngineError, SessionConfig, open_session
-from engine.models import build_model
-from engine.models.recipe import fill_recipe
+from engine import EngineError
 from engine.shared_streams import SharedStreams
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return fill_recipe(build_model("lingbot-map-tiny"))
-
-
-def _frames(seed, n, shape=(60, 80, 3)):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(n)]
-
-
-def _cfg(**kw):
-    base = dict(engine="lingbot-map", image_width=70, scale_frames=2, window=3, special_cap=8,
-                keyframe_interval=1, camera_iterations=2)
-    base.update(kw)
-    return SessionConfig(**base)
-
-
-def _alone(model, over, frames):
-    s = open_session(_cfg(**over), model=model)
-    res = [r for f in frames for r in s.push(f)] + s.flush()
-    s.close()
-    return res
+from tests.engine.test_scheduler import _alone, _cfg, _frames, tiny  # noqa: F401 (tiny: fixture)
 
 
 def _worker(session, frames, out, errors):
