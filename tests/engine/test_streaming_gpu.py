@@ -1,49 +1,21 @@
 """End to end on the GPU (run on the H200; skipped without CUDA + flashinfer): the same frames
 through a FlashInfer session and an SDPA session of one full-size bf16 model give the same
 poses and depth to bf16 tolerance, with eviction and keyframe rollback in play."""
-import numpy as np
 import pytest
 import torch
 
 from engine import SessionConfig, open_session
 from engine.kv.backends import flashinfer_available
+from tests.engine.backend_sessions import assert_matches_sdpa, rel
 
 pytestmark = pytest.mark.gpu
 needs_fi = pytest.mark.skipif(not (torch.cuda.is_available() and flashinfer_available()),
                               reason="needs CUDA and flashinfer")
 
 
-def _rel(a, b):
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
-
-
 @needs_fi
 def test_flashinfer_session_matches_sdpa_session():
-    from engine.bench import BenchConfig, build_bench_model
-
-    model = build_bench_model(BenchConfig(device="cuda"))
-    gen = torch.Generator().manual_seed(3)
-    frames = [torch.rand(3, 378, 518, generator=gen) for _ in range(14)]
-    outs = {}
-    for backend in ("sdpa", "flashinfer"):
-        # window 4 and keyframe interval 2: evictions and non-keyframe rollbacks both happen
-        s = open_session(SessionConfig(engine="lingbot-map", device="cuda", dtype="bf16", backend=backend,
-                                       scale_frames=2, window=4, keyframe_interval=2, special_cap=8),
-                         model=model)
-        res = []
-        for f in frames:
-            res += s.push(f)
-        res += s.flush()
-        assert s.stats()["kv"]["backend"] == backend
-        outs[backend] = res
-        s.close()
-    a, b = outs["flashinfer"], outs["sdpa"]
-    assert len(a) == len(b) == len(frames)
-    pose = _rel(np.stack([r.pose_enc for r in a]), np.stack([r.pose_enc for r in b]))
-    depth = _rel(np.stack([r.depth for r in a]), np.stack([r.depth for r in b]))
-    print(f"relative difference flashinfer vs sdpa: pose_enc {pose:.2e}, depth {depth:.2e}")
-    assert np.isfinite(pose) and np.isfinite(depth)
-    assert pose < 5e-2 and depth < 5e-2
+    assert_matches_sdpa("flashinfer")
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -76,10 +48,10 @@ def test_cuda_graphs_match_eager(scope):
     a, b = outs[True], outs[False]
     assert len(a) == len(b) == len(frames)
     for ra, rb in zip(a, b):
-        assert _rel(ra.depth, rb.depth) < 1e-2, ra.index
-        assert _rel(ra.pose_enc, rb.pose_enc) < 5e-2, ra.index
+        assert rel(ra.depth, rb.depth) < 1e-2, ra.index
+        assert rel(ra.pose_enc, rb.pose_enc) < 5e-2, ra.index
     # consecutive graphed frames differ (outputs are not a stale buffer)
-    assert _rel(a[-1].depth, a[-2].depth) > 1e-3
+    assert rel(a[-1].depth, a[-2].depth) > 1e-3
 
 
 @needs_cuda
