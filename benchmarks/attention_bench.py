@@ -28,8 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.kv import PagedKVCache                                          # noqa: E402
-from engine.kv.backends import (CuDNNBackend, FlashInferBackend, SDPABackend,  # noqa: E402
-                                flashinfer_available)
+from engine.kv.backends import (CuDNNBackend, CuDNNSeqLenBackend, FlashInferBackend,  # noqa: E402
+                                SDPABackend, _import_cudnn_frontend, flashinfer_available)
 
 H, D, P, S6 = 16, 64, 999, 6
 
@@ -161,6 +161,15 @@ def main(argv=None) -> None:
     # made before streaming: a CuDNNBackend zeroes the pool when it is created (as in a session)
     cudnn_row = CuDNNBackend(cache, min_fill=0.0, mask="row")
     cudnn_full = CuDNNBackend(cache, min_fill=0.0, mask="full")
+    # the sequence-length form through the cuDNN frontend (CuDNNSeqLenBackend), both layouts
+    seqlen = {}
+    fe, fe_err = _import_cudnn_frontend()
+    if fe is not None:
+        print(f"cuDNN frontend {fe.__version__}, cuDNN backend {fe.backend_version()}")
+        for form in ("dense", "paged"):
+            seqlen[f"cudnn frontend seq_len ({form})"] = CuDNNSeqLenBackend(cache, form=form)
+    else:
+        print(f"cuDNN frontend missing: {fe_err}")
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def kv(n):
@@ -185,8 +194,9 @@ def main(argv=None) -> None:
     paths["sdpa cudnn (zero-copy view)"] = SDPABackend(cache, kernels=[SDPBackend.CUDNN_ATTENTION])
     paths["cudnn backend (fixed capacity, bias row)"] = cudnn_row
     paths["cudnn backend (fixed capacity, full bias)"] = cudnn_full
+    paths.update(seqlen)
     flop = 4.0 * q.shape[0] * L * H * D
-    rows, ref = [], None
+    rows, ref, outs = [], None, {}
     print(f"visible tokens {L}, q tokens {q.shape[0]}, contiguous run {step.contiguous}, "
           f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     for name, be in paths.items():
@@ -199,12 +209,19 @@ def main(argv=None) -> None:
             rows.append({"path": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
             continue
         ref = out.float() if ref is None else ref
+        outs[name] = out.float()
         diff = float((out.float() - ref).norm() / ref.norm())
         # the backend's own path ("dense", "fixed", ...) under its own key: "path" names the row
-        extra = {("taken" if k == "path" else k): getattr(be, k) for k in ("kernel", "path", "capacity", "error")
-                 if getattr(be, k, None)}
+        extra = {("taken" if k == "path" else k): getattr(be, k) for k in
+                 ("kernel", "path", "capacity", "error", "mode", "form", "forms") if getattr(be, k, None)}
+        sd = outs.get("sdpa flash (zero-copy view)")
+        if sd is not None:       # bf16 agreement with SDPA, as the GPU tests check it (2e-2)
+            extra["rel_diff_to_sdpa_flash"] = float((out.float() - sd).norm() / sd.norm())
+            extra["max_abs_diff_to_sdpa_flash"] = float((out.float() - sd).abs().max())
         rows.append({"path": name, "ms": ms, "tflops": flop / ms / 1e9, "rel_diff_to_first": diff, **extra})
         print(f"{name:32s} {ms:7.3f} ms  {flop / ms / 1e9:6.0f} TFLOP/s  rel diff {diff:.1e}  {extra}")
+    for name, be in seqlen.items():
+        print(f"{name}: graphs built {getattr(be._kernel, 'builds', None)}, steps per form {be.forms}")
     rows += _cudnn_lengths(cache, step, q, a.reps)
     cache.end_step()
     rows += _per_step_wall(cache, paths, kv, q, a.steps)

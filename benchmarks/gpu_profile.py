@@ -40,8 +40,10 @@ def main():
         s.push(frames[i % 8])
     print(f"[{a.backend}] steady ms/frame: {ms_per_frame(s, frames, 20):.1f}")
     if hasattr(s.kv._attn, "calls"):    # cuDNN backend: fixed-capacity vs exact calls, and why not
-        print(f"[{a.backend}] attention calls {s.kv._attn.calls}, capacity {s.kv._attn.capacity}, "
-              f"error {s.kv._attn.error}")
+        at = s.kv._attn
+        print(f"[{a.backend}] attention calls {at.calls}, capacity {at.capacity}, error {at.error}, "
+              f"mode {getattr(at, 'mode', None)} forms {getattr(at, 'forms', None)} "
+              f"frontend_error {getattr(at, 'frontend_error', None)}")
     if a.variants and a.backend == "sdpa":
         attn = s.kv._attn
         for name, ks in [("flash", [SDPBackend.FLASH_ATTENTION]), ("cudnn", [SDPBackend.CUDNN_ATTENTION]),

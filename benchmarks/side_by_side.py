@@ -161,10 +161,15 @@ _VARIANTS = {
     "all-graphs": ({"graph_scope": "all"}, {}),
     # the blocks' two halves under torch.compile inside our CUDA graphs (engine/models/compile.py)
     "compiled": ({}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
-    # cuDNN over the pool's fixed capacity with a bias row (engine/kv/backends.py CuDNNBackend);
-    # -full: the bias materialised per step; -compiled: with the compiled blocks above
+    # backend "cudnn" (engine/kv/backends.py): with the cuDNN frontend installed its sequence-length
+    # form (CuDNNSeqLenBackend: dense view of the visible run, paged otherwise), else the bias row
+    # over the pool's fixed capacity (CuDNNBackend); -paged: every step through cuDNN's page table;
+    # -bias / -full: the bias row / the bias materialised per step, frontend or not; -compiled:
+    # with the compiled blocks above
     "cudnn": ({"backend": "cudnn"}, {}),
-    "cudnn-full": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MASK": "full"}),
+    "cudnn-paged": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_FORM": "paged"}),
+    "cudnn-bias": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "bias"}),
+    "cudnn-full": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "bias", "RECONSTUDIO_CUDNN_MASK": "full"}),
     "cudnn-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
 }
 
@@ -248,7 +253,9 @@ def _ours_stream(model, frames, dtype: str, interval: int, device: str, keep: bo
     if attn is not None and hasattr(attn, "kernel"):       # FlashInfer / cuDNN: kernel family and path
         backend = f"{backend} {attn.kernel} {attn.path}"
     if attn is not None and hasattr(attn, "calls"):        # cuDNN: fixed-capacity vs exact calls, why not
-        backend += f" {attn.calls}" + (f" error: {attn.error}" if attn.error else "")
+        backend += f" {getattr(attn, 'mode', '')} {attn.calls}" + (f" error: {attn.error}" if attn.error else "")
+        if getattr(attn, "frontend_error", None):
+            backend += f" (bias form: {attn.frontend_error})"
     s.close()
     outs = None
     if keep:

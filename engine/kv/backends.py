@@ -35,14 +35,20 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
 * ``cudnn``: PyTorch's cuDNN SDPA kernel over a FIXED key/value capacity -- each layer's whole
   pool, read in place, the keys a step must not see hidden by an additive bias row built once per
   step -- so cuDNN builds one graph for the whole run instead of one per visible length
-  (`CuDNNBackend`). Exact SDPA while the window fills. CUDA, native bf16/fp16 stores. Not
-  measured on the GPU yet (docs/benchmarks.md).
+  (`CuDNNBackend`). Exact SDPA while the window fills. CUDA, native bf16/fp16 stores.
+  Measured slower than FlashInfer on the H200 (the bias takes cuDNN off its fast path). When the
+  cuDNN frontend imports (pip nvidia-cudnn-frontend), `CuDNNBackend.create` takes the
+  SEQUENCE-LENGTH form instead (`CuDNNSeqLenBackend`): the visible length as an int32 device
+  tensor (cuDNN's padding mask) over a fixed K/V view, dense from the visible run's first page
+  or through cuDNN's page table; one graph per q length (and first page), no mask, no host sync.
+  `cudnn_mode` / RECONSTUDIO_CUDNN_MODE picks; `frontend_error` says why the bias form ran.
 * ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16 (or fp8
   attended in bf16/fp16); else sdpa. (Never cudnn: not measured yet.)
 """
 from __future__ import annotations
 
 import functools
+import math
 import os
 import weakref
 from typing import Any, Optional
@@ -392,11 +398,12 @@ class FlashInferBackend(_CacheRef):
 CUDNN_MASKED = -65504.0
 
 
-def cudnn_min_fill_default() -> float:
+def cudnn_min_fill_default(default: str = "0.5") -> float:
     """Below this fraction of the capacity visible, `CuDNNBackend` attends the visible keys with the
     exact SDPA path instead (the window-filling phase; huge special caps); RECONSTUDIO_CUDNN_MIN_FILL
-    overrides (0 = always the fixed-capacity call, e.g. to test CUDA-graph capture)."""
-    val = os.environ.get("RECONSTUDIO_CUDNN_MIN_FILL", "0.5")
+    overrides (0 = always the fixed-capacity call, e.g. to test CUDA-graph capture). The
+    sequence-length form (`CuDNNSeqLenBackend`) skips the hidden tail, so its default is 0."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_MIN_FILL", default)
     try:
         fill = float(val)
     except ValueError:
@@ -457,6 +464,8 @@ class CuDNNBackend(_CacheRef):
 
     name = "cudnn"
     kernel = "cudnn"
+    mode = "bias"                     # "seqlen": CuDNNSeqLenBackend (cuDNN frontend)
+    frontend_error = None             # why create() did not take the sequence-length form
 
     def __init__(self, cache, kernel=None, min_fill: Optional[float] = None, mask: Optional[str] = None):
         """kernel: the attention call (q, k, v, bias) -> out; default PyTorch's cuDNN SDPA (tests
@@ -485,7 +494,25 @@ class CuDNNBackend(_CacheRef):
 
     @classmethod
     def create(cls, cache):
-        return cls(cache)
+        """The sequence-length form through the cuDNN frontend when it can run here
+        (`cudnn_mode`, `CuDNNSeqLenBackend`), else this bias form; `frontend_error` says why not."""
+        mode = cudnn_mode()
+        reason = None
+        if mode == "bias":
+            reason = "RECONSTUDIO_CUDNN_MODE=bias"
+        elif cache.pool.kind != "native" or cache.attn_dtype not in (torch.bfloat16, torch.float16):
+            reason = f"the sequence-length form needs a native bf16/fp16 store (got {cache.pool.kind}, {cache.attn_dtype})"
+        elif torch.device(cache.device).type != "cuda":
+            reason = "the cuDNN frontend needs a CUDA device"
+        else:
+            mod, err = _import_cudnn_frontend()
+            if mod is None:
+                reason = f"the cuDNN frontend (pip nvidia-cudnn-frontend) does not import: {err}"
+            else:
+                return CuDNNSeqLenBackend(cache)
+        be = cls(cache)
+        be.frontend_error = reason
+        return be
 
     @classmethod
     def check_supports(cls, cache) -> None:
@@ -556,3 +583,241 @@ class CuDNNBackend(_CacheRef):
         v = pool.v[layer].view(self.capacity, H, D)
         qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q.contiguous(), k, v))
         return self._kernel(qh, kh, vh, bias)[0].transpose(0, 1)
+
+
+# ------------------------------------------------------------------ cuDNN through its frontend
+@functools.lru_cache(maxsize=1)
+def _import_cudnn_frontend():
+    """The cuDNN frontend's Python package (`import cudnn`, pip nvidia-cudnn-frontend), or why not.
+    torch is imported first, so the frontend finds the libcudnn PyTorch already loaded."""
+    try:
+        import cudnn
+        cudnn.backend_version()               # raises when no libcudnn could be loaded
+        return cudnn, None
+    except Exception as exc:  # ImportError, or no / an unusable libcudnn
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def cudnn_frontend_available() -> bool:
+    return _import_cudnn_frontend()[0] is not None
+
+
+def cudnn_mode() -> str:
+    """How backend "cudnn" reaches cuDNN: "auto" (default: the sequence-length form through the
+    cuDNN frontend when it imports, else the bias form), "seqlen" (the same, said explicitly; a
+    missing frontend still falls back to the bias form, with `frontend_error`) or "bias" (PyTorch
+    with a bias row, `CuDNNBackend`); RECONSTUDIO_CUDNN_MODE picks (benchmarks)."""
+    mode = os.environ.get("RECONSTUDIO_CUDNN_MODE", "auto").strip().lower()
+    if mode not in ("auto", "seqlen", "bias"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_MODE must be 'auto', 'seqlen' or 'bias' (got {mode!r})")
+    return mode
+
+
+def cudnn_seqlen_form() -> str:
+    """Which K/V layout the sequence-length form hands cuDNN: "dense" (default) -- a contiguous
+    visible run as one [tokens, H, D] view of the pool from its first page, other page sets paged --
+    or "paged" (every step through cuDNN's page table); RECONSTUDIO_CUDNN_FORM picks (benchmarks)."""
+    form = os.environ.get("RECONSTUDIO_CUDNN_FORM", "dense").strip().lower()
+    if form not in ("dense", "paged"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_FORM must be 'dense' or 'paged' (got {form!r})")
+    return form
+
+
+_CUDNN_UID = {"q": 1, "k": 2, "v": 3, "o": 4, "seq_q": 5, "seq_kv": 6, "k_table": 7, "v_table": 8}
+
+
+class CuDNNFrontendKernel:
+    """cuDNN's fused attention built through the cuDNN frontend's graph API, with the padding mask:
+    the visible lengths are DEVICE tensors (`seq_q`, `seq_kv`, int32 [1, 1, 1, 1]) read by the
+    kernel, so one built graph serves every visible length -- no rebuild per frame, no host sync.
+
+    `__call__(q, k, v, seq_q, seq_kv, table=None)`: q [n, H, D] contiguous; dense: k / v
+    [S, H, D] views (token stride H * D), keys 0 .. seq_kv - 1 attended; paged: k / v [N, P, H, D]
+    (the layer's pool), `table` int32 [1, 1, N, 1] the visible pages in order, the first seq_kv
+    tokens of their concatenation attended. Returns [n, H, D]. Graphs are built once per layout
+    (q length, K/V shape and strides, paged or not) and kept; `builds` counts them."""
+
+    def __init__(self, device):
+        cudnn, err = _import_cudnn_frontend()
+        if cudnn is None:
+            raise KVCacheError(f"the cuDNN frontend is not available ({err})")
+        self._cudnn = cudnn
+        self.device = torch.device(device)
+        self._handle = None
+        self._graphs: dict = {}
+        self._workspace = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self.builds = 0
+
+    def _dtype(self, dt):
+        c = self._cudnn.data_type
+        if dt == torch.bfloat16:
+            return c.BFLOAT16
+        if dt == torch.float16:
+            return c.HALF
+        raise KVCacheError(f"cuDNN attention runs bf16/fp16, not {dt}")
+
+    def _build(self, q, k, table):
+        cudnn = self._cudnn
+        if self._handle is None:
+            with torch.cuda.device(self.device):
+                self._handle = cudnn.create_handle()
+        n, H, D = q.shape
+        io = self._dtype(q.dtype)
+        g = cudnn.pygraph(handle=self._handle, name="reconstudio_sdpa", io_data_type=io,
+                          intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+        qt = g.tensor(name="q", dim=[1, H, n, D], stride=[n * H * D, D, H * D, 1], data_type=io)
+        if table is None:                       # [S, H, D] as cuDNN's [1, H, S, D]
+            S = k.shape[0]
+            kv_dim, kv_stride = [1, H, S, D], [S * k.stride(0), k.stride(2), k.stride(0), k.stride(3)]
+        else:                                   # [N, P, H, D] pages as cuDNN's [N, H, P, D]
+            N, P = k.shape[:2]
+            kv_dim, kv_stride = [N, H, P, D], [k.stride(0), k.stride(2), k.stride(1), k.stride(3)]
+        kt = g.tensor(name="k", dim=kv_dim, stride=kv_stride, data_type=io)
+        vt = g.tensor(name="v", dim=kv_dim, stride=kv_stride, data_type=io)
+        i32 = cudnn.data_type.INT32
+        sq = g.tensor(name="seq_q", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i32)
+        skv = g.tensor(name="seq_kv", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i32)
+        extra = {}
+        named = {"q": qt, "k": kt, "v": vt, "seq_q": sq, "seq_kv": skv}
+        if table is not None:
+            N = table.shape[2]
+            for name in ("k_table", "v_table"):
+                named[name] = g.tensor(name=name, dim=[1, 1, N, 1], stride=[N, 1, 1, 1], data_type=i32)
+            extra = dict(paged_attention_k_table=named["k_table"], paged_attention_v_table=named["v_table"],
+                         paged_attention_max_seq_len_kv=N * k.shape[1])
+        o, _ = g.sdpa(name="sdpa", q=qt, k=kt, v=vt, attn_scale=1.0 / math.sqrt(D), generate_stats=False,
+                      use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv,
+                      compute_data_type=cudnn.data_type.FLOAT, **extra)
+        o.set_output(True).set_dim([1, H, n, D]).set_stride([n * H * D, D, H * D, 1]).set_data_type(io)
+        named["o"] = o
+        for name, t in named.items():
+            t.set_uid(_CUDNN_UID[name])
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        ws = int(g.get_workspace_size())
+        if ws > self._workspace.numel():
+            self._workspace = torch.empty(ws, dtype=torch.uint8, device=self.device)
+        self.builds += 1
+        return g
+
+    def __call__(self, q, k, v, seq_q, seq_kv, table=None):
+        key = (tuple(q.shape), q.dtype, tuple(k.shape), k.stride(), v.stride(), table is not None)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = self._build(q, k, table)
+        out = torch.empty_like(q)
+        ptrs = {_CUDNN_UID["q"]: q.data_ptr(), _CUDNN_UID["k"]: k.data_ptr(), _CUDNN_UID["v"]: v.data_ptr(),
+                _CUDNN_UID["o"]: out.data_ptr(), _CUDNN_UID["seq_q"]: seq_q.data_ptr(),
+                _CUDNN_UID["seq_kv"]: seq_kv.data_ptr()}
+        if table is not None:
+            ptrs[_CUDNN_UID["k_table"]] = ptrs[_CUDNN_UID["v_table"]] = table.data_ptr()
+        self._cudnn.set_stream(self._handle, torch.cuda.current_stream(self.device).cuda_stream)
+        g.execute(ptrs, self._workspace, handle=self._handle)
+        return out
+
+
+class CuDNNSeqLenBackend(CuDNNBackend):
+    """cuDNN attention with the visible length as a SEQUENCE LENGTH (cuDNN's padding mask) over a
+    fixed-capacity K/V view, through the cuDNN frontend (`CuDNNFrontendKernel`): backend "cudnn"
+    when the frontend imports (`CuDNNBackend.create`, `cudnn_mode`).
+
+    PyTorch exposes cuDNN SDPA for dense inputs only without a length (a graph rebuilt per visible
+    length, 40 ms) or with a bias mask (off cuDNN's fast path: 1.16-1.24 against 0.63 ms a layer
+    on the H200, docs/benchmarks.md). Here the length is an int32 device tensor the kernel reads,
+    written once per step by `plan` (`fill_`, no host sync), and the keys past it are skipped
+    whole tiles at a time, so the call costs what the visible keys cost and one graph serves the
+    run:
+    - dense form (a contiguous visible run, the steady state): k / v are the layer's pool viewed
+      from the run's first page as [tokens, H, D] (zero copy); seq_kv = the visible tokens. One
+      graph per (q length, first page): a keyframe stream's run starts at page 1 for good, a
+      non-keyframe's at page 0 (paged_cache "Placement").
+    - paged form (any other page set: the window filling, with the special pages apart from the
+      patch pages; or every step with RECONSTUDIO_CUDNN_FORM=paged): k / v are the layer's whole
+      pool [N, P, H, D], the visible pages in order in an int32 page table [1, 1, N, 1] (a fixed
+      buffer; entries past the visible pages are never read). One graph per q length.
+    Token-slot steps (compressed window, block-sparse layers) and failures go to the exact SDPA
+    path (`error` keeps why, as `CuDNNBackend`). Native bf16/fp16 stores only."""
+
+    mode = "seqlen"
+    kernel = "cudnn-frontend"
+
+    def __init__(self, cache, kernel=None, form: Optional[str] = None, min_fill: Optional[float] = None):
+        """kernel: the call (q, k, v, seq_q, seq_kv, table) -> out; default `CuDNNFrontendKernel`
+        (tests pass a stand-in, which may run any dtype on any device)."""
+        self.cache = cache
+        pool = cache.pool
+        self.form = cudnn_seqlen_form() if form is None else form
+        self.min_fill = cudnn_min_fill_default("0") if min_fill is None else float(min_fill)
+        self.mask_form = None
+        self.capacity = pool.num_pages * pool.page_size
+        self.error = None
+        self.path = None
+        self.calls = {"fixed": 0, "exact": 0}
+        self.forms = {"dense": 0, "paged": 0}       # steps planned on each form
+        self._exact = SDPABackend.create(cache)
+        self._fixed_ok = pool.kind == "native" and (
+            kernel is not None or cache.attn_dtype in (torch.bfloat16, torch.float16))
+        self._kernel = kernel
+        if self._fixed_ok and kernel is None:
+            try:
+                self._kernel = CuDNNFrontendKernel(pool.device)
+            except KVCacheError as exc:
+                self._fixed_ok, self.error = False, str(exc)
+        self._bias = self._bias_full = None
+        self._step_fixed = False
+        self._step_view = None
+        if self._fixed_ok:
+            # keys past seq_kv in the last KV tile are loaded and given probability 0; zeroed
+            # memory keeps 0 * garbage (NaN bit patterns) out of the output
+            pool.k.zero_()
+            pool.v.zero_()
+            dev = pool.device
+            self._seq_q = torch.zeros((1, 1, 1, 1), dtype=torch.int32, device=dev)
+            self._seq_kv = torch.zeros((1, 1, 1, 1), dtype=torch.int32, device=dev)
+            self._table = torch.zeros((1, 1, pool.num_pages, 1), dtype=torch.int32, device=dev)
+
+    @classmethod
+    def create(cls, cache):
+        return cls(cache)
+
+    def plan(self, step: StepTable) -> None:
+        """Once per step: the path, the lengths and (paged) the page table, on the device."""
+        self._step_fixed = (self._fixed_ok and self.error is None and step.slots_t is None
+                            and step.num_kv_tokens >= self.min_fill * self.capacity)
+        if not self._step_fixed:
+            return
+        self._seq_q.fill_(step.q_tokens)
+        self._seq_kv.fill_(step.num_kv_tokens)
+        if self.form == "dense" and step.contiguous is not None:
+            self._step_view = ("dense", step.contiguous[0])
+        else:
+            self._table.view(-1)[:len(step.pages)].copy_(step.pages_t)     # int64 -> int32, on device
+            self._step_view = ("paged", None)
+        self.forms[self._step_view[0]] += 1
+
+    def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        if self._step_fixed and self.error is None and slots_t is None:
+            try:
+                out = self._attend_fixed(step, q, layer)
+            except Exception as exc:   # the frontend rejected the graph or the call: exact from now on
+                self.error = f"{type(exc).__name__}: {exc}"[:500]
+            else:
+                self.path = "fixed"
+                self.calls["fixed"] += 1
+                return out
+        self.path = "exact"
+        self.calls["exact"] += 1
+        return self._exact.attend(step, q, layer, slots_t=slots_t)
+
+    def _attend_fixed(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        pool = self.cache.pool
+        form, first = self._step_view
+        if form == "dense":
+            H, D = pool.num_heads, pool.head_dim
+            k = pool.k[layer, first:].view(-1, H, D)               # zero copy from the run's first page
+            v = pool.v[layer, first:].view(-1, H, D)
+            return self._kernel(q.contiguous(), k, v, self._seq_q, self._seq_kv, None)
+        return self._kernel(q.contiguous(), pool.k[layer], pool.v[layer], self._seq_q, self._seq_kv, self._table)
