@@ -108,10 +108,30 @@ class StatsCsvSink(Sink):
         self.csv.close()
 
 
+def window_stats(values) -> Optional[dict]:
+    """Level and swing of the samples of one window: median (the upper one for an even count, as
+    quoted since the first soaks), p10 / p90 (nearest rank: sampled values) and min / max; None
+    for no samples."""
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+
+    def q(p):                         # nearest-rank percentile: a value that was sampled
+        return v[min(len(v) - 1, max(0, int(round(p * (len(v) - 1)))))]
+    return {"n": len(v), "median": v[len(v) // 2], "p10": q(0.1), "p90": q(0.9), "min": v[0], "max": v[-1]}
+
+
 def summarise(path: Union[str, Path], at: tuple = (2000, 10000), window: int = 500) -> dict:
     """Figures of a soak run from its CSV: rows, the last row, and for each frame count in `at`
     the first row at or past it (RSS, viewer buffer bytes, ...), plus the relative change of RSS
-    and buffer bytes between the first and the last of those rows."""
+    and buffer bytes between the first and the last of those rows.
+
+    RSS is sampled once a second and swings between a low and a high state within seconds (a
+    thinning pass, an upload or a store batch in flight), so single rows are noisy. For each
+    count N in `at`, `rss_mb_window[N]` describes the rows whose frame count lies in
+    [N - window, N]: median (the level quoted), p10 / p90 and min / max (the swing). The changes
+    between the first and last count are given for the median (`rss_mb_median_change`) and for
+    the p10 (`rss_mb_p10_change`: the low state, i.e. what stays held, without the swing)."""
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
 
@@ -131,14 +151,15 @@ def summarise(path: Union[str, Path], at: tuple = (2000, 10000), window: int = 5
         for k in ("rss_mb", "viewer_buffer_bytes", "viewer_points"):
             va, vb = num(a, k), num(b, k)
             out[f"{k}_change"] = (vb - va) / va if va and vb is not None else None
-    # single rows are noisy (a display batch or a thinning pass in flight): medians over the
-    # `window` frames before each count as well
+    out["rss_mb_window"] = {}
     for n in at:
-        near = [num(r, "rss_mb") for r in rows if n - window <= (num(r, "frames") or 0) <= n]
-        near = sorted(v for v in near if v is not None)
-        out[f"rss_mb_median_{n}"] = near[len(near) // 2] if near else None
-    if len(at) >= 2 and out.get(f"rss_mb_median_{min(at)}") and out.get(f"rss_mb_median_{max(at)}"):
-        out["rss_mb_median_change"] = out[f"rss_mb_median_{max(at)}"] / out[f"rss_mb_median_{min(at)}"] - 1
+        w = window_stats(num(r, "rss_mb") for r in rows if n - window <= (num(r, "frames") or 0) <= n)
+        out["rss_mb_window"][n] = w
+        out[f"rss_mb_median_{n}"] = w["median"] if w else None
+    lo, hi = out["rss_mb_window"].get(min(at)) if at else None, out["rss_mb_window"].get(max(at)) if at else None
+    if len(at) >= 2 and lo and hi:
+        out["rss_mb_median_change"] = hi["median"] / lo["median"] - 1
+        out["rss_mb_p10_change"] = hi["p10"] / lo["p10"] - 1
     gaps = [num(r, "loop_gap_p99_ms") for r in rows]
     gaps = [g for g in gaps if g is not None]
     fps = [num(r, "engine_fps") for r in rows]
@@ -150,11 +171,27 @@ def summarise(path: Union[str, Path], at: tuple = (2000, 10000), window: int = 5
     return out
 
 
+def format_windows(s: dict) -> str:
+    """One line per count: `N: median M MB (p10 A, p90 B, min C, max D; n rows)`."""
+    lines = []
+    for n, w in s.get("rss_mb_window", {}).items():
+        lines.append(f"frame {n}: " + ("no rows" if not w else
+                     f"RSS median {w['median']:.0f} MB (p10 {w['p10']:.0f}, p90 {w['p90']:.0f}, "
+                     f"min {w['min']:.0f}, max {w['max']:.0f}; {w['n']} rows)"))
+    for k in ("rss_mb_median_change", "rss_mb_p10_change"):
+        if s.get(k) is not None:
+            lines.append(f"{k}: {100 * s[k]:+.1f} %")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     import argparse
     import json
     ap = argparse.ArgumentParser(description="summarise a --stats-csv file (soak figures)")
     ap.add_argument("csv")
     ap.add_argument("--at", type=int, nargs="*", default=[2000, 10000], help="frame counts to compare")
+    ap.add_argument("--window", type=int, default=500, help="frames before each count whose rows are summarised")
     a = ap.parse_args()
-    print(json.dumps(summarise(a.csv, tuple(a.at)), indent=1))
+    s = summarise(a.csv, tuple(a.at), a.window)
+    print(json.dumps(s, indent=1))
+    print(format_windows(s))
