@@ -75,6 +75,7 @@ KEYFRAME_VOXEL_RATIO = 0.5         # keyframe points: grid this much finer
 RECENT_CAMERAS = 200               # newest cameras never decimated
 HIGH_WATER = 0.8                   # background mode: start a pass when this full
 MIN_EVENTS_COMPACTED = 64          # superseded realign events are dropped once this many are kept
+PASS_CHUNK = 1 << 18               # rows a thinning pass hashes / moves at a time (bounds its scratch)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MASK20 = np.int64((1 << 20) - 1)
@@ -503,10 +504,15 @@ class SceneModel:
         """Write `rows` at dst.., then the rows [tail, count) right behind them."""
         k = len(rows)
         m = self.count - tail
+        c = PASS_CHUNK                # in chunks: scratch of one chunk, not of every row moved
         for name in ("positions", "colors", "conf", "depth", "segment", "frame", "keyframe"):
             a = getattr(self, name)
-            a[dst:dst + k] = a[rows]                  # fancy indexing copies: safe in place
-            a[dst + k:dst + k + m] = a[tail:self.count]   # numpy handles the overlap
+            # rows are sorted and rows[j] >= dst + j: a chunk never overwrites a later chunk's source
+            for j in range(0, k, c):
+                a[dst + j:dst + min(k, j + c)] = a[rows[j:j + c]]      # fancy indexing copies
+            for j in range(0, m, c):  # moving down (dst + k <= tail): front to back is safe
+                e = min(m, j + c)
+                a[dst + k + j:dst + k + e] = a[tail + j:tail + e]     # numpy handles the overlap
         self.count = dst + k + m
         self.rows_rewritten += k + m
         self._dirty_points = min(self._dirty_points, dst)
@@ -587,20 +593,44 @@ def _voxel_hash(pos, kf, seg, voxel: float) -> np.ndarray:
     return key
 
 
-def _plan(pos, kf, seg, conf, lo: int, tail: int, voxel: float, vkeys) -> _Plan:
+def _plan(pos, kf, seg, conf, lo: int, tail: int, voxel: float, vkeys, chunk: int = None) -> _Plan:
     """One point per voxel of rows [lo, tail) (given as views pos/kf/seg/conf): the earliest row
     of each voxel, carrying the voxel's highest confidence. With `vkeys` (an aged pass), voxels
     already in the thinned part are dropped and the new ones merged into it; without (a
-    coarsening), the result is the whole thinned part."""
+    coarsening), the result is the whole thinned part.
+
+    Memory: one sort key (8 B) and one confidence (4 B) per row plus per-chunk scratch (hashing
+    and gathers run `chunk` rows at a time; the sort is in place) -- a pass over 2 M aged rows
+    used to hold ~45 B per row (~90 MB, +40-70 MB of RSS for as long as it ran, a large part of
+    the RSS swing of a soak run, docs/benchmarks_gui.md)."""
     n = len(pos)
+    chunk = int(chunk or PASS_CHUNK)
     ib = np.uint64(_INDEX_BITS)
-    h = _voxel_hash(pos, kf, seg, voxel)
-    s = np.sort((h << ib) | np.arange(n, dtype=np.uint64))        # by voxel, then by row
-    hs = s >> ib
-    idx = (s & np.uint64((1 << _INDEX_BITS) - 1)).astype(np.int64)
-    start = np.flatnonzero(np.r_[True, hs[1:] != hs[:-1]]) if n else np.zeros(0, np.int64)
-    keys, rows = hs[start], idx[start]
-    best = np.maximum.reduceat(conf[idx], start) if n else np.zeros(0, np.float32)
+    mask = np.uint64((1 << _INDEX_BITS) - 1)
+    s = np.empty(n, np.uint64)
+    for a in range(0, n, chunk):
+        b = min(n, a + chunk)
+        v = s[a:b]
+        v[:] = _voxel_hash(pos[a:b], kf[a:b], seg[a:b], voxel)
+        v <<= ib
+        v |= np.arange(a, b, dtype=np.uint64)
+    s.sort()                                  # by voxel, then by row (keys are unique: in place)
+    starts, cv = [], np.empty(n, np.float32)
+    for a in range(0, n, chunk):
+        b = min(n, a + chunk)
+        h = s[max(0, a - 1):b] >> ib
+        st = np.flatnonzero(h[1:] != h[:-1]) + a + (0 if a else 1)
+        starts.append(st if a else np.r_[0, st])
+        cv[a:b] = conf[(s[a:b] & mask).astype(np.intp)]
+    start = np.concatenate(starts) if n else np.zeros(0, np.int64)
+    del starts
+    best = np.maximum.reduceat(cv, start) if n else np.zeros(0, np.float32)
+    del cv
+    rows = s[start]
+    del s, start
+    keys = rows >> ib
+    rows &= mask                              # in place: the row index (< 2^27)
+    rows = rows.view(np.int64)
     if vkeys is not None and len(vkeys):
         pos_ = np.minimum(np.searchsorted(vkeys, keys), len(vkeys) - 1)
         new = vkeys[pos_] != keys
