@@ -46,6 +46,7 @@ SOFTWARE_GL_THREADS = "0"
 os.environ.setdefault("LP_NUM_THREADS", SOFTWARE_GL_THREADS)
 
 COLOR_MODES = ("rgb", "depth", "confidence")
+UPLOAD_CHUNK = 1 << 18          # point rows uploaded per GL flush (bounds the copies in flight: ~10 MB)
 _OVERLAY_CONF = 3.0e38          # lines carry this confidence so the threshold never hides them
 
 _VERT = """
@@ -578,9 +579,7 @@ class PointCloudViewer(QtWidgets.QWidget):
             self.cloud.reserve(m.capacity)
             start = 0
         if start < m.count or m.count != self.cloud.count:
-            s = slice(start, m.count)
-            self.cloud.write_rows(start, m.positions[s], pack_rgb(m.colors[s]), m.conf[s], m.depth[s],
-                                  m.frame[s])
+            self._upload_rows(start, m.count)
         self.cloud.set_uniform("u_conf_range", m.conf_range)
         if m.depth_hi > 0:
             self.cloud.set_uniform("u_depth_range", (0.0, m.depth_hi))
@@ -597,6 +596,21 @@ class PointCloudViewer(QtWidgets.QWidget):
             self.frame_xf.write(ch.transforms_from, m.frame_matrices(ch.transforms_from, ch.frames))
             for layer in self._layers:
                 layer.set_uniform("u_xf_rows", float(self.frame_xf.rows))
+
+    def _upload_rows(self, lo: int, hi: int) -> None:
+        """Upload the scene's rows [lo, hi) into the cloud's buffers, UPLOAD_CHUNK rows at a
+        time. Inside a draw each chunk's GL commands are executed at once (`flush_commands`):
+        vispy otherwise keeps every queued upload array alive until the draw that follows has
+        finished, and after a thinning pass the rewritten tail is millions of rows (~40 B each:
+        +100-180 MB of RSS for the seconds llvmpipe takes to draw them, most of the RSS swing of
+        a soak run, docs/benchmarks_gui.md). Outside a draw (tests) the chunks queue as before."""
+        m = self.scene
+        flush = self.canvas._in_pre_draw
+        for a in range(lo, max(hi, lo + 1), UPLOAD_CHUNK):
+            s = slice(a, min(hi, a + UPLOAD_CHUNK))
+            self.cloud.write_rows(a, m.positions[s], pack_rgb(m.colors[s]), m.conf[s], m.depth[s], m.frame[s])
+            if flush:
+                self.canvas.context.flush_commands()
 
     def _append_cameras(self, lo: int, hi: int) -> None:
         """Frustum and trajectory lines of cameras [lo, hi): 8 line segments per frustum (apex →

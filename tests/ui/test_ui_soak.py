@@ -157,6 +157,62 @@ def test_software_gl_keeps_no_blocks_per_point_drawn(qtbot):
     assert held < 1000, f"{held} mmapped blocks held after drawing 500k points"
 
 
+def _queued_array_bytes(canvas) -> int:
+    """Bytes of the arrays waiting in vispy's GL command queue (kept alive until executed)."""
+    import numpy as np
+    return sum(a.nbytes for c in canvas.context.glir._shared._commands for a in c if isinstance(a, np.ndarray))
+
+
+def test_a_draw_uploads_rewritten_rows_in_flushed_chunks(qtbot, monkeypatch):
+    """After a thinning pass the view re-uploads millions of rows; vispy used to keep every
+    queued copy until the following draw had finished (llvmpipe: seconds), +100-180 MB of RSS
+    for that long in a soak (issue #7). Inside a draw the rows now go up UPLOAD_CHUNK at a time,
+    each chunk executed before the next is copied: at most one chunk is ever queued, and the
+    cloud drawn is the scene's."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    import ui.viewer as uv
+    monkeypatch.setattr(uv, "UPLOAD_CHUNK", 20_000)
+    v = uv.PointCloudViewer(capacity=1 << 19, point_budget=1_000_000)    # no regrowth below
+    qtbot.addWidget(v)
+    v.resize(400, 300)
+    v.show()
+    qtbot.waitExposed(v)
+    rng = np.random.default_rng(0)
+
+    def frame(i, n):
+        u = rng.random((n, 3)).astype(np.float32)
+        return SimpleNamespace(
+            index=i, segment=0, is_keyframe=True, points=u * [4, 3, 1] + [0, 0, 3],
+            colors=np.full((n, 3), 250, np.uint8), conf=np.ones(n, np.float32),
+            depth=np.full(n, 3.0, np.float32), c2w=np.eye(4), frustum=np.zeros((5, 3), np.float32),
+            look_at=np.array([2, 1.5, 3.5], np.float32), median_depth=3.0, width=640)
+    v.add_frames([frame(0, 1000)])
+    v.render_image()                           # first draw: the buffers join the context's queue
+    queued = []
+    write_rows = v.cloud.write_rows
+
+    def spy(offset, positions, *rest):
+        queued.append(_queued_array_bytes(v.canvas))
+        return write_rows(offset, positions, *rest)
+    monkeypatch.setattr(v.cloud, "write_rows", spy)
+    v.add_frames([frame(i, 50_000) for i in range(1, 5)])            # 200k new rows: 10 chunks
+    img = v.render_image()
+    assert len(queued) == 10 and v.cloud.count == v.scene.count == 201_000
+    chunk_bytes = 20_000 * 28
+    assert max(queued) <= 1.5 * chunk_bytes, (max(queued), chunk_bytes)   # was the whole upload
+    assert _queued_array_bytes(v.canvas) == 0
+    assert (np.abs(img[..., :3].astype(int) - img[0, 0, :3].astype(int)).sum(-1) > 30).mean() > 0.05
+    queued.clear()
+    v.add_frames([frame(5, 50_000)])
+    v.sync()                                   # outside a draw (no current context): chunks queue
+    assert len(queued) == 3 and _queued_array_bytes(v.canvas) >= 50_000 * 28
+    v.render_image()
+    assert _queued_array_bytes(v.canvas) == 0 and v.cloud.count == 251_000
+
+
 def soak(seconds: float, budget: int = BUDGET, rate: float = RATE) -> dict:
     """Run the real main window for `seconds` with the synthetic engine; return one sample per
     second (t, frames, points, buffer bytes, RSS MB, refcounts, loop gap) and the summary."""
