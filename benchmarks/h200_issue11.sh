@@ -16,7 +16,7 @@ VIDEO=.cache/frames/icl_kt3.mp4
 SBS="python3 benchmarks/side_by_side.py"
 N=${N:-300}; FID=${FID:-40}
 T_OURS=${T_OURS:-300}; T_UP=${T_UP:-140}
-VARIANTS=${VARIANTS:-fi-paged,sync,all-graphs,compiled,cudnn,cudnn-full,cudnn-compiled}
+VARIANTS=${VARIANTS:-fi-paged,sync,all-graphs,compiled,cudnn,cudnn-bias,cudnn-compiled}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'flashinfer', flashinfer.__version__)"
 JIT=$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer
@@ -24,11 +24,15 @@ find "$JIT" -name '*.so' 2>/dev/null | sort > /tmp/jit_before.txt
 # recipe weights on the CPU cores while the GPU runs the tests and the attention benchmark
 $SBS weights /tmp/recipe.pt > /tmp/weights.log 2>&1 &
 WPID=$!
+# NO_TESTS=1: skip the attention benchmark and the GPU tests (run before in the same call, e.g. by
+# benchmarks/h200_cudnn_frontend.sh)
+if [ -z "${NO_TESTS:-}" ]; then
 timeout 200 python3 benchmarks/attention_bench.py --frames "$N" --json "$OUT/attention.json" 2>&1; el
 timeout 160 python3 -m pytest -q -p no:cacheprovider -p no:pytest-qt \
   tests/engine/test_flashinfer_dense_gpu.py tests/engine/test_host_copy.py tests/engine/test_streaming_gpu.py \
   tests/engine/test_streaming_deferred.py tests/engine/test_compile_blocks.py tests/engine/test_cudnn_backend_gpu.py \
-  2>&1 | tail -12; el
+  tests/engine/test_cudnn_seqlen_gpu.py 2>&1 | tail -12; el
+fi
 wait $WPID; cat /tmp/weights.log; el
 timeout "$T_UP" $SBS upstream --no-eager --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames "$FID" \
   --upstream .upstream --json "$OUT/upstream.json" --npz /tmp/upstream_fp32.npz 2>&1 \

@@ -656,6 +656,12 @@ class CuDNNFrontendKernel:
             return c.HALF
         raise KVCacheError(f"cuDNN attention runs bf16/fp16, not {dt}")
 
+    @staticmethod
+    def paged_ok(page_size: int) -> bool:
+        """cuDNN's paged attention takes power-of-two block sizes only (CUDNN_STATUS_BAD_PARAM
+        "block size needs to be non-zero and a power of 2", cuDNN 9.19 on the H200)."""
+        return page_size > 0 and page_size & (page_size - 1) == 0
+
     def _build(self, q, k, table):
         cudnn = self._cudnn
         if self._handle is None:
@@ -668,7 +674,7 @@ class CuDNNFrontendKernel:
         qt = g.tensor(name="q", dim=[1, H, n, D], stride=[n * H * D, D, H * D, 1], data_type=io)
         if table is None:                       # [S, H, D] as cuDNN's [1, H, S, D]
             S = k.shape[0]
-            kv_dim, kv_stride = [1, H, S, D], [S * k.stride(0), k.stride(2), k.stride(0), k.stride(3)]
+            kv_dim, kv_stride = [1, H, S, D], [S * k.stride(0), k.stride(1), k.stride(0), k.stride(2)]
         else:                                   # [N, P, H, D] pages as cuDNN's [N, H, P, D]
             N, P = k.shape[:2]
             kv_dim, kv_stride = [N, H, P, D], [k.stride(0), k.stride(2), k.stride(1), k.stride(3)]
@@ -737,9 +743,13 @@ class CuDNNSeqLenBackend(CuDNNBackend):
     - paged form (any other page set: the window filling, with the special pages apart from the
       patch pages; or every step with RECONSTUDIO_CUDNN_FORM=paged): k / v are the layer's whole
       pool [N, P, H, D], the visible pages in order in an int32 page table [1, 1, N, 1] (a fixed
-      buffer; entries past the visible pages are never read). One graph per q length.
-    Token-slot steps (compressed window, block-sparse layers) and failures go to the exact SDPA
-    path (`error` keeps why, as `CuDNNBackend`). Native bf16/fp16 stores only."""
+      buffer; entries past the visible pages are never read). One graph per q length. cuDNN takes
+      power-of-two page sizes only (`CuDNNFrontendKernel.paged_ok`); LingBot-Map's pages are one
+      frame, 999 tokens at 518x378, so there such steps (the first ~70 frames) are exact
+      (`paged_note` says why) and the steady state is dense.
+    Token-slot steps (compressed window, block-sparse layers), non-contiguous steps without the
+    paged form, and failures go to the exact SDPA path (`error` keeps why a call failed, as
+    `CuDNNBackend`; a failure is for good). Native bf16/fp16 stores only."""
 
     mode = "seqlen"
     kernel = "cudnn-frontend"
@@ -757,6 +767,10 @@ class CuDNNSeqLenBackend(CuDNNBackend):
         self.path = None
         self.calls = {"fixed": 0, "exact": 0}
         self.forms = {"dense": 0, "paged": 0}       # steps planned on each form
+        self.paged = CuDNNFrontendKernel.paged_ok(pool.page_size)
+        self.paged_note = None if self.paged else (
+            f"page size {pool.page_size} is not a power of two: cuDNN's paged form cannot run; "
+            f"non-contiguous steps attend exactly, contiguous ones dense")
         self._exact = SDPABackend.create(cache)
         self._fixed_ok = pool.kind == "native" and (
             kernel is not None or cache.attn_dtype in (torch.bfloat16, torch.float16))
@@ -785,17 +799,20 @@ class CuDNNSeqLenBackend(CuDNNBackend):
 
     def plan(self, step: StepTable) -> None:
         """Once per step: the path, the lengths and (paged) the page table, on the device."""
-        self._step_fixed = (self._fixed_ok and self.error is None and step.slots_t is None
-                            and step.num_kv_tokens >= self.min_fill * self.capacity)
-        if not self._step_fixed:
+        self._step_fixed = False
+        if not (self._fixed_ok and self.error is None and step.slots_t is None
+                and step.num_kv_tokens >= self.min_fill * self.capacity):
             return
-        self._seq_q.fill_(step.q_tokens)
-        self._seq_kv.fill_(step.num_kv_tokens)
-        if self.form == "dense" and step.contiguous is not None:
+        if step.contiguous is not None and (self.form == "dense" or not self.paged):
             self._step_view = ("dense", step.contiguous[0])
-        else:
+        elif self.paged:
             self._table.view(-1)[:len(step.pages)].copy_(step.pages_t)     # int64 -> int32, on device
             self._step_view = ("paged", None)
+        else:
+            return
+        self._step_fixed = True
+        self._seq_q.fill_(step.q_tokens)
+        self._seq_kv.fill_(step.num_kv_tokens)
         self.forms[self._step_view[0]] += 1
 
     def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):

@@ -14,6 +14,7 @@ from engine.kv import KVCacheError, PagedKVCache, backends, make_compressor
 from engine.kv.backends import CuDNNBackend, CuDNNSeqLenBackend
 
 L, H, D, P, S6 = 2, 2, 8, 5, 3           # tiny frames: 5 patch tokens + 3 specials
+P2 = 4                                    # a power-of-two page: cuDNN's paged form can run
 KW = dict(scale_frames=2, window=3, special_cap=6)
 PATTERN = "kknkkknkkkknnkkkkk"          # fills the window, evicts, rolls back, wraps the special ring
 
@@ -51,25 +52,26 @@ class SeqLenStandIn:
         return F.scaled_dot_product_attention(qh, kh, vh)[0].transpose(0, 1).to(q.dtype)
 
 
-def _caches(form="dense", garbage=True, kernel=None, dtype=torch.float32, min_fill=0.0, **kw):
+def _caches(form="dense", garbage=True, kernel=None, dtype=torch.float32, min_fill=0.0, page=P, **kw):
     """A cache on the sequence-length form (stand-in kernel) and one on SDPA, same settings.
     `garbage`: the pool holds NaN before the backend is made (uninitialised memory may)."""
     kw = dict(KW, dtype=dtype, **kw)
-    cu = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **kw)
+    cu = PagedKVCache(L, H, D, page, special_tokens=S6, backend="sdpa", **kw)
     if garbage:
         cu.pool.k.fill_(float("nan"))
         cu.pool.v.fill_(float("nan"))
     stand_in = SeqLenStandIn(cu)
     cu._attn = CuDNNSeqLenBackend(cu, kernel=kernel or stand_in, form=form, min_fill=min_fill)
-    sd = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **kw)
+    sd = PagedKVCache(L, H, D, page, special_tokens=S6, backend="sdpa", **kw)
     return cu, sd, stand_in
 
 
 def _drive(a, b, pattern, seed=0, dtype=torch.float32):
     """Identical steps through both caches; yields (outputs a, outputs b, step of a, path of a)."""
     g = torch.Generator().manual_seed(seed)
+    page = a.page_size
     for nf, scale, key in [(2, True, True)] + [(1, False, c == "k") for c in pattern]:
-        k, v, q = (torch.randn(L, nf, S6 + P, H, D, generator=g).to(dtype) for _ in range(3))
+        k, v, q = (torch.randn(L, nf, S6 + page, H, D, generator=g).to(dtype) for _ in range(3))
         outs = []
         for c in (a, b):
             step = c.begin_step(nf, scale=scale, keyframe=key)
@@ -80,46 +82,50 @@ def _drive(a, b, pattern, seed=0, dtype=torch.float32):
         yield outs[0], outs[1], st, path
 
 
-@pytest.mark.parametrize("form", ["dense", "paged"])
-def test_seqlen_form_equals_sdpa_through_fill_rollback_and_ring(form):
-    cu, sd, stand_in = _caches(form=form)
+@pytest.mark.parametrize("form,page", [("dense", P), ("dense", P2), ("paged", P2)])
+def test_seqlen_form_equals_sdpa_through_fill_rollback_and_ring(form, page):
+    cu, sd, stand_in = _caches(form=form, page=page)
     be = cu._attn
     assert torch.count_nonzero(cu.pool.k) == 0 and torch.count_nonzero(cu.pool.v) == 0   # NaN zeroed
+    assert be.paged == (page == P2) and (be.paged_note is None) == be.paged
     runs = set()
     for a, b, step, path in _drive(cu, sd, PATTERN):
         for x, y in zip(a, b):
             assert torch.isfinite(x).all()
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
-        assert path == "fixed"
+        # a non-contiguous step without the paged form (page size not a power of two) is exact
+        assert path == ("fixed" if step.contiguous is not None or be.paged else "exact")
         runs.add(step.contiguous is not None)
     assert runs == {True, False}                 # both kinds of visible set
     assert cu.state() == sd.state() and cu.stats()["special_dropped"] > 0
-    assert be.calls == {"fixed": L * (len(PATTERN) + 1), "exact": 0} and be.error is None
-    q_lengths = {2 * (S6 + P), S6 + P}           # the scale step, streamed steps
+    steps = len(PATTERN) + 1
+    assert be.calls["fixed"] + be.calls["exact"] == L * steps and be.error is None
+    assert be.calls["fixed"] == L * (be.forms["dense"] + be.forms["paged"])
+    q_lengths = {2 * (S6 + page), S6 + page}     # the scale step, streamed steps
     paged = {lay for lay in stand_in.layouts if lay[0] == "paged"}
     dense = stand_in.layouts - paged
     assert {lay[1][0] for lay in stand_in.layouts} <= q_lengths
     assert len(paged) <= len(q_lengths)          # the paged form: one graph per q length
     if form == "paged":
-        assert not dense and be.forms["dense"] == 0 and be.forms["paged"] == len(PATTERN) + 1
+        assert not dense and be.forms["dense"] == 0 and be.forms["paged"] == steps
         assert stand_in.k_ptrs == {cu.pool.k[i].data_ptr() for i in range(L)}
     else:
         # dense: contiguous steps from their first page (1 for keyframes, 0 for non-keyframes);
-        # the window-filling steps (special pages apart from the patch pages) paged
-        assert be.forms["dense"] > 0 and be.forms["paged"] > 0
-        assert {lay[2][0] for lay in dense} <= {(cu.num_pages - f) * P for f in (0, 1)}
+        # the window-filling steps (special pages apart from the patch pages) paged or exact
+        assert be.forms["dense"] > 0 and (be.forms["paged"] > 0) == be.paged
+        assert {lay[2][0] for lay in dense} <= {(cu.num_pages - f) * page for f in (0, 1)}
         assert len(dense) <= 2 * len(q_lengths)
 
 
 def test_plan_writes_lengths_and_page_table_on_the_device():
-    cu, _, _ = _caches(form="paged", garbage=False)
+    cu, _, _ = _caches(form="paged", garbage=False, page=P2)
     be = cu._attn
     cu.begin_step(2, scale=True)
     for i in range(L):
-        cu.write(i, *(torch.randn(2, S6 + P, H, D) for _ in range(2)))
+        cu.write(i, *(torch.randn(2, S6 + P2, H, D) for _ in range(2)))
     cu.end_step()
     step = cu.begin_step(1, keyframe=False)      # page 0 (the step page) + scale pages + specials
-    assert int(be._seq_kv) == step.num_kv_tokens and int(be._seq_q) == step.q_tokens == S6 + P
+    assert int(be._seq_kv) == step.num_kv_tokens and int(be._seq_q) == step.q_tokens == S6 + P2
     assert be._table.view(-1)[:len(step.pages)].tolist() == list(step.pages)
     assert be._step_view == ("paged", None)
     cu.abort_step()
@@ -134,7 +140,7 @@ def test_plan_writes_lengths_and_page_table_on_the_device():
 
 
 def test_low_fill_takes_the_exact_path_then_the_seqlen_one():
-    cu, sd, _ = _caches(min_fill=0.5)
+    cu, sd, _ = _caches(min_fill=0.5, page=P2)
     paths = []
     for a, b, step, path in _drive(cu, sd, PATTERN):
         for x, y in zip(a, b):
@@ -145,7 +151,7 @@ def test_low_fill_takes_the_exact_path_then_the_seqlen_one():
 
 
 def test_bf16_store():
-    cu, sd, _ = _caches(dtype=torch.bfloat16)
+    cu, sd, _ = _caches(dtype=torch.bfloat16, page=P2)
     for a, b, *_ in _drive(cu, sd, "kkknkk", dtype=torch.bfloat16):
         for x, y in zip(a, b):
             torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
@@ -167,7 +173,7 @@ def test_token_slot_steps_are_exact(method):
 def test_a_failing_kernel_falls_back_to_exact_for_good():
     def broken(*a):
         raise RuntimeError("cudnnGraphNotSupportedError: no engine")
-    cu, sd, _ = _caches(kernel=broken)
+    cu, sd, _ = _caches(kernel=broken, page=P2)
     for a, b, *_ in _drive(cu, sd, "kkk"):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
@@ -240,7 +246,9 @@ def test_tiny_session_on_the_seqlen_form_equals_sdpa(monkeypatch):
         outs[backend] = [r for f in frames for r in s.push(f)] + s.flush()
         s.close()
     be = made["backend"]
-    assert be.error is None and be.calls["exact"] == 0 and be.forms["dense"] > 0 and be.forms["paged"] > 0
+    # 20-token pages (no paged form): the window-filling steps exact, the steady state dense
+    assert be.error is None and be.forms["dense"] > 0 and be.forms["paged"] == 0
+    assert be.calls["fixed"] > 0 and be.calls["exact"] > 0 and "power of two" in be.paged_note
     a, b = outs["cudnn"], outs["sdpa"]
     assert len(a) == len(b) == len(frames)
     for x, y in zip(a, b):
