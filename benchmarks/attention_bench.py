@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.kv import PagedKVCache                                          # noqa: E402
-from engine.kv.backends import (CuDNNBackend, CuDNNSeqLenBackend, FlashInferBackend,  # noqa: E402
+from engine.kv.backends import (CuDNNBackend, CuDNNFrontendKernel, CuDNNSeqLenBackend,  # noqa: E402
+                                FlashInferBackend,
                                 SDPABackend, _import_cudnn_frontend, flashinfer_available)
 
 H, D, P, S6 = 16, 64, 999, 6
@@ -167,6 +168,14 @@ def main(argv=None) -> None:
     if fe is not None:
         print(f"cuDNN frontend {fe.__version__}, cuDNN backend {fe.backend_version()}")
         seqlen["cudnn frontend seq_len (dense)"] = be = CuDNNSeqLenBackend(cache, form="dense")
+        # cuDNN's SDPA implementations and the tuned plan choice, same dense form
+        for impl, tune in (("composite", False), ("unified", False), ("auto", False), ("composite", True),
+                           ("auto", True)):
+            label = f"cudnn frontend seq_len (dense, {impl}{', tuned' if tune else ''})"
+            try:
+                seqlen[label] = CuDNNSeqLenBackend(cache, form="dense", kernel=CuDNNFrontendKernel("cuda", impl, tune))
+            except Exception as exc:
+                print(f"{label}: not made: {type(exc).__name__}: {exc}")
         if be.paged_note:        # 999-token pages: cuDNN's paged form needs a power of two
             print(f"cudnn frontend seq_len (paged): not run: {be.paged_note}")
         else:
@@ -224,7 +233,9 @@ def main(argv=None) -> None:
         rows.append({"path": name, "ms": ms, "tflops": flop / ms / 1e9, "rel_diff_to_first": diff, **extra})
         print(f"{name:32s} {ms:7.3f} ms  {flop / ms / 1e9:6.0f} TFLOP/s  rel diff {diff:.1e}  {extra}")
     for name, be in seqlen.items():
-        print(f"{name}: graphs built {getattr(be._kernel, 'builds', None)}, steps per form {be.forms}")
+        k = be._kernel
+        print(f"{name}: impl {getattr(k, 'impl', None)}, graphs built {getattr(k, 'builds', None)}, "
+              f"steps per form {be.forms}, tuned plans (ms) {getattr(k, 'plan_ms', None)} {getattr(k, 'tune_error', '')}")
     rows += _cudnn_lengths(cache, step, q, a.reps)
     cache.end_step()
     rows += _per_step_wall(cache, paths, kv, q, a.steps)

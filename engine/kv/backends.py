@@ -623,6 +623,24 @@ def cudnn_seqlen_form() -> str:
     return form
 
 
+def cudnn_impl_default() -> str:
+    """cuDNN's SDPA implementation the frontend kernel asks for: "composite" (default), "unified"
+    or "auto" (cuDNN picks); RECONSTUDIO_CUDNN_IMPL overrides (benchmarks)."""
+    impl = os.environ.get("RECONSTUDIO_CUDNN_IMPL", "composite").strip().lower()
+    if impl not in ("auto", "composite", "unified"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_IMPL must be 'auto', 'composite' or 'unified' (got {impl!r})")
+    return impl
+
+
+def cudnn_tune_default() -> bool:
+    """Whether the frontend kernel times every execution plan once per graph and keeps the
+    fastest; RECONSTUDIO_CUDNN_TUNE=0|1 (default 0)."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_TUNE", "0").strip().lower()
+    if val not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_TUNE must be 0 or 1 (got {val!r})")
+    return val in ("1", "true", "yes", "on")
+
+
 _CUDNN_UID = {"q": 1, "k": 2, "v": 3, "o": 4, "seq_q": 5, "seq_kv": 6, "k_table": 7, "v_table": 8}
 
 
@@ -635,16 +653,26 @@ class CuDNNFrontendKernel:
     [S, H, D] views (token stride H * D), keys 0 .. seq_kv - 1 attended; paged: k / v [N, P, H, D]
     (the layer's pool), `table` int32 [1, 1, N, 1] the visible pages in order, the first seq_kv
     tokens of their concatenation attended. Returns [n, H, D]. Graphs are built once per layout
-    (q length, K/V shape and strides, paged or not) and kept; `builds` counts them."""
+    (q length, K/V shape and strides, paged or not) and kept; `builds` counts them.
 
-    def __init__(self, device):
+    `impl`: cuDNN's SDPA implementation ("auto", "composite", "unified"; `cudnn_impl_default`).
+    `tune`: build every execution plan the heuristics offer and keep the fastest, timed once on
+    the first call of each graph (CUDA events: one host sync per graph, never per step);
+    `plan_ms` keeps the timings by plan name."""
+
+    def __init__(self, device, impl: Optional[str] = None, tune: Optional[bool] = None):
         cudnn, err = _import_cudnn_frontend()
         if cudnn is None:
             raise KVCacheError(f"the cuDNN frontend is not available ({err})")
         self._cudnn = cudnn
         self.device = torch.device(device)
+        self.impl = cudnn_impl_default() if impl is None else impl
+        self.tune = cudnn_tune_default() if tune is None else bool(tune)
         self._handle = None
         self._graphs: dict = {}
+        self._plan_index: dict = {}     # graph key -> the tuned plan's index (tune only)
+        self.plan_ms: dict = {}         # graph key -> {plan name: ms} (tune only)
+        self.tune_error = None
         self._workspace = torch.empty(0, dtype=torch.uint8, device=self.device)
         self.builds = 0
 
@@ -691,8 +719,9 @@ class CuDNNFrontendKernel:
                 named[name] = g.tensor(name=name, dim=[1, 1, N, 1], stride=[N, 1, 1, 1], data_type=i32)
             extra = dict(paged_attention_k_table=named["k_table"], paged_attention_v_table=named["v_table"],
                          paged_attention_max_seq_len_kv=N * k.shape[1])
+        impl = getattr(cudnn.attention_implementation, self.impl.upper())
         o, _ = g.sdpa(name="sdpa", q=qt, k=kt, v=vt, attn_scale=1.0 / math.sqrt(D), generate_stats=False,
-                      use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv,
+                      use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv, implementation=impl,
                       compute_data_type=cudnn.data_type.FLOAT, **extra)
         o.set_output(True).set_dim([1, H, n, D]).set_stride([n * H * D, D, H * D, 1]).set_data_type(io)
         named["o"] = o
@@ -700,14 +729,55 @@ class CuDNNFrontendKernel:
             t.set_uid(_CUDNN_UID[name])
         g.validate()
         g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        g.build_plans()
-        ws = int(g.get_workspace_size())
+        if self.tune:
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
+            g.check_support()
+            g.build_plans(cudnn.build_plan_policy.ALL)
+            ws = 0
+            for i in range(g.get_execution_plan_count()):
+                try:
+                    ws = max(ws, int(g.get_workspace_size_plan_at_index(i)))
+                except Exception:   # a plan that did not build; skipped when tuning
+                    pass
+        else:
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            g.check_support()
+            g.build_plans()
+            ws = int(g.get_workspace_size())
         if ws > self._workspace.numel():
             self._workspace = torch.empty(ws, dtype=torch.uint8, device=self.device)
         self.builds += 1
         return g
+
+    def _tune(self, key, g, ptrs) -> None:
+        """Time each built plan (3 runs after one warm-up, median) and keep the fastest."""
+        times = {}
+        best, best_ms = None, float("inf")
+        for i in range(g.get_execution_plan_count()):
+            try:
+                run = lambda: g.execute_plan_at_index(ptrs, self._workspace, i, handle=self._handle)  # noqa: E731
+                run()
+                evs = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+                for a in range(3):
+                    evs[a].record()
+                    run()
+                evs[3].record()
+                evs[3].synchronize()
+                ms = sorted(evs[a].elapsed_time(evs[a + 1]) for a in range(3))[1]
+            except Exception as exc:
+                times[f"plan {i}"] = f"{type(exc).__name__}: {exc}"[:200]
+                continue
+            try:
+                name = g.get_plan_name_at_index(i)
+            except Exception:
+                name = f"plan {i}"
+            times[name] = ms
+            if ms < best_ms:
+                best, best_ms = i, ms
+        self.plan_ms[key] = times
+        if best is None:
+            self.tune_error = f"no plan ran: {times}"[:500]
+        self._plan_index[key] = best
 
     def __call__(self, q, k, v, seq_q, seq_kv, table=None):
         key = (tuple(q.shape), q.dtype, tuple(k.shape), k.stride(), v.stride(), table is not None)
@@ -721,7 +791,13 @@ class CuDNNFrontendKernel:
         if table is not None:
             ptrs[_CUDNN_UID["k_table"]] = ptrs[_CUDNN_UID["v_table"]] = table.data_ptr()
         self._cudnn.set_stream(self._handle, torch.cuda.current_stream(self.device).cuda_stream)
-        g.execute(ptrs, self._workspace, handle=self._handle)
+        if self.tune and key not in self._plan_index:
+            self._tune(key, g, ptrs)
+        index = self._plan_index.get(key)
+        if index is None:
+            g.execute(ptrs, self._workspace, handle=self._handle)
+        else:
+            g.execute_plan_at_index(ptrs, self._workspace, index, handle=self._handle)
         return out
 
 

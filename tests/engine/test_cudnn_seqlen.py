@@ -208,6 +208,13 @@ def test_create_picks_the_form_and_says_why_not(monkeypatch):
     monkeypatch.setenv("RECONSTUDIO_CUDNN_FORM", "ragged")
     with pytest.raises(KVCacheError, match="RECONSTUDIO_CUDNN_FORM"):
         backends.cudnn_seqlen_form()
+    for var, fn in (("RECONSTUDIO_CUDNN_IMPL", backends.cudnn_impl_default),
+                    ("RECONSTUDIO_CUDNN_TUNE", backends.cudnn_tune_default)):
+        monkeypatch.setenv(var, "fast")
+        with pytest.raises(KVCacheError, match=var):
+            fn()
+        monkeypatch.delenv(var)
+    assert backends.cudnn_impl_default() == "composite" and backends.cudnn_tune_default() is False
     monkeypatch.setenv("RECONSTUDIO_CUDNN_FORM", "paged")
     assert CuDNNSeqLenBackend(cache, kernel=SeqLenStandIn(cache)).form == "paged"
     assert CuDNNSeqLenBackend(cache, kernel=SeqLenStandIn(cache)).min_fill == 0.0
