@@ -169,11 +169,12 @@ def main(argv=None) -> None:
         print(f"cuDNN frontend {fe.__version__}, cuDNN backend {fe.backend_version()}")
         seqlen["cudnn frontend seq_len (dense)"] = be = CuDNNSeqLenBackend(cache, form="dense")
         # cuDNN's SDPA implementations and the tuned plan choice, same dense form
-        for impl, tune in (("composite", False), ("unified", False), ("auto", False), ("composite", True),
-                           ("auto", True)):
-            label = f"cudnn frontend seq_len (dense, {impl}{', tuned' if tune else ''})"
+        for impl, tune, shape in (("unified", False, "padding"), ("composite", True, "padding"),
+                                  ("composite", False, "dynamic"), ("composite", False, "override")):
+            label = f"cudnn frontend seq_len (dense, {impl}{', tuned' if tune else ''}, {shape})"
             try:
-                seqlen[label] = CuDNNSeqLenBackend(cache, form="dense", kernel=CuDNNFrontendKernel("cuda", impl, tune))
+                seqlen[label] = CuDNNSeqLenBackend(cache, form="dense",
+                                                   kernel=CuDNNFrontendKernel("cuda", impl, tune, shape))
             except Exception as exc:
                 print(f"{label}: not made: {type(exc).__name__}: {exc}")
         if be.paged_note:        # 999-token pages: cuDNN's paged form needs a power of two
@@ -234,7 +235,7 @@ def main(argv=None) -> None:
         print(f"{name:32s} {ms:7.3f} ms  {flop / ms / 1e9:6.0f} TFLOP/s  rel diff {diff:.1e}  {extra}")
     for name, be in seqlen.items():
         k = be._kernel
-        print(f"{name}: impl {getattr(k, 'impl', None)}, graphs built {getattr(k, 'builds', None)}, "
+        print(f"{name}: impl {getattr(k, 'impl', None)}, shape {getattr(k, 'shape', None)}, graphs built {getattr(k, 'builds', None)}, "
               f"steps per form {be.forms}, tuned plans (ms) {getattr(k, 'plan_ms', None)} {getattr(k, 'tune_error', '')}")
     rows += _cudnn_lengths(cache, step, q, a.reps)
     cache.end_step()

@@ -632,6 +632,18 @@ def cudnn_impl_default() -> str:
     return impl
 
 
+def cudnn_shape_default() -> str:
+    """How a dense call tells cuDNN the visible length: "padding" (default: cuDNN's padding mask,
+    the length an int32 device tensor, one graph), "dynamic" (no mask, K/V cut to the length, a
+    graph per length built through a shared kernel cache: host work per new length) or
+    "override" (no mask, one graph at the buffer's length, the K/V shapes overridden per call:
+    cuDNN >= 9.18); RECONSTUDIO_CUDNN_SHAPE picks (benchmarks)."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_SHAPE", "padding").strip().lower()
+    if val not in ("padding", "dynamic", "override"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_SHAPE must be 'padding', 'dynamic' or 'override' (got {val!r})")
+    return val
+
+
 def cudnn_tune_default() -> bool:
     """Whether the frontend kernel times every execution plan once per graph and keeps the
     fastest; RECONSTUDIO_CUDNN_TUNE=0|1 (default 0)."""
@@ -655,12 +667,15 @@ class CuDNNFrontendKernel:
     tokens of their concatenation attended. Returns [n, H, D]. Graphs are built once per layout
     (q length, K/V shape and strides, paged or not) and kept; `builds` counts them.
 
+    `shape`: how a dense call gets the visible length (`cudnn_shape_default`): the padding mask
+    above, or without a mask through a graph per length ("dynamic") or shape overrides ("override").
     `impl`: cuDNN's SDPA implementation ("auto", "composite", "unified"; `cudnn_impl_default`).
     `tune`: build every execution plan the heuristics offer and keep the fastest, timed once on
     the first call of each graph (CUDA events: one host sync per graph, never per step);
     `plan_ms` keeps the timings by plan name."""
 
-    def __init__(self, device, impl: Optional[str] = None, tune: Optional[bool] = None):
+    def __init__(self, device, impl: Optional[str] = None, tune: Optional[bool] = None,
+                 shape: Optional[str] = None):
         cudnn, err = _import_cudnn_frontend()
         if cudnn is None:
             raise KVCacheError(f"the cuDNN frontend is not available ({err})")
@@ -668,6 +683,8 @@ class CuDNNFrontendKernel:
         self.device = torch.device(device)
         self.impl = cudnn_impl_default() if impl is None else impl
         self.tune = cudnn_tune_default() if tune is None else bool(tune)
+        self.shape = cudnn_shape_default() if shape is None else shape
+        self._kernel_cache = cudnn.create_kernel_cache() if self.shape == "dynamic" else None
         self._handle = None
         self._graphs: dict = {}
         self._plan_index: dict = {}     # graph key -> the tuned plan's index (tune only)
@@ -690,15 +707,21 @@ class CuDNNFrontendKernel:
         "block size needs to be non-zero and a power of 2", cuDNN 9.19 on the H200)."""
         return page_size > 0 and page_size & (page_size - 1) == 0
 
-    def _build(self, q, k, table):
+    def _build(self, q, k, table, padding: bool = True, dynamic: bool = False):
         cudnn = self._cudnn
         if self._handle is None:
             with torch.cuda.device(self.device):
                 self._handle = cudnn.create_handle()
         n, H, D = q.shape
         io = self._dtype(q.dtype)
+        dyn = {}
+        if dynamic:      # shapes not baked into the kernel: a kernel cache (dynamic) or overrides
+            dyn = dict(is_dynamic_shape_enabled=True)
+            if self._kernel_cache is not None:
+                dyn["kernel_cache"] = self._kernel_cache
         g = cudnn.pygraph(handle=self._handle, name="reconstudio_sdpa", io_data_type=io,
-                          intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+                          intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT,
+                          **dyn)
         qt = g.tensor(name="q", dim=[1, H, n, D], stride=[n * H * D, D, H * D, 1], data_type=io)
         if table is None:                       # [S, H, D] as cuDNN's [1, H, S, D]
             S = k.shape[0]
@@ -711,18 +734,19 @@ class CuDNNFrontendKernel:
         i32 = cudnn.data_type.INT32
         sq = g.tensor(name="seq_q", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i32)
         skv = g.tensor(name="seq_kv", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i32)
-        extra = {}
-        named = {"q": qt, "k": kt, "v": vt, "seq_q": sq, "seq_kv": skv}
+        extra = dict(use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv) if padding else {}
+        named = {"q": qt, "k": kt, "v": vt}
+        if padding:
+            named.update(seq_q=sq, seq_kv=skv)
         if table is not None:
             N = table.shape[2]
             for name in ("k_table", "v_table"):
                 named[name] = g.tensor(name=name, dim=[1, 1, N, 1], stride=[N, 1, 1, 1], data_type=i32)
-            extra = dict(paged_attention_k_table=named["k_table"], paged_attention_v_table=named["v_table"],
+            extra.update(paged_attention_k_table=named["k_table"], paged_attention_v_table=named["v_table"],
                          paged_attention_max_seq_len_kv=N * k.shape[1])
         impl = getattr(cudnn.attention_implementation, self.impl.upper())
         o, _ = g.sdpa(name="sdpa", q=qt, k=kt, v=vt, attn_scale=1.0 / math.sqrt(D), generate_stats=False,
-                      use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv, implementation=impl,
-                      compute_data_type=cudnn.data_type.FLOAT, **extra)
+                      implementation=impl, compute_data_type=cudnn.data_type.FLOAT, **extra)
         o.set_output(True).set_dim([1, H, n, D]).set_stride([n * H * D, D, H * D, 1]).set_data_type(io)
         named["o"] = o
         for name, t in named.items():
@@ -779,25 +803,39 @@ class CuDNNFrontendKernel:
             self.tune_error = f"no plan ran: {times}"[:500]
         self._plan_index[key] = best
 
-    def __call__(self, q, k, v, seq_q, seq_kv, table=None):
-        key = (tuple(q.shape), q.dtype, tuple(k.shape), k.stride(), v.stride(), table is not None)
+    def __call__(self, q, k, v, seq_q, seq_kv, table=None, n_kv: Optional[int] = None):
+        """n_kv: the visible length as a host integer (dense calls; the "dynamic" and "override"
+        shape modes use it instead of the padding mask)."""
+        mode = "padding" if table is not None or n_kv is None else self.shape
+        if mode == "dynamic":           # K/V cut to the visible length: a graph per length
+            k, v = k[:n_kv], v[:n_kv]
+        key = (tuple(q.shape), q.dtype, tuple(k.shape), k.stride(), v.stride(), table is not None, mode)
         g = self._graphs.get(key)
         if g is None:
-            g = self._graphs[key] = self._build(q, k, table)
+            if mode == "dynamic" and len(self._graphs) >= 8:      # lengths only grow: drop the oldest
+                self._graphs.pop(next(iter(self._graphs)))
+            g = self._graphs[key] = self._build(q, k, table, padding=mode == "padding", dynamic=mode != "padding")
         out = torch.empty_like(q)
         ptrs = {_CUDNN_UID["q"]: q.data_ptr(), _CUDNN_UID["k"]: k.data_ptr(), _CUDNN_UID["v"]: v.data_ptr(),
-                _CUDNN_UID["o"]: out.data_ptr(), _CUDNN_UID["seq_q"]: seq_q.data_ptr(),
-                _CUDNN_UID["seq_kv"]: seq_kv.data_ptr()}
+                _CUDNN_UID["o"]: out.data_ptr()}
+        if mode == "padding":
+            ptrs[_CUDNN_UID["seq_q"]], ptrs[_CUDNN_UID["seq_kv"]] = seq_q.data_ptr(), seq_kv.data_ptr()
         if table is not None:
             ptrs[_CUDNN_UID["k_table"]] = ptrs[_CUDNN_UID["v_table"]] = table.data_ptr()
         self._cudnn.set_stream(self._handle, torch.cuda.current_stream(self.device).cuda_stream)
+        over = ()
+        if mode == "override":          # one graph at the buffer's length, K/V shapes per call
+            H, D = k.shape[1], k.shape[2]
+            shape = [1, H, int(n_kv), D]
+            stride = [int(n_kv) * k.stride(0), k.stride(1), k.stride(0), k.stride(2)]
+            over = ([_CUDNN_UID["k"], _CUDNN_UID["v"]], [shape, shape], [stride, stride])
         if self.tune and key not in self._plan_index:
             self._tune(key, g, ptrs)
         index = self._plan_index.get(key)
         if index is None:
-            g.execute(ptrs, self._workspace, handle=self._handle)
+            g._execute(ptrs, self._workspace.data_ptr(), self._handle, *over)
         else:
-            g.execute_plan_at_index(ptrs, self._workspace, index, handle=self._handle)
+            g._execute_plan_at_index(ptrs, self._workspace.data_ptr(), index, self._handle, *over)
         return out
 
 
@@ -912,5 +950,5 @@ class CuDNNSeqLenBackend(CuDNNBackend):
             H, D = pool.num_heads, pool.head_dim
             k = pool.k[layer, first:].view(-1, H, D)               # zero copy from the run's first page
             v = pool.v[layer, first:].view(-1, H, D)
-            return self._kernel(q.contiguous(), k, v, self._seq_q, self._seq_kv, None)
+            return self._kernel(q.contiguous(), k, v, self._seq_q, self._seq_kv, None, n_kv=step.num_kv_tokens)
         return self._kernel(q.contiguous(), pool.k[layer], pool.v[layer], self._seq_q, self._seq_kv, self._table)

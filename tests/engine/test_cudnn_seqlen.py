@@ -26,7 +26,7 @@ class SeqLenStandIn:
         self.pool = cache.pool
         self.layouts, self.k_ptrs = set(), set()
 
-    def __call__(self, q, k, v, seq_q, seq_kv, table=None):
+    def __call__(self, q, k, v, seq_q, seq_kv, table=None, n_kv=None):
         pool = self.pool
         P, H, D = pool.page_size, pool.num_heads, pool.head_dim
         for t in (seq_q, seq_kv):
@@ -35,6 +35,7 @@ class SeqLenStandIn:
         assert q.is_contiguous() and n == q.shape[0] and k.shape == v.shape and k.stride() == v.stride()
         if table is None:                   # dense: a [tokens, H, D] view of one layer's pool
             assert k.shape[1:] == (H, D) and k.stride() == (H * D, D, 1) and s <= k.shape[0]
+            assert n_kv == s                # the host's length, for the shape modes without a mask
             keys, vals = k[:s], v[:s]
             self.layouts.add(("dense", tuple(q.shape), tuple(k.shape)))
         else:                               # paged: the layer's whole pool + the page table
@@ -214,7 +215,12 @@ def test_create_picks_the_form_and_says_why_not(monkeypatch):
         with pytest.raises(KVCacheError, match=var):
             fn()
         monkeypatch.delenv(var)
+    monkeypatch.setenv("RECONSTUDIO_CUDNN_SHAPE", "ragged")
+    with pytest.raises(KVCacheError, match="RECONSTUDIO_CUDNN_SHAPE"):
+        backends.cudnn_shape_default()
+    monkeypatch.delenv("RECONSTUDIO_CUDNN_SHAPE")
     assert backends.cudnn_impl_default() == "composite" and backends.cudnn_tune_default() is False
+    assert backends.cudnn_shape_default() == "padding"
     monkeypatch.setenv("RECONSTUDIO_CUDNN_FORM", "paged")
     assert CuDNNSeqLenBackend(cache, kernel=SeqLenStandIn(cache)).form == "paged"
     assert CuDNNSeqLenBackend(cache, kernel=SeqLenStandIn(cache)).min_fill == 0.0
