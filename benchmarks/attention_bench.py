@@ -170,7 +170,7 @@ def main(argv=None) -> None:
         seqlen["cudnn frontend seq_len (dense)"] = be = CuDNNSeqLenBackend(cache, form="dense")
         # cuDNN's SDPA implementations and the tuned plan choice, same dense form
         for impl, tune, shape in (("unified", False, "padding"), ("composite", True, "padding"),
-                                  ("composite", False, "dynamic"), ("composite", False, "override")):
+                                  ("composite", False, "override")):
             label = f"cudnn frontend seq_len (dense, {impl}{', tuned' if tune else ''}, {shape})"
             try:
                 seqlen[label] = CuDNNSeqLenBackend(cache, form="dense",

@@ -44,7 +44,7 @@ $SBS report "$OUT/ours.json" "$OUT/upstream.json" --npz-ours /tmp/ours_fp32.npz 
 timeout 60 python3 benchmarks/gpu_profile.py --backend flashinfer --frames 80 > "$OUT/profile.txt" 2>&1
 # the cuDNN fixed-capacity backend's kernel time (appended: $OUT holds at most 8 files)
 timeout 60 python3 benchmarks/gpu_profile.py --backend cudnn --frames 80 >> "$OUT/profile.txt" 2>&1
-# PROFILE_SHAPES="dynamic ...": the cuDNN backend again with RECONSTUDIO_CUDNN_SHAPE set to each
+# PROFILE_SHAPES="override ...": the cuDNN backend again with RECONSTUDIO_CUDNN_SHAPE set to each
 for shape in ${PROFILE_SHAPES:-}; do
   echo "== RECONSTUDIO_CUDNN_SHAPE=$shape" >> "$OUT/profile.txt"
   RECONSTUDIO_CUDNN_SHAPE=$shape timeout 60 python3 benchmarks/gpu_profile.py --backend cudnn --frames 80 >> "$OUT/profile.txt" 2>&1

@@ -171,10 +171,11 @@ _VARIANTS = {
     "cudnn-bias": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "bias"}),
     "cudnn-full": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "bias", "RECONSTUDIO_CUDNN_MASK": "full"}),
     "cudnn-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
-    # the frontend's dense call without the padding mask: a graph per visible length through a
-    # kernel cache (-dynamic) / one graph with the K/V shapes overridden per call (-override)
-    "cudnn-dynamic": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_SHAPE": "dynamic"}),
+    # the frontend's dense call without the padding mask: one graph, the K/V shapes overridden
+    # per call (-override; -override-compiled with the compiled blocks)
     "cudnn-override": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_SHAPE": "override"}),
+    "cudnn-override-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_SHAPE": "override",
+                                                       "RECONSTUDIO_COMPILE_BLOCKS": "1"}),
 }
 
 

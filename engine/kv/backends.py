@@ -634,13 +634,17 @@ def cudnn_impl_default() -> str:
 
 def cudnn_shape_default() -> str:
     """How a dense call tells cuDNN the visible length: "padding" (default: cuDNN's padding mask,
-    the length an int32 device tensor, one graph), "dynamic" (no mask, K/V cut to the length, a
-    graph per length built through a shared kernel cache: host work per new length) or
-    "override" (no mask, one graph at the buffer's length, the K/V shapes overridden per call:
-    cuDNN >= 9.18); RECONSTUDIO_CUDNN_SHAPE picks (benchmarks)."""
+    the length an int32 device tensor read by the kernel, one graph, CUDA-graph capturable) or
+    "override" (no mask: one graph built with dynamic shapes at the buffer's length, the K/V
+    shapes overridden to the visible length on each call from the host's integer, cuDNN >= 9.18;
+    not capturable with a changing length). H200, cuDNN 9.19, one layer at the steady shape:
+    padding 0.86 ms, override 0.72, plain cuDNN 0.63, FlashInfer dense 0.85 (docs/benchmarks.md).
+    A graph per length through the frontend's kernel cache was measured too and gave WRONG
+    results (a kernel compiled for one length reused for another: 2e-2 relative, 0.12 absolute),
+    so it is not offered. RECONSTUDIO_CUDNN_SHAPE picks (benchmarks)."""
     val = os.environ.get("RECONSTUDIO_CUDNN_SHAPE", "padding").strip().lower()
-    if val not in ("padding", "dynamic", "override"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_SHAPE must be 'padding', 'dynamic' or 'override' (got {val!r})")
+    if val not in ("padding", "override"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_SHAPE must be 'padding' or 'override' (got {val!r})")
     return val
 
 
@@ -668,7 +672,7 @@ class CuDNNFrontendKernel:
     (q length, K/V shape and strides, paged or not) and kept; `builds` counts them.
 
     `shape`: how a dense call gets the visible length (`cudnn_shape_default`): the padding mask
-    above, or without a mask through a graph per length ("dynamic") or shape overrides ("override").
+    above, or without a mask through per-call K/V shape overrides ("override").
     `impl`: cuDNN's SDPA implementation ("auto", "composite", "unified"; `cudnn_impl_default`).
     `tune`: build every execution plan the heuristics offer and keep the fastest, timed once on
     the first call of each graph (CUDA events: one host sync per graph, never per step);
@@ -684,7 +688,6 @@ class CuDNNFrontendKernel:
         self.impl = cudnn_impl_default() if impl is None else impl
         self.tune = cudnn_tune_default() if tune is None else bool(tune)
         self.shape = cudnn_shape_default() if shape is None else shape
-        self._kernel_cache = cudnn.create_kernel_cache() if self.shape == "dynamic" else None
         self._handle = None
         self._graphs: dict = {}
         self._plan_index: dict = {}     # graph key -> the tuned plan's index (tune only)
@@ -715,10 +718,8 @@ class CuDNNFrontendKernel:
         n, H, D = q.shape
         io = self._dtype(q.dtype)
         dyn = {}
-        if dynamic:      # shapes not baked into the kernel: a kernel cache (dynamic) or overrides
-            dyn = dict(is_dynamic_shape_enabled=True)
-            if self._kernel_cache is not None:
-                dyn["kernel_cache"] = self._kernel_cache
+        if dynamic:      # shapes not baked into the plan: overridden per call. No kernel cache:
+            dyn = dict(is_dynamic_shape_enabled=True)   # one shared between graphs gave wrong results
         g = cudnn.pygraph(handle=self._handle, name="reconstudio_sdpa", io_data_type=io,
                           intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT,
                           **dyn)
@@ -804,16 +805,12 @@ class CuDNNFrontendKernel:
         self._plan_index[key] = best
 
     def __call__(self, q, k, v, seq_q, seq_kv, table=None, n_kv: Optional[int] = None):
-        """n_kv: the visible length as a host integer (dense calls; the "dynamic" and "override"
-        shape modes use it instead of the padding mask)."""
+        """n_kv: the visible length as a host integer (dense calls; the "override" shape mode
+        uses it instead of the padding mask)."""
         mode = "padding" if table is not None or n_kv is None else self.shape
-        if mode == "dynamic":           # K/V cut to the visible length: a graph per length
-            k, v = k[:n_kv], v[:n_kv]
         key = (tuple(q.shape), q.dtype, tuple(k.shape), k.stride(), v.stride(), table is not None, mode)
         g = self._graphs.get(key)
         if g is None:
-            if mode == "dynamic" and len(self._graphs) >= 8:      # lengths only grow: drop the oldest
-                self._graphs.pop(next(iter(self._graphs)))
             g = self._graphs[key] = self._build(q, k, table, padding=mode == "padding", dynamic=mode != "padding")
         out = torch.empty_like(q)
         ptrs = {_CUDNN_UID["q"]: q.data_ptr(), _CUDNN_UID["k"]: k.data_ptr(), _CUDNN_UID["v"]: v.data_ptr(),
