@@ -89,8 +89,10 @@ class SessionConfig:
     backend: str = setting("auto", label="Attention", group="Engine", engines=_NEURAL,
                            choices=("auto", "sdpa", "flashinfer", "cudnn"),
                            tooltip="Attention kernel: flashinfer (paged, CUDA, bf16/fp16), sdpa (PyTorch, "
-                                   "any device) or cudnn (PyTorch's cuDNN kernel over a fixed KV capacity, "
-                                   "CUDA, bf16/fp16; exact but slower than flashinfer on an H200); auto picks flashinfer when it can.")
+                                   "any device) or cudnn (cuDNN over a fixed KV capacity: the visible length as a "
+                                   "sequence length through the cuDNN frontend when installed, else PyTorch's "
+                                   "kernel with a bias mask; CUDA, bf16/fp16; exact, not faster than flashinfer "
+                                   "on an H200); auto picks flashinfer when it can.")
     cuda_graphs: bool = setting(True, label="CUDA graphs", group="Engine", engines=_NEURAL,
                                 tooltip="On CUDA, replay the fixed-shape parts of a frame (patch embed, frame "
                                         "blocks, depth head) as CUDA graphs: faster, same outputs. Ignored on CPU.")
