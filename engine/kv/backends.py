@@ -43,7 +43,9 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
   or through cuDNN's page table; one graph per q length (and first page), no mask, no host sync.
   `cudnn_mode` / RECONSTUDIO_CUDNN_MODE picks; `frontend_error` says why the bias form ran.
 * ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16 (or fp8
-  attended in bf16/fp16); else sdpa. (Never cudnn: not measured yet.)
+  attended in bf16/fp16); else sdpa. Never cudnn: measured on the H200 neither form is faster
+  than FlashInfer dense in the model (bias 1.25 ms a layer, padding mask 0.86 vs 0.85 ms; the
+  shape-override form's 0.72 ms not yet measured end to end; docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -858,6 +860,10 @@ class CuDNNSeqLenBackend(CuDNNBackend):
       power-of-two page sizes only (`CuDNNFrontendKernel.paged_ok`); LingBot-Map's pages are one
       frame, 999 tokens at 518x378, so there such steps (the first ~70 frames) are exact
       (`paged_note` says why) and the steady state is dense.
+    Measured on the H200 (docs/benchmarks.md): exact (== SDPA to bf16 rounding), no host sync,
+    but cuDNN's padding mask costs what FlashInfer dense costs (0.86 vs 0.85 ms a layer; plain
+    cuDNN without a mask 0.63 ms needs a graph per length); the shape-override mode
+    (`cudnn_shape_default`, RECONSTUDIO_CUDNN_SHAPE=override) is 0.72 ms a layer.
     Token-slot steps (compressed window, block-sparse layers), non-contiguous steps without the
     paged form, and failures go to the exact SDPA path (`error` keeps why a call failed, as
     `CuDNNBackend`; a failure is for good). Native bf16/fp16 stores only."""
