@@ -197,6 +197,12 @@ class SessionConfig:
                                  tooltip="Recognise places seen before, correct the drift of every keyframe "
                                          "(Sim(3) pose graph) and place a segment started after a tracking loss "
                                          "in the existing map. Runs on a worker thread.")
+    map_point_reuse: bool = setting(True, label="Map-point reuse", group="Geometric", engines=_GEOMETRIC,
+                                    tooltip="At each keyframe, match the map points that are no longer "
+                                            "tracked again (projected, then found by optical flow from the "
+                                            "keyframe that saw them), so revisited places tie to the old map "
+                                            "instead of being triangulated again: less scale drift, a few ms "
+                                            "more per keyframe.")
     loop_max_keyframes: int = setting(1000, label="Loop keyframes", group="Geometric", engines=_GEOMETRIC,
                                       range=(10, 100_000),
                                       tooltip="Most keyframes kept for recognising places (loop closure and "

@@ -147,6 +147,22 @@ def soak(seq, cfg, n_frames: int, every: int = 1000, marks=(2000, 6000, 12000), 
     return rows
 
 
+def _settings(pairs):
+    """--set KEY=VALUE pairs → (SessionConfig fields, extra knobs); values are JSON where they parse."""
+    import dataclasses
+    from ..api import SessionConfig
+    names = {f.name for f in dataclasses.fields(SessionConfig)}
+    fields, extra = {}, {}
+    for kv in pairs:
+        k, _, v = kv.partition("=")
+        try:
+            val = json.loads(v)
+        except ValueError:
+            val = v
+        (fields if k in names else extra)[k] = val
+    return fields, extra
+
+
 def main(argv=None) -> int:
     from ..api import SessionConfig
     from ..evaluate import load_sequence
@@ -161,18 +177,23 @@ def main(argv=None) -> int:
                    help="replay the clip in a loop for N frames and print RSS / structure sizes")
     p.add_argument("--tracemalloc", action="store_true", help="(with --soak) also trace the Python heap")
     p.add_argument("--loop-max-keyframes", type=int, default=1000)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a SessionConfig field (e.g. map_point_reuse=false) or a developer knob "
+                        "(tracker_* / loop_*, passed in SessionConfig.extra)")
     a = p.parse_args(argv)
+    fields, extra = _settings(a.set)
     seq = load_sequence(a.sequence)
     if a.soak:
         cfg = SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple() if seq.intrinsics else None,
-                            max_side=a.max_side, depth=not a.no_depth, loop_max_keyframes=a.loop_max_keyframes)
+                            max_side=a.max_side, depth=not a.no_depth, loop_max_keyframes=a.loop_max_keyframes,
+                            extra=extra, **fields)
         rows = soak(seq, cfg, a.soak, use_tracemalloc=a.tracemalloc)
         if a.json:
             print(json.dumps(rows, indent=2))
         return 0
     frames = _frames(seq, a.max_frames or len(seq))
     cfg = SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple() if seq.intrinsics else None,
-                        max_side=a.max_side, depth=not a.no_depth)
+                        max_side=a.max_side, depth=not a.no_depth, extra=extra, **fields)
     rep = robustness(seq, frames, cfg) if a.robustness else speed_and_accuracy(seq, frames, cfg)
     if a.json:
         print(json.dumps(rep, indent=2))

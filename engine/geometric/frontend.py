@@ -73,6 +73,15 @@ class KLTFrontend:
         self.pts = np.concatenate([self.pts, pts])
         return ids, pts
 
+    def add(self, ids, pts) -> None:
+        """Track existing ids again from `pts` (map points matched again by the tracker)."""
+        ids = np.asarray(ids, np.int64)
+        if len(ids) == 0:
+            return
+        keep = ~np.isin(self.ids, ids)
+        self.ids = np.concatenate([self.ids[keep], ids])
+        self.pts = np.concatenate([self.pts[keep], np.asarray(pts, np.float32).reshape(-1, 2)])
+
     def remove(self, drop_ids) -> None:
         if len(drop_ids) == 0 or len(self.ids) == 0:
             return

@@ -65,6 +65,12 @@ class LoopParams:
     odo_information: float = 1.0
     covis_min_points: int = 100   # extra odometry edges to earlier keyframes sharing this many points ...
     covis_max_edges: int = 4      # ... the strongest few (an essential graph, as in ORB-SLAM)
+    edges_from_tracker: str = "none"   # "none" | "covis" | "all": edges measured from the tracker's
+    # current poses of both keyframes (one world) instead of the earlier keyframe's corrected pose
+    covis_agree_deg: float = 0.5  # > 0: a covisibility edge only to keyframes whose corrected pose
+    covis_agree_trans: float = 0.02   # still agrees with the tracker's (rotation, translation /
+    # median depth, log scale ≤ covis_agree_trans): across a loop correction (the tracker moved its
+    # whole map by the latest keyframe's correction) or drift the edge would join two worlds
     loop_information: float = 1.0
     loop_huber: float = 0.5       # on the whitened loop residual (≈ rad / relative units)
     agree_deg: float = 1.0        # a verified loop the map already satisfies this well (rotation,
@@ -185,7 +191,8 @@ class LoopCloser:
 
     # --- tracking thread ------------------------------------------------------------------------
     def add_keyframe(self, fid: int, segment: int, c2w_produced: np.ndarray, T_current_of, uv: np.ndarray,
-                     P_cam: np.ndarray, gray: np.ndarray, covisible: dict, epoch: int) -> None:
+                     P_cam: np.ndarray, gray: np.ndarray, covisible: dict, epoch: int,
+                     tracker_poses: Optional[dict] = None) -> None:
         """Register a keyframe. T_current_of(fid) gives the session's current pose (node → world)
         of an earlier node; odometry / covisibility edges are taken from those poses, which are in
         the same world as this keyframe's produced pose. covisible: earlier fid → shared points.
@@ -199,23 +206,48 @@ class LoopCloser:
                                 gray=gray)
             edges = self.edges.setdefault(segment, [])
             linked = set()
+            tp = tracker_poses or {}
+            mode = self.p.edges_from_tracker
+
+            def rel(f, kind):
+                if (mode == "all" or mode == kind) and f in tp:
+                    return sim3_inverse(tp[f]) @ node.T_produced
+                return sim3_inverse(T_current_of(f)) @ node.T_produced
+
             if fids:
                 prev = fids[-1]
-                edges.append((prev, fid, sim3_inverse(T_current_of(prev)) @ node.T_produced,
-                              self.p.odo_information, None))
+                edges.append((prev, fid, rel(prev, "odo"), self.p.odo_information, None))
                 linked.add(prev)
             strong = sorted(((n, f) for f, n in covisible.items() if n >= self.p.covis_min_points), reverse=True)
-            for n, f in strong[: self.p.covis_max_edges]:
+            z = node.P_cam[:, 2]
+            depth = float(np.median(z[z > 0])) if (z > 0).any() else 1.0
+            n_covis = 0
+            # (without the agreement check: the strongest few, as before; with it: the strongest
+            # few that agree)
+            for n, f in strong if self.p.covis_agree_deg > 0 else strong[: self.p.covis_max_edges]:
+                if n_covis >= self.p.covis_max_edges:
+                    break
                 if f in linked or f not in self.nodes or self.nodes[f].segment != segment:
                     continue
+                if self.p.covis_agree_deg > 0 and not self._same_world(T_current_of(f), tp.get(f), depth):
+                    continue
+                n_covis += 1
                 w = self.p.odo_information * min(n, 150) / 100.0
-                edges.append((f, fid, sim3_inverse(T_current_of(f)) @ node.T_produced, w, None))
-            z = node.P_cam[:, 2]
-            node.med_depth = float(np.median(z[z > 0])) if (z > 0).any() else 1.0
+                edges.append((f, fid, rel(f, "covis"), w, None))
+            node.med_depth = depth
             fids.append(fid)
             self.nodes[fid] = node
             self.db[fid] = None
             self._arrivals.append((fid, epoch))
+
+    def _same_world(self, T_corrected: np.ndarray, T_tracker: Optional[np.ndarray], depth: float) -> bool:
+        """The closer's pose of a keyframe and the tracker's current one are the same (one world)."""
+        if T_tracker is None:
+            return False
+        s, R, t = sim3_split(sim3_inverse(T_corrected) @ T_tracker)
+        ang = np.degrees(np.arccos(np.clip((np.trace(R) - 1.0) / 2.0, -1.0, 1.0)))
+        tol = self.p.covis_agree_trans
+        return ang <= self.p.covis_agree_deg and np.linalg.norm(t) <= tol * depth and abs(np.log(s)) <= tol
 
     def end_segment(self, segment: int) -> Forget:
         """Worker: segment `segment` has ended (its keyframes' detections are done, queued before

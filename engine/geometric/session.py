@@ -67,6 +67,26 @@ def to_rgb_uint8(frame: Any) -> np.ndarray:
     raise FrameError(f"unsupported frame dtype {frame.dtype} (use uint8 RGB or float in [0, 1])")
 
 
+def _typed(default, v):
+    """A developer knob's value as the type of its default ("false" is False for a bool)."""
+    if isinstance(default, bool) and isinstance(v, str):
+        if v.strip().lower() not in ("true", "false", "1", "0", "on", "off", "yes", "no"):
+            raise ValueError(f"expected true or false, got {v!r}")
+        return v.strip().lower() in ("true", "1", "on", "yes")
+    return type(default)(v)
+
+
+def _zncc(a: np.ndarray, pa, b: np.ndarray, pb, r: int = 5) -> float:
+    """Zero-mean normalised cross-correlation of the (2r+1)² patches of images a and b around
+    the sub-pixel points pa and pb (−1 where a patch leaves its image or has no texture)."""
+    size = (2 * r + 1, 2 * r + 1)
+    A = cv2.getRectSubPix(a, size, (float(pa[0]), float(pa[1])), patchType=cv2.CV_32F).ravel()
+    B = cv2.getRectSubPix(b, size, (float(pb[0]), float(pb[1])), patchType=cv2.CV_32F).ravel()
+    A, B = A - A.mean(), B - B.mean()
+    den = float(np.sqrt((A @ A) * (B @ B)))
+    return float(A @ B) / den if den > 1e-6 else -1.0
+
+
 class _Pending:
     __slots__ = ("fid", "timestamp", "image", "c2w", "is_kf", "segment", "future", "dropped", "deferred",
                  "world_scale", "depth_scale")
@@ -96,15 +116,16 @@ class GeometricSession:
             self.max_depth_ratio = float(getattr(config, "max_depth_ratio", 8.0))
             self.loop_max_keyframes = int(getattr(config, "loop_max_keyframes", 1000))
             self._params = TrackerParams(max_init_frames=int(getattr(config, "init_max_frames", 300)),
-                                         min_init_angle_deg=float(getattr(config, "init_min_parallax_deg", 1.0)))
+                                         min_init_angle_deg=float(getattr(config, "init_min_parallax_deg", 1.0)),
+                                         reuse_points=bool(getattr(config, "map_point_reuse", True)))
             self._loop_params = LoopParams()
             for k, v in extra.items():
                 if k.startswith("loop_") and hasattr(self._loop_params, k[5:]):   # developer knobs
-                    setattr(self._loop_params, k[5:], type(getattr(self._loop_params, k[5:]))(v))
+                    setattr(self._loop_params, k[5:], _typed(getattr(self._loop_params, k[5:]), v))
                 if k.startswith("tracker_"):
                     if not hasattr(self._params, k[8:]):
                         raise EngineError(f"unknown geometric engine setting {k!r}")
-                    setattr(self._params, k[8:], type(getattr(self._params, k[8:]))(v))
+                    setattr(self._params, k[8:], _typed(getattr(self._params, k[8:]), v))
         except (TypeError, ValueError) as exc:
             raise EngineError(f"invalid geometric engine setting: {exc}") from None
         if self.max_side < 64:
@@ -122,6 +143,10 @@ class GeometricSession:
         self._by_fid: dict[int, _Pending] = {}
         self._events: list[EngineEvent] = []
         self._kf_views: collections.deque = collections.deque(maxlen=10)
+        self._kf_gray: dict[int, np.ndarray] = {}      # tracker keyframe → grey image (map-point reuse)
+        self._gray: Optional[np.ndarray] = None
+        self.reuse_radius = 8.0                        # px at 640 wide: a reused point lands this close to its projection
+        self.reuse_max_sources = 3                     # keyframe images matched from per keyframe
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geom-depth") if self.depth_enabled else None
         self._n_out = self._n_kf = self._n_untracked = 0
         self._latencies: collections.deque = collections.deque(maxlen=300)
@@ -167,6 +192,8 @@ class GeometricSession:
         self.frontend = KLTFrontend(*self.work_size, max_features=self.max_features)
         params = dataclasses.replace(self._params, px=px)
         self.tracker = MonoTracker(self.K, params)
+        if params.reuse_points:
+            self.tracker.matcher = self._match_points
         if self.loop_enabled:
             self._loop = LoopCloser(self.K, dataclasses.replace(self._loop_params, max_keyframes=self.loop_max_keyframes),
                                     px=px)
@@ -205,6 +232,7 @@ class GeometricSession:
 
         self._loop_poll(fid)
         ids, uv = self.frontend.track(gray)
+        self._gray = gray
         try:
             step = self.tracker.process(fid, ids, uv)
         except Exception as exc:   # numerical corner cases must not end a live session
@@ -213,6 +241,7 @@ class GeometricSession:
             self.frontend.reset()
         else:
             self.frontend.remove(step.drop_ids)
+            self.frontend.add(step.revived_ids, step.revived_uv)
         if step.need_features:
             new_ids, new_uv = self.frontend.detect(gray)
             self.tracker.add_tracks(fid, new_ids, new_uv)
@@ -255,6 +284,7 @@ class GeometricSession:
             "tracking_cpu_ms": 1e3 * float(np.mean(self._track_cpu)) if self._track_cpu else None,
             "depth_cpu_ms": 1e3 * float(np.mean(dc)) if dc else None,
             "depth_wait_s": self._depth_wait, "map_points": self.tracker.n_points if self.tracker else 0,
+            "map_points_reused": self.tracker.reused_total if self.tracker else 0,
             "resolution": list(self.work_size) if self._input_size else None,
             "intrinsics": self.intrinsics_note or None,
             "loops_closed": self._loops_closed, "segments_relocalised": self._n_links,
@@ -317,6 +347,13 @@ class GeometricSession:
             self._kf_views.append(DepthView(rec.fid, small, rec.c2w.copy(), rec.segment))
         for rec in new_kfs:
             self._loop_add(rec)
+        if self.tracker.matcher is not None and new_kfs:
+            # keyframe images at working size for map-point reuse, as long as the tracker keeps the keyframe
+            for rec in new_kfs:
+                self._kf_gray[rec.fid] = cv2.cvtColor(rec.image, cv2.COLOR_RGB2GRAY)
+            kept = {k.fid for k in self.tracker.keyframes}
+            for f in [f for f in self._kf_gray if f not in kept]:
+                del self._kf_gray[f]
         if new_kfs:
             # keyframes that had no usable neighbour may pair with the new ones
             for rec in [r for r in self._queue if r.deferred and not r.dropped] + new_kfs:
@@ -350,6 +387,54 @@ class GeometricSession:
         if nbrs:
             rec.future = self._pool.submit(self._depth_job, view, nbrs, uv * sd, z, sweep)
 
+    # --- map-point reuse ---------------------------------------------------------------------
+    def _match_points(self, fid, R, t, ids, X, src_fid, src_uv, pred_uv):
+        """The tracker's matcher: find map points in the current frame (`self._gray`) by
+        Lucas-Kanade from the keyframe image where each was last seen, started at its projection
+        (`pred_uv`); kept when the flow comes back to where it started (forward-backward < 1 px),
+        lands near the prediction and the two 11×11 patches correlate (ZNCC ≥ 0.7)."""
+        fe = self.frontend
+        gate = self.reuse_radius * self.work_size[0] / 640.0
+        w, h = self.work_size
+        b = fe.border + 4
+        out_ids, out_uv = [], []
+        live = fe.pts
+        inside = (pred_uv[:, 0] >= b) & (pred_uv[:, 1] >= b) & (pred_uv[:, 0] < w - b) & (pred_uv[:, 1] < h - b)
+        held = np.array([f in self._kf_gray for f in src_fid.tolist()], bool) & inside
+        # one flow call per source image (each builds both pyramids): the few sources that hold
+        # the most candidates
+        fids, counts = np.unique(src_fid[held], return_counts=True)
+        for f in fids[np.argsort(-counts, kind="stable")][:self.reuse_max_sources].tolist():
+            src = self._kf_gray[f]
+            m = (src_fid == f) & held
+            p0 = src_uv[m].astype(np.float32).reshape(-1, 1, 2)
+            p1 = pred_uv[m].astype(np.float32).reshape(-1, 1, 2)
+            p1, st, _ = cv2.calcOpticalFlowPyrLK(src, self._gray, p0, p1.copy(), winSize=fe.win, maxLevel=2,
+                                                 criteria=fe._criteria, flags=cv2.OPTFLOW_USE_INITIAL_FLOW)
+            if p1 is None:
+                continue
+            p0b, stb, _ = cv2.calcOpticalFlowPyrLK(self._gray, src, p1, p0.copy(), winSize=fe.win, maxLevel=2,
+                                                   criteria=fe._criteria, flags=cv2.OPTFLOW_USE_INITIAL_FLOW)
+            q0, q1 = p0.reshape(-1, 2), p1.reshape(-1, 2)
+            fb = np.linalg.norm(p0b.reshape(-1, 2) - q0, axis=1)
+            ok = (st.ravel() == 1) & (stb.ravel() == 1) & (fb < fe.fb_thresh) \
+                & (np.linalg.norm(q1 - pred_uv[m], axis=1) < gate) \
+                & (q1[:, 0] >= b) & (q1[:, 1] >= b) & (q1[:, 0] < w - b) & (q1[:, 1] < h - b)
+            idm = ids[m]
+            for k in np.flatnonzero(ok):
+                if _zncc(src, q0[k], self._gray, q1[k]) < 0.7:
+                    continue
+                out_ids.append(int(idm[k]))
+                out_uv.append(q1[k])
+        if not out_ids:
+            return np.zeros(0, np.int64), np.zeros((0, 2))
+        out_uv = np.array(out_uv)
+        if len(live):   # a live track already on that spot is the same corner: keep one of them
+            d = np.min(np.linalg.norm(out_uv[:, None, :] - live[None, :, :], axis=2), axis=1)
+            keep = d > 2.0
+            return np.array(out_ids)[keep], out_uv[keep]
+        return np.array(out_ids), out_uv
+
     # --- loop closure ------------------------------------------------------------------------
     def _loop_add(self, rec: _Pending) -> None:
         """Register a new keyframe with the loop closer and queue its detection job."""
@@ -369,7 +454,11 @@ class GeometricSession:
             self._loop_jobs.append((rec.fid, self._loop_pool.submit(self._loop.end_segment, self._loop_seg)))
         self._loop_seg = seg
         gray = cv2.cvtColor(rec.image, cv2.COLOR_RGB2GRAY)
-        self._loop.add_keyframe(rec.fid, seg, T, self._T_cur.__getitem__, uv, P, gray, cov, self._epoch)
+        # the tracker's current poses of earlier keyframes, in the world this keyframe was produced in
+        tposes = {f: self.tracker.keyframe_pose(f) for f in cov}
+        tposes = {f: T_f for f, T_f in tposes.items() if T_f is not None}
+        self._loop.add_keyframe(rec.fid, seg, T, self._T_cur.__getitem__, uv, P, gray, cov, self._epoch,
+                                tracker_poses=tposes)
         self._loop_jobs.append((rec.fid, self._loop_pool.submit(self._loop.detect, rec.fid)))
 
     def _loop_poll(self, fid: Optional[int]) -> None:

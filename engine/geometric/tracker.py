@@ -7,6 +7,9 @@ Per frame the caller passes the ids and pixel positions of the live tracks. The 
 - tracks each frame by PnP + RANSAC against the map (seeded with a constant-velocity guess),
 - makes keyframes on parallax / tracked-ratio rules, triangulates new points at keyframes and
   runs a sliding-window bundle adjustment,
+- reuses map points (with a `matcher` from the caller, which sees the images): at a keyframe the
+  points of the kept keyframes that are no longer tracked are projected into it and matched again;
+  the matches become observations before its bundle adjustment and live tracks after it,
 - on tracking loss (too few inliers, an implausible jump) starts a new segment: the map is
   dropped and re-initialised; the new segment starts at the last good pose with the last known
   scene depth, so the client sees a continuation it must treat as unlinked.
@@ -45,6 +48,13 @@ class TrackerParams:
     ba_lsmr_tol: float = 1e-8
     keep_keyframes: int = 30
     max_jump_ratio: float = 0.6        # centre jump beyond prediction, relative to median depth → lost
+    # map-point reuse (needs a `matcher`, see MonoTracker.matcher): at each keyframe, map points
+    # no longer tracked are projected into it and matched again, so the bundle adjustment ties the
+    # new keyframe to old points instead of re-triangulating the same scene at a drifted scale
+    reuse_points: bool = False
+    reuse_max: int = 300               # candidates per keyframe (nearest to the image centre first)
+    reuse_max_angle_deg: float = 30.0  # viewing direction against the source keyframe's
+    reuse_max_scale: float = 1.5       # distance ratio to the point against the source keyframe's
 
 
 @dataclass
@@ -73,6 +83,8 @@ class StepResult:
     reset_tracks: bool = False                      # drop all live tracks before detecting
     drop_ids: list = field(default_factory=list)    # tracks to forget (outliers)
     events: list = field(default_factory=list)      # (kind, segment, message)
+    revived_ids: list = field(default_factory=list)  # map points matched again at this keyframe:
+    revived_uv: list = field(default_factory=list)   # the caller tracks them on from these pixels
 
 
 class MonoTracker:
@@ -87,6 +99,11 @@ class MonoTracker:
         self.world_scale = 1.0             # product of the scales of every re-anchoring (transform_world)
         self.ever_initialised = False
         self.untracked_total = 0           # frames given up (never posed) over the session
+        # map-point reuse: matcher(fid, R, t, ids, X, src_fid, src_uv, pred_uv) → (ids, uv) finds
+        # map points (world X, last seen at src_uv in keyframe src_fid, predicted at pred_uv) in
+        # frame fid (pose R, t); it sees images, the tracker does not
+        self.matcher = None
+        self.reused_total = 0              # observations added by reuse over the session
         self._reset_map()
 
     # --- state -------------------------------------------------------------------------------
@@ -100,6 +117,7 @@ class MonoTracker:
         self.pending: list[tuple[int, np.ndarray, np.ndarray]] = []
         self.last_fids: list[int] = []
         self.median_depth = self.target_depth
+        self.revived: set = set()          # live tracks that are reused map points
         self._asked_for_motion = False
         self._warned_window = False
 
@@ -429,7 +447,10 @@ class MonoTracker:
             return
         out.drop_ids += out_ids.tolist()
         for i in out_ids.tolist():
-            self.points.pop(i, None)
+            if i in self.revived:   # a re-matched track went astray: the old point stays
+                self.revived.discard(i)
+            else:
+                self.points.pop(i, None)
         self.poses[fid] = (R, t)
         self.last_fids = (self.last_fids + [fid])[-2:]
         if len(self.poses) > 400:
@@ -454,6 +475,9 @@ class MonoTracker:
         kf = Keyframe(fid, R, t, {int(i): uv_of[int(i)] for i in inl_ids.tolist()})
         self.keyframes.append(kf)
         kf_fids = {k.fid: k for k in self.keyframes}
+        if p.reuse_points and self.matcher is not None:
+            self.revived &= set(ids.tolist())
+            self._reuse(fid, kf, set(ids.tolist()), out)
         # triangulate tracks that have parallax now
         cand = [i for i in ids.tolist() if i in self.first_obs and self.first_obs[i][0] in self.poses
                 and self.first_obs[i][0] != fid]
@@ -491,17 +515,68 @@ class MonoTracker:
         # forget keyframes (and points only they saw) beyond the memory horizon
         if len(self.keyframes) > p.keep_keyframes:
             self.keyframes = self.keyframes[-p.keep_keyframes:]
-            live = set(ids.tolist())
+            live = set(ids.tolist()) | set(out.revived_ids)
             seen = set()
-            for k in self.keyframes[-p.ba_window:]:
+            # with reuse every kept keyframe's points may be matched again; without, only the
+            # bundle-adjustment window's are ever used
+            for k in self.keyframes if p.reuse_points else self.keyframes[-p.ba_window:]:
                 seen.update(k.obs)
             for i in [i for i in self.points if i not in live and i not in seen]:
                 del self.points[i]
+            self.revived &= self.points.keys()
         stale = [i for i, (f, _) in self.first_obs.items() if f not in self.poses]
         for i in stale:
             del self.first_obs[i]
         out.keyframe = True
         out.need_features = True
+
+    # --- map-point reuse ---------------------------------------------------------------------
+    def _reuse(self, fid, kf: Keyframe, live: set, out: StepResult):
+        """Match map points that are no longer tracked in the new keyframe `kf` (before its
+        triangulation and bundle adjustment): each match becomes an observation of the old point
+        (the adjustment then ties this keyframe to the keyframes that saw it) and a live track."""
+        p = self.p
+        src = {}                      # point id → (latest keyframe that observed it, uv there)
+        for k in reversed(self.keyframes[:-1]):
+            for i, q in k.obs.items():
+                if i not in src and i not in live and i in self.points:
+                    src[i] = (k, q)
+        if not src:
+            return
+        cand = np.fromiter(src.keys(), np.int64, len(src))
+        X = np.array([self.points[i] for i in cand.tolist()])
+        pred, z = project(self.K, kf.R, kf.t, X)
+        c_new = camera_center(kf.R, kf.t)
+        c_src = np.array([camera_center(src[i][0].R, src[i][0].t) for i in cand.tolist()])
+        r_new, r_src = X - c_new, X - c_src
+        d_new, d_src = np.linalg.norm(r_new, axis=1), np.linalg.norm(r_src, axis=1)
+        cosang = np.sum(r_new * r_src, 1) / np.maximum(d_new * d_src, 1e-12)
+        ratio = d_new / np.maximum(d_src, 1e-12)
+        w, h = 2 * self.K[0, 2], 2 * self.K[1, 2]
+        ok = (z > 0) & (pred[:, 0] >= 0) & (pred[:, 1] >= 0) & (pred[:, 0] < w) & (pred[:, 1] < h) \
+            & (cosang > np.cos(np.radians(p.reuse_max_angle_deg))) \
+            & (ratio < p.reuse_max_scale) & (ratio > 1.0 / p.reuse_max_scale)
+        if not ok.any():
+            return
+        sel = np.flatnonzero(ok)
+        if len(sel) > p.reuse_max:    # spread over the image: the nearest to the centre first
+            sel = sel[np.argsort(np.linalg.norm(pred[sel] - [w / 2, h / 2], axis=1), kind="stable")[:p.reuse_max]]
+        m_ids, m_uv = self.matcher(fid, kf.R, kf.t, cand[sel], X[sel],
+                                   np.array([src[i][0].fid for i in cand[sel].tolist()]),
+                                   np.array([src[i][1] for i in cand[sel].tolist()]), pred[sel])
+        m_ids = np.asarray(m_ids, np.int64)
+        if not len(m_ids):
+            return
+        m_uv = np.asarray(m_uv, np.float64).reshape(-1, 2)
+        # keep what agrees with the keyframe's pose (the matcher gates around the prediction too)
+        proj, _ = project(self.K, kf.R, kf.t, np.array([self.points[i] for i in m_ids.tolist()]))
+        good = np.linalg.norm(proj - m_uv, axis=1) < 3 * p.ransac_px * p.px
+        for i, q in zip(m_ids[good].tolist(), m_uv[good]):
+            kf.obs[i] = q
+            self.revived.add(i)
+            out.revived_ids.append(i)
+            out.revived_uv.append(q)
+        self.reused_total += int(good.sum())
 
     # --- bundle adjustment -------------------------------------------------------------------
     def _local_ba(self, init: bool = False):
