@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.kv import PagedKVCache                                          # noqa: E402
 from engine.kv.backends import (CuDNNBackend, CuDNNFrontendKernel, CuDNNSeqLenBackend,  # noqa: E402
-                                FlashInferBackend,
+                                CuDNNSplitBackend, FlashInferBackend, merge_lse, torch_flash_lse,
                                 SDPABackend, _import_cudnn_frontend, flashinfer_available)
 
 H, D, P, S6 = 16, 64, 999, 6
@@ -109,6 +109,39 @@ def _cudnn_lengths(cache, step, q, reps: int) -> list:
     return rows
 
 
+def _split_parts(paths, step, q, reps: int) -> list:
+    """Where the split's time goes: its fixed part (cuDNN, with log-sum-exp), its variable part
+    (flash over the special tokens), the merge, each timed alone on the same step."""
+    rows = []
+    for name, be in paths.items():
+        if not isinstance(be, CuDNNSplitBackend):
+            continue
+        be.plan(step)
+        if be._split is None or be.error:
+            print(f"{name}: step not split ({be.error})")
+            continue
+        pool = be.cache.pool
+        first, n_a, b = be._split
+        P = pool.page_size
+        ka = pool.k[0, first:first + n_a].view(n_a * P, H, D)
+        va = pool.v[0, first:first + n_a].view(n_a * P, H, D)
+        m_b = -(-b // P)
+        kb = pool.k[0, first + n_a:first + n_a + m_b].view(m_b * P, H, D)[:b]
+        vb = pool.v[0, first + n_a:first + n_a + m_b].view(m_b * P, H, D)[:b]
+        oa, la = be._kernel_a(q, ka, va)
+        ob, lb = torch_flash_lse(q, kb, vb)
+        merged = torch.compile(merge_lse, dynamic=False, fullgraph=True)
+        parts = {"A (fixed run, cuDNN)": lambda: be._kernel_a(q, ka, va),
+                 "B (specials, flash)": lambda: torch_flash_lse(q, kb, vb),
+                 "merge": lambda: merge_lse(oa, la, ob, lb),
+                 "merge, torch.compile": lambda: merged(oa, la, ob, lb)}
+        ms = {k: _median_ms(f, reps) for k, f in parts.items()}
+        print(f"{name}: A = {n_a} pages ({n_a * P} keys), B = {b} keys: " +
+              ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()))
+        rows.append({"path": f"parts: {name}", "a_keys": n_a * P, "b_keys": b, **{f"{k} ms": v for k, v in ms.items()}})
+    return rows
+
+
 def _per_step_wall(cache, paths, kv, q, steps: int) -> list:
     """`steps` more keyframe steps (the visible length grows by 6 special tokens a step, as in the
     model): each backend plans the step and attends once, timed by wall clock with the GPU
@@ -156,6 +189,8 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--steps", type=int, default=30, help="steps of the per-step wall-time comparison")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default="", help="comma-separated substrings: run only the paths whose name "
+                                               "holds one (e.g. 'dense,sdpa,split'); default all")
     a = ap.parse_args(argv)
     cache = PagedKVCache(1, H, D, P, special_tokens=S6, scale_frames=8, window=64, special_cap=1024,
                          dtype=torch.bfloat16, device="cuda", backend="sdpa")
@@ -208,6 +243,17 @@ def main(argv=None) -> None:
     paths["cudnn backend (fixed capacity, bias row)"] = cudnn_row
     paths["cudnn backend (fixed capacity, full bias)"] = cudnn_full
     paths.update(seqlen)
+    # the split: the patch-page run through plain cuDNN (one graph: its length is constant in the
+    # steady state) + the special tokens through flash, merged by log-sum-exp (CuDNNSplitBackend)
+    paths["cudnn split (torch cuDNN A + flash B)"] = CuDNNSplitBackend(cache, a_kernel="torch", merge="eager")
+    paths["cudnn split (torch cuDNN A + flash B, merge compiled)"] = CuDNNSplitBackend(cache, a_kernel="torch",
+                                                                                       merge="compile")
+    if fe is not None:
+        paths["cudnn split (frontend A + flash B)"] = CuDNNSplitBackend(cache, a_kernel="frontend", merge="eager")
+    only = [x for x in a.only.split(",") if x]
+    if only:
+        paths = {k: v for k, v in paths.items() if any(x in k for x in only)}
+        seqlen = {k: v for k, v in seqlen.items() if k in paths}
     flop = 4.0 * q.shape[0] * L * H * D
     rows, ref, outs = [], None, {}
     print(f"visible tokens {L}, q tokens {q.shape[0]}, contiguous run {step.contiguous}, "
@@ -237,7 +283,9 @@ def main(argv=None) -> None:
         k = be._kernel
         print(f"{name}: impl {getattr(k, 'impl', None)}, shape {getattr(k, 'shape', None)}, graphs built {getattr(k, 'builds', None)}, "
               f"steps per form {be.forms}, tuned plans (ms) {getattr(k, 'plan_ms', None)} {getattr(k, 'tune_error', '')}")
-    rows += _cudnn_lengths(cache, step, q, a.reps)
+    rows += _split_parts(paths, step, q, a.reps)
+    if not only or any("length" in x for x in only):
+        rows += _cudnn_lengths(cache, step, q, a.reps)
     cache.end_step()
     rows += _per_step_wall(cache, paths, kv, q, a.steps)
     if a.json:

@@ -97,11 +97,14 @@ def speed_summary(times: list, n_scale: int, peak: int, t_total: float, label: s
     n = n_scale + len(times)
     out = {"label": label, "frames": n, "overall_fps": n / t_total,
            "steady_fps": len(steady) / steady.sum() if len(steady) else None,
+           # the window full (+ 8 frames): every step one contiguous run (the dense / split paths)
+           "full_window_fps": (len(times) - CFG["window"] - 8) / float(np.sum(times[CFG["window"] + 8:]))
+                              if len(times) > CFG["window"] + 8 else None,
            "latency_p50_ms": float(np.percentile(times, 50) * 1e3),
            "latency_p95_ms": float(np.percentile(times, 95) * 1e3),
            "peak_allocated_gib": peak / 2**30}
     print(f"  {label}: {n} frames, overall {out['overall_fps']:.1f} FPS, steady {out['steady_fps']:.1f} FPS, "
-          f"p50 {out['latency_p50_ms']:.1f} ms, p95 {out['latency_p95_ms']:.1f} ms, "
+          f"full window {out['full_window_fps'] or 0:.1f} FPS, p50 {out['latency_p50_ms']:.1f} ms, p95 {out['latency_p95_ms']:.1f} ms, "
           f"peak allocated {out['peak_allocated_gib']:.2f} GiB", flush=True)
     return out
 
@@ -176,6 +179,15 @@ _VARIANTS = {
     "cudnn-override": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_SHAPE": "override"}),
     "cudnn-override-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_SHAPE": "override",
                                                        "RECONSTUDIO_COMPILE_BLOCKS": "1"}),
+    # the split (CuDNNSplitBackend): the steady state's patch-page run through plain cuDNN (one
+    # graph), the special tokens through flash, merged by log-sum-exp; FlashInfer otherwise.
+    # -fe: the fixed part through the cuDNN frontend; -cm: the merge under torch.compile;
+    # -compiled: with the compiled blocks and the compiled merge
+    "cudnn-split": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split"}),
+    "cudnn-split-fe": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split", "RECONSTUDIO_CUDNN_SPLIT_A": "frontend"}),
+    "cudnn-split-cm": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split", "RECONSTUDIO_CUDNN_SPLIT_MERGE": "compile"}),
+    "cudnn-split-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split", "RECONSTUDIO_CUDNN_SPLIT_MERGE": "compile",
+                                                    "RECONSTUDIO_COMPILE_BLOCKS": "1"}),
 }
 
 

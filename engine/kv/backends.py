@@ -42,6 +42,10 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
   tensor (cuDNN's padding mask) over a fixed K/V view, dense from the visible run's first page
   or through cuDNN's page table; one graph per q length (and first page), no mask, no host sync.
   `cudnn_mode` / RECONSTUDIO_CUDNN_MODE picks; `frontend_error` says why the bias form ran.
+  RECONSTUDIO_CUDNN_MODE=split: `CuDNNSplitBackend` -- in the steady state (one contiguous run)
+  the patch pages, whose length is constant from frame to frame, go through plain cuDNN without a
+  mask (one graph for the run) and the special tokens through flash, the two results merged
+  exactly by their log-sum-exp; every other step through FlashInfer (else SDPA).
 * ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16 (or fp8
   attended in bf16/fp16); else sdpa. Never cudnn: measured on the H200 neither form is faster
   than FlashInfer dense in the model (bias 1.25 ms a layer, padding mask 0.86 vs 0.85 ms; the
@@ -500,6 +504,8 @@ class CuDNNBackend(_CacheRef):
         (`cudnn_mode`, `CuDNNSeqLenBackend`), else this bias form; `frontend_error` says why not."""
         mode = cudnn_mode()
         reason = None
+        if mode == "split":
+            return CuDNNSplitBackend.create(cache)
         if mode == "bias":
             reason = "RECONSTUDIO_CUDNN_MODE=bias"
         elif cache.pool.kind != "native" or cache.attn_dtype not in (torch.bfloat16, torch.float16):
@@ -608,10 +614,12 @@ def cudnn_mode() -> str:
     """How backend "cudnn" reaches cuDNN: "auto" (default: the sequence-length form through the
     cuDNN frontend when it imports, else the bias form), "seqlen" (the same, said explicitly; a
     missing frontend still falls back to the bias form, with `frontend_error`) or "bias" (PyTorch
-    with a bias row, `CuDNNBackend`); RECONSTUDIO_CUDNN_MODE picks (benchmarks)."""
+    with a bias row, `CuDNNBackend`) or "split" (the steady state's fixed patch-page run through
+    plain cuDNN, the specials through flash, merged by log-sum-exp; FlashInfer for the other steps:
+    `CuDNNSplitBackend`); RECONSTUDIO_CUDNN_MODE picks (benchmarks)."""
     mode = os.environ.get("RECONSTUDIO_CUDNN_MODE", "auto").strip().lower()
-    if mode not in ("auto", "seqlen", "bias"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_MODE must be 'auto', 'seqlen' or 'bias' (got {mode!r})")
+    if mode not in ("auto", "seqlen", "bias", "split"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_MODE must be 'auto', 'seqlen', 'bias' or 'split' (got {mode!r})")
     return mode
 
 
@@ -659,7 +667,7 @@ def cudnn_tune_default() -> bool:
     return val in ("1", "true", "yes", "on")
 
 
-_CUDNN_UID = {"q": 1, "k": 2, "v": 3, "o": 4, "seq_q": 5, "seq_kv": 6, "k_table": 7, "v_table": 8}
+_CUDNN_UID = {"q": 1, "k": 2, "v": 3, "o": 4, "seq_q": 5, "seq_kv": 6, "k_table": 7, "v_table": 8, "stats": 9}
 
 
 class CuDNNFrontendKernel:
@@ -712,7 +720,7 @@ class CuDNNFrontendKernel:
         "block size needs to be non-zero and a power of 2", cuDNN 9.19 on the H200)."""
         return page_size > 0 and page_size & (page_size - 1) == 0
 
-    def _build(self, q, k, table, padding: bool = True, dynamic: bool = False):
+    def _build(self, q, k, table, padding: bool = True, dynamic: bool = False, stats: bool = False):
         cudnn = self._cudnn
         if self._handle is None:
             with torch.cuda.device(self.device):
@@ -748,10 +756,13 @@ class CuDNNFrontendKernel:
             extra.update(paged_attention_k_table=named["k_table"], paged_attention_v_table=named["v_table"],
                          paged_attention_max_seq_len_kv=N * k.shape[1])
         impl = getattr(cudnn.attention_implementation, self.impl.upper())
-        o, _ = g.sdpa(name="sdpa", q=qt, k=kt, v=vt, attn_scale=1.0 / math.sqrt(D), generate_stats=False,
-                      implementation=impl, compute_data_type=cudnn.data_type.FLOAT, **extra)
+        o, st = g.sdpa(name="sdpa", q=qt, k=kt, v=vt, attn_scale=1.0 / math.sqrt(D), generate_stats=stats,
+                       implementation=impl, compute_data_type=cudnn.data_type.FLOAT, **extra)
         o.set_output(True).set_dim([1, H, n, D]).set_stride([n * H * D, D, H * D, 1]).set_data_type(io)
         named["o"] = o
+        if stats:       # softmax statistics: the natural-log sum of exp(scaled scores) per query
+            st.set_output(True).set_dim([1, H, n, 1]).set_stride([H * n, n, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+            named["stats"] = st
         for name, t in named.items():
             t.set_uid(_CUDNN_UID[name])
         g.validate()
@@ -836,6 +847,31 @@ class CuDNNFrontendKernel:
         else:
             g._execute_plan_at_index(ptrs, self._workspace.data_ptr(), index, self._handle, *over)
         return out
+
+
+    def attend_lse(self, q, k, v):
+        """Plain cuDNN attention over EXACTLY the keys given (no mask: cuDNN's fast path), with its
+        softmax statistics: q [n, H, D] contiguous, k / v [S, H, D] views (token stride H * D) ->
+        (out [n, H, D], lse [H, n] float32, natural log). One graph per layout (q length, K/V shape
+        and strides): meant for a K/V run whose length does not change (`CuDNNSplitBackend`)."""
+        key = (tuple(q.shape), q.dtype, tuple(k.shape), k.stride(), v.stride(), False, "stats")
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = self._build(q, k, None, padding=False, stats=True)
+        n, H, _ = q.shape
+        out = torch.empty_like(q)
+        lse = torch.empty((H, n), dtype=torch.float32, device=q.device)
+        ptrs = {_CUDNN_UID["q"]: q.data_ptr(), _CUDNN_UID["k"]: k.data_ptr(), _CUDNN_UID["v"]: v.data_ptr(),
+                _CUDNN_UID["o"]: out.data_ptr(), _CUDNN_UID["stats"]: lse.data_ptr()}
+        self._cudnn.set_stream(self._handle, torch.cuda.current_stream(self.device).cuda_stream)
+        if self.tune and key not in self._plan_index:
+            self._tune(key, g, ptrs)
+        index = self._plan_index.get(key)
+        if index is None:
+            g._execute(ptrs, self._workspace.data_ptr(), self._handle)
+        else:
+            g._execute_plan_at_index(ptrs, self._workspace.data_ptr(), index, self._handle)
+        return out, lse
 
 
 class CuDNNSeqLenBackend(CuDNNBackend):
@@ -955,3 +991,192 @@ class CuDNNSeqLenBackend(CuDNNBackend):
             v = pool.v[layer, first:].view(-1, H, D)
             return self._kernel(q.contiguous(), k, v, self._seq_q, self._seq_kv, None, n_kv=step.num_kv_tokens)
         return self._kernel(q.contiguous(), pool.k[layer], pool.v[layer], self._seq_q, self._seq_kv, self._table)
+
+
+# ------------------------------------------------------------------ cuDNN split: fixed part + rest
+def cudnn_split_a_default() -> str:
+    """Which kernel attends the fixed part of `CuDNNSplitBackend`: "torch" (default: PyTorch's
+    cuDNN SDPA op with its log-sum-exp; PyTorch caches one graph per shape) or "frontend" (the
+    cuDNN frontend's plain graph with softmax stats, `CuDNNFrontendKernel.attend_lse`);
+    RECONSTUDIO_CUDNN_SPLIT_A picks (benchmarks)."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_SPLIT_A", "torch").strip().lower()
+    if val not in ("torch", "frontend"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_SPLIT_A must be 'torch' or 'frontend' (got {val!r})")
+    return val
+
+
+def cudnn_split_merge_default() -> str:
+    """How `CuDNNSplitBackend` merges its two parts: "eager" (default: `merge_lse`, ~6 small
+    kernels) or "compile" (`merge_lse` under torch.compile: one fused kernel, compiled on first
+    use; CUDA only); RECONSTUDIO_CUDNN_SPLIT_MERGE picks (benchmarks)."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_SPLIT_MERGE", "eager").strip().lower()
+    if val not in ("eager", "compile"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_SPLIT_MERGE must be 'eager' or 'compile' (got {val!r})")
+    return val
+
+
+def _bhsd(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(0, 1).unsqueeze(0)              # [L, H, D] -> [1, H, L, D] (a view)
+
+
+def torch_cudnn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """PyTorch's cuDNN SDPA (no mask) over exactly k / v [S, H, D] -> (out [n, H, D], lse [H, n]
+    float32, natural log). PyTorch keys its cuDNN graph cache by shapes and strides: a fixed-length
+    K/V run costs one build for good."""
+    n, H, _ = q.shape
+    res = torch.ops.aten._scaled_dot_product_cudnn_attention(_bhsd(q), _bhsd(k), _bhsd(v), None, True)
+    return res[0][0].transpose(0, 1), res[1].reshape(H, -1)[:, :n].float()
+
+
+def torch_flash_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """PyTorch's flash attention (no per-shape set-up: any K/V length) over k / v [S, H, D] ->
+    (out [n, H, D], lse [H, n] float32, natural log). On the CPU its CPU flash kernel (tests)."""
+    n, H, _ = q.shape
+    if q.device.type == "cuda":
+        res = torch.ops.aten._scaled_dot_product_flash_attention(_bhsd(q), _bhsd(k), _bhsd(v))
+    else:
+        res = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(_bhsd(q), _bhsd(k), _bhsd(v))
+    return res[0][0].transpose(0, 1), res[1].reshape(H, -1)[:, :n].float()
+
+
+def merge_lse(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """Attention over the union of two disjoint key sets from each set's result and log-sum-exp:
+    (out_a e^lse_a + out_b e^lse_b) / (e^lse_a + e^lse_b) = out_a + (out_b - out_a) sigmoid(lse_b - lse_a),
+    in float32, cast back to out_a's dtype. Exact up to rounding; out_* [n, H, D], lse_* [H, n]."""
+    w = torch.sigmoid(lse_b - lse_a).t().unsqueeze(-1)                 # [n, H, 1]
+    return torch.lerp(out_a.float(), out_b.float(), w).to(out_a.dtype)
+
+
+class CuDNNSplitBackend(_CacheRef):
+    """The steady-state global attention split into a FIXED-length part, attended by plain cuDNN
+    (no mask: its fast path, 0.63 ms against FlashInfer's 0.85 at 73,728 keys on the H200) through
+    ONE graph for the run, and a small variable part attended by a kernel with no per-length
+    set-up (PyTorch flash), merged exactly by log-sum-exp (`merge_lse`). Backend "cudnn" with
+    RECONSTUDIO_CUDNN_MODE=split (`cudnn_mode`).
+
+    Split point, from the step's host integers only (no device reads, no sync): in a contiguous
+    step (`StepTable.contiguous`: the window is full, paged_cache "Placement") the pages are the
+    patch pages (scale + window + the new frame) -- a run whose length is constant from frame to
+    frame: 72 pages from page 1 for a keyframe, 73 from page 0 for a non-keyframe at window 64 --
+    followed by the special pages, whose visible length grows by `special_tokens` a frame up to the
+    cap and whose last page is partial. Part A = the patch pages, viewed in place as
+    [pages * page_size, H, D] (cuDNN graph keyed by that constant shape); part B = the special
+    tokens, the rest of the run (a view, `special_start + special_tokens * frames` long).
+    Every other step -- the window filling (special pages apart from the patch pages), token slots
+    (compressed window, block-sparse layers), a run not laid out as above, an A length beyond
+    `max_shapes` distinct ones (a graph each) -- and every call after a kernel failure (`error`)
+    go to the fallback backend: FlashInfer (dense / paged) where it runs, else SDPA.
+    Native bf16/fp16 stores only (the rest always falls back)."""
+
+    name = "cudnn"
+    mode = "split"
+    frontend_error = None
+
+    def __init__(self, cache, kernel_a=None, kernel_b=None, fallback=None, max_shapes: int = 4,
+                 a_kernel: Optional[str] = None, merge: Optional[str] = None):
+        """kernel_a / kernel_b: (q, k, v) -> (out [n, H, D], lse [H, n] float32, natural log); by
+        default `torch_cudnn_lse` (or the frontend's `attend_lse`, `a_kernel`/RECONSTUDIO_CUDNN_SPLIT_A)
+        and `torch_flash_lse`. fallback: a backend instance for the other steps (tests pass one).
+        merge: "eager" | "compile" (`cudnn_split_merge_default`)."""
+        self.cache = cache
+        pool = cache.pool
+        self.capacity = pool.num_pages * pool.page_size
+        self.max_shapes = int(max_shapes)
+        self.error = None
+        self.path = None                           # "split" | "fallback": what the last attend ran
+        self.calls = {"split": 0, "fallback": 0}
+        self.a_shapes: set = set()                 # (q tokens, A tokens) handed to the fixed kernel
+        self.a_kernel = a_kernel or (None if kernel_a is not None else cudnn_split_a_default())
+        self._ok = pool.kind == "native" and (
+            kernel_a is not None or cache.attn_dtype in (torch.bfloat16, torch.float16))
+        if kernel_a is None and self._ok:
+            if self.a_kernel == "frontend":
+                try:
+                    kernel_a = CuDNNFrontendKernel(pool.device).attend_lse
+                except KVCacheError as exc:
+                    self._ok, self.error = False, str(exc)
+            else:
+                kernel_a = torch_cudnn_lse
+        self._kernel_a = kernel_a
+        self._kernel_b = kernel_b or torch_flash_lse
+        self.merge = merge or cudnn_split_merge_default()
+        if torch.device(cache.device).type != "cuda":
+            self.merge = "eager"
+        self._merge = merge_lse
+        if self.merge == "compile":
+            self._merge = torch.compile(merge_lse, dynamic=False, fullgraph=True)
+        self.kernel = f"cudnn-split ({self.a_kernel or 'custom'} + flash, merge {self.merge})"
+        if fallback is None:
+            ok = (torch.device(cache.device).type == "cuda" and _flashinfer_dtype_ok(cache.precision)
+                  and flashinfer_available() and pool.kind != "int8")
+            fallback = FlashInferBackend.create(cache) if ok else SDPABackend.create(cache)
+        self._fallback = fallback
+        self._split = None          # (first page, A pages, B tokens) of the current step, or None
+
+    @classmethod
+    def create(cls, cache):
+        return cls(cache)
+
+    @classmethod
+    def check_supports(cls, cache) -> None:
+        return None          # every other store goes to the fallback
+
+    def split_point(self, step: StepTable):
+        """(first page, A pages, B tokens) when the step has the layout above, else None."""
+        if step.contiguous is None or step.slots_t is not None:
+            return None
+        c = self.cache
+        P, S = c.page_size, c.special_tokens
+        b = step.special_start + S * step.num_frames          # visible special tokens
+        n_sp = -(-b // P)
+        first, m = step.contiguous
+        n_a = m - n_sp
+        if n_a <= 0 or n_a * P + b != step.num_kv_tokens:
+            return None
+        patch = step.pages[:n_a]                                 # scale -> window -> new
+        if min(patch) != first or max(patch) != first + n_a - 1:
+            return None                                          # specials not after the patch pages
+        return first, n_a, b
+
+    def plan(self, step: StepTable) -> None:
+        split = self.split_point(step) if self._ok and self.error is None else None
+        if split is not None and (step.q_tokens, split[1]) not in self.a_shapes:
+            if len(self.a_shapes) >= self.max_shapes:
+                split = None                                     # no further graphs: fall back
+            else:
+                self.a_shapes.add((step.q_tokens, split[1]))
+        self._split = split
+        if split is None:
+            self._fallback.plan(step)
+
+    def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        if self._split is not None and slots_t is None and self.error is None:
+            try:
+                out = self._attend_split(q, layer)
+            except Exception as exc:   # a kernel rejected the call: the fallback from now on
+                self.error = f"{type(exc).__name__}: {exc}"[:500]
+                self._split = None
+                self._fallback.plan(step)
+            else:
+                self.path = "split"
+                self.calls["split"] += 1
+                return out
+        self.path = "fallback"
+        self.calls["fallback"] += 1
+        return self._fallback.attend(step, q, layer, slots_t=slots_t)
+
+    def _attend_split(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+        pool = self.cache.pool
+        first, n_a, b = self._split
+        P, H, D = pool.page_size, pool.num_heads, pool.head_dim
+        q = q.contiguous()
+        ka = pool.k[layer, first:first + n_a].view(n_a * P, H, D)     # zero copy, constant shape
+        va = pool.v[layer, first:first + n_a].view(n_a * P, H, D)
+        out_a, lse_a = self._kernel_a(q, ka, va)
+        if b == 0:
+            return out_a
+        m_b = -(-b // P)
+        kb = pool.k[layer, first + n_a:first + n_a + m_b].view(m_b * P, H, D)[:b]
+        vb = pool.v[layer, first + n_a:first + n_a + m_b].view(m_b * P, H, D)[:b]
+        out_b, lse_b = self._kernel_b(q, kb, vb)
+        return self._merge(out_a, lse_a, out_b, lse_b)

@@ -1,0 +1,156 @@
+"""The cuDNN split backend (`CuDNNSplitBackend`) on the CPU: a fixed-length part (the patch pages)
+and the rest (the special tokens) attended apart, each returning its log-sum-exp, merged exactly.
+The fixed kernel is a stand-in that checks what cuDNN would be handed (zero-copy views of the
+pool, one shape per step kind) and runs PyTorch's CPU flash kernel with its log-sum-exp; the
+variable part runs the backend's real `torch_flash_lse` (CPU flash). Outputs equal the SDPA
+backend's through window filling (fallback), eviction, the special ring's growth and wrap,
+keyframe interval 2 rollbacks and partial last pages. GPU checks: test_cudnn_split_gpu.py."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.kv import PagedKVCache
+from engine.kv.backends import (CuDNNBackend, CuDNNSplitBackend, SDPABackend, merge_lse,
+                                torch_flash_lse)
+
+L, H, D, P, S6 = 2, 2, 8, 5, 3           # tiny frames: 5 patch tokens + 3 specials
+KW = dict(scale_frames=2, window=3, special_cap=6)
+PATTERN = "kknkkknkknknnkkkknknkk"      # fills, evicts, rolls back (interval 2), wraps the ring
+
+
+class FixedStandIn:
+    """The fixed part's kernel: checks the K/V it gets are in-place views of the pool, records
+    the shapes (one cuDNN graph each) and returns CPU flash attention with its log-sum-exp."""
+
+    def __init__(self, cache, fail=False):
+        self.pool, self.fail = cache.pool, fail
+        self.shapes, self.calls = set(), 0
+
+    def __call__(self, q, k, v):
+        if self.fail:
+            raise RuntimeError("cuDNN rejected the graph (stand-in)")
+        pool = self.pool
+        assert q.is_contiguous() and k.shape == v.shape and k.stride() == v.stride() == (H * D, D, 1)
+        assert k.shape[0] % pool.page_size == 0                       # whole pages only
+        base = pool.k.data_ptr()
+        assert base <= k.data_ptr() < base + pool.k.numel() * pool.k.element_size()   # zero copy
+        self.shapes.add((tuple(q.shape), tuple(k.shape)))
+        self.calls += 1
+        return torch_flash_lse(q, k, v)
+
+
+def _caches(dtype=torch.float32, fail=False, **kw):
+    kw = dict(KW, dtype=dtype, **kw)
+    cu = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **kw)
+    stand_in = FixedStandIn(cu, fail=fail)
+    cu._attn = CuDNNSplitBackend(cu, kernel_a=stand_in, fallback=SDPABackend.create(cu))
+    sd = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **kw)
+    return cu, sd, stand_in
+
+
+def _drive(a, b, pattern, seed=0, dtype=torch.float32):
+    """Identical steps through both caches; yields (outputs a, outputs b, step of a, split of a)."""
+    g = torch.Generator().manual_seed(seed)
+    for nf, scale, key in [(2, True, True)] + [(1, False, c == "k") for c in pattern]:
+        k, v, q = (torch.randn(L, nf, S6 + P, H, D, generator=g).to(dtype) for _ in range(3))
+        outs = []
+        for c in (a, b):
+            step = c.begin_step(nf, scale=scale, keyframe=key)
+            if c is a:
+                st, split = step, a._attn._split
+            outs.append([(c.write(i, k[i], v[i]), c.attend(i, q[i]))[1] for i in range(L)])
+            c.end_step()
+        yield outs[0], outs[1], st, split
+
+
+def test_merge_of_two_key_sets_equals_attention_over_both():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(7, 3, 16, generator=g) * 3 for _ in range(3))
+    ref = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)))[0].transpose(0, 1)
+    for cut in (1, 4, 6):
+        oa, la = torch_flash_lse(q, k[:cut], v[:cut])
+        ob, lb = torch_flash_lse(q, k[cut:], v[cut:])
+        assert la.shape == lb.shape == (3, 7) and la.dtype == torch.float32
+        torch.testing.assert_close(merge_lse(oa, la, ob, lb), ref, atol=1e-5, rtol=1e-5)
+    # far apart log-sum-exps: no overflow, the heavier part wins
+    big = torch.full((3, 7), 500.0)
+    torch.testing.assert_close(merge_lse(oa, big, ob, -big), oa)
+
+
+def test_split_equals_sdpa_through_fill_eviction_rollback_and_ring_wrap():
+    cu, sd, stand_in = _caches()
+    be = cu._attn
+    seen = []
+    for a, b, step, split in _drive(cu, sd, PATTERN):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+        assert (split is not None) == (step.contiguous is not None)   # steady state split, else fallback
+        if split is not None:
+            first, n_a, n_b = split
+            # A = scale + window (+ the new frame): constant; B = the visible special tokens
+            assert n_a == len(step.pages) - -(-n_b // P)
+            assert n_b == step.special_start + S6 and n_a * P + n_b == step.num_kv_tokens
+            assert (first, n_a) == ((1, 2 + 3) if step.keyframe else (0, 2 + 3 + 1))
+            seen.append((step.keyframe, step.last_page_len < P))
+    assert {kf for kf, _ in seen} == {True, False}                    # keyframes and rollbacks split
+    assert {part for _, part in seen} == {True, False}                # partial and full last pages
+    assert cu.state() == sd.state() and cu.stats()["special_dropped"] > 0      # the ring wrapped
+    assert be.error is None and be.calls["split"] == L * len(seen) == stand_in.calls
+    assert be.calls["split"] + be.calls["fallback"] == L * (len(PATTERN) + 1)
+    # one fixed shape per step kind: one cuDNN graph each for the whole run
+    assert stand_in.shapes == {((S6 + P, H, D), (n * P, H, D)) for n in (5, 6)}
+    assert be.a_shapes == {(S6 + P, 5), (S6 + P, 6)}
+
+
+def test_split_in_bf16_is_close_to_sdpa():
+    cu, sd, _ = _caches(dtype=torch.bfloat16)
+    for a, b, step, split in _drive(cu, sd, PATTERN[:12], dtype=torch.bfloat16):
+        for x, y in zip(a, b):
+            assert x.dtype == torch.bfloat16
+            torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
+    assert cu._attn.calls["split"] > 0
+
+
+def test_kernel_failure_falls_back_for_good():
+    cu, sd, _ = _caches(fail=True)
+    be = cu._attn
+    for a, b, step, split in _drive(cu, sd, PATTERN):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    assert "rejected" in be.error and be.calls["split"] == 0 and be.path == "fallback"
+
+
+def test_shape_cap_sends_new_lengths_to_the_fallback():
+    cu, sd, stand_in = _caches()
+    cu._attn.max_shapes = 1
+    for a, b, step, split in _drive(cu, sd, PATTERN):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+        if split is not None:
+            assert step.keyframe                # the first steady shape (keyframes) only
+    assert len(stand_in.shapes) == 1 and cu._attn.calls["split"] > 0
+
+
+@pytest.mark.parametrize("method", ["random_subset", "block_sparse"])
+def test_token_slot_steps_fall_back(method):
+    from engine.kv import make_compressor
+    comp = dict(keep_ratio=0.4, seed=5) if method == "random_subset" else dict(keep_ratio=0.5, block_size=2)
+    cu, sd, stand_in = _caches(compression=make_compressor(method, **comp))
+    for a, b, step, split in _drive(cu, sd, "kkkkknkk"):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    be = cu._attn
+    assert be.calls["fallback"] > 0 and be.error is None
+    if method == "random_subset":           # a compressed window: token lists, never split
+        assert be.calls["split"] == 0
+
+
+def test_mode_split_is_selected_by_the_env_knob(monkeypatch):
+    cu = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **KW)
+    monkeypatch.setenv("RECONSTUDIO_CUDNN_MODE", "split")
+    be = CuDNNBackend.create(cu)
+    assert isinstance(be, CuDNNSplitBackend) and be.mode == "split"
+    assert isinstance(be._fallback, SDPABackend)        # no FlashInfer on the CPU
+    monkeypatch.setenv("RECONSTUDIO_CUDNN_SPLIT_A", "nope")
+    with pytest.raises(Exception, match="RECONSTUDIO_CUDNN_SPLIT_A"):
+        CuDNNSplitBackend(cu)

@@ -1,0 +1,109 @@
+"""GPU checks of the cuDNN split backend (`CuDNNSplitBackend`: the steady state's patch-page run
+through plain cuDNN with its log-sum-exp, the special tokens through PyTorch flash, merged by
+log-sum-exp; FlashInfer for the other steps) against SDPA on the same steps, to bf16 tolerance:
+window filling, eviction, keyframe interval 2 rollbacks, the special ring's growth and wrap; no
+synchronising PyTorch call inside a step; the fixed part keeps ONE shape per step kind (one cuDNN
+graph each: counted for the frontend kernel); a LingBot-Map session on it against an SDPA session.
+Skipped without CUDA. CPU checks of the bookkeeping: test_cudnn_split.py."""
+import pytest
+import torch
+
+from engine.kv import PagedKVCache
+from engine.kv.backends import CuDNNFrontendKernel, CuDNNSplitBackend, _import_cudnn_frontend
+
+pytestmark = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+L, H, D, S6 = 2, 16, 64, 6
+KW = dict(scale_frames=2, window=4, special_cap=8, dtype=torch.bfloat16, device="cuda")
+PATTERN = "kkknkkkknknkkknknkkkkknk"
+
+
+@needs_cuda
+@pytest.mark.parametrize("a_kernel,page", [("torch", 130), ("torch", 999), ("frontend", 130)])
+def test_split_equals_sdpa_without_syncs(a_kernel, page):
+    if a_kernel == "frontend" and _import_cudnn_frontend()[0] is None:
+        pytest.skip(f"cuDNN frontend missing: {_import_cudnn_frontend()[1]}")
+    cu = PagedKVCache(L, H, D, page, special_tokens=S6, backend="sdpa", **KW)
+    cu._attn = be = CuDNNSplitBackend(cu, a_kernel=a_kernel)
+    sdpa = PagedKVCache(L, H, D, page, special_tokens=S6, backend="sdpa", **KW)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    outs = {id(c): [] for c in (cu, sdpa)}
+    splits, strict_next = 0, False
+    for i, (nf, scale, key) in enumerate([(2, True, True)] + [(1, False, c == "k") for c in PATTERN]):
+        k, v, q = (torch.randn(L, nf, S6 + page, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        for c in (cu, sdpa):
+            # split steps raise on any synchronising PyTorch call, the plan included once the
+            # previous step was split too; not the step that builds a shape's cuDNN graph, nor the
+            # fallback's steps (FlashInfer's plan copies its host schedule: its own business)
+            try:
+                if c is cu and strict_next:
+                    torch.cuda.set_sync_debug_mode("error")
+                shapes = set(be.a_shapes)
+                c.begin_step(nf, scale=scale, keyframe=key)
+                if c is cu:
+                    split = be._split is not None
+                    splits += split
+                    strict_next = split
+                    if split and (S6 + page, be._split[1]) in shapes:
+                        torch.cuda.set_sync_debug_mode("error")
+                    else:
+                        torch.cuda.set_sync_debug_mode(0)
+                for layer in range(L):
+                    c.write(layer, k[layer], v[layer])
+                    outs[id(c)].append(c.attend(layer, q[layer]).clone())
+                c.end_step()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert be.error is None, be.error
+    assert cu.stats()["special_dropped"] > 0
+    assert splits >= 10 and be.calls["split"] == L * splits and be.calls["fallback"] > 0
+    # keyframe steps: scale + window pages from page 1; non-keyframes: + page 0 -> two shapes
+    assert be.a_shapes == {(S6 + page, 2 + 4), (S6 + page, 2 + 4 + 1)}
+    if a_kernel == "frontend":
+        assert be._kernel_a.__self__.builds == 2              # one cuDNN graph per shape, for good
+    for a, b in zip(outs[id(cu)], outs[id(sdpa)]):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
+@needs_cuda
+def test_split_kernels_return_natural_log_sum_exp():
+    """Both default kernels' log-sum-exp against a float32 reference, at a long fixed length."""
+    from engine.kv.backends import merge_lse, torch_cudnn_lse, torch_flash_lse
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(1005, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(2, 9990, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    s = torch.einsum("nhd,shd->hns", q.float(), kv[0].float()) / D ** 0.5
+    ref_lse = s.logsumexp(-1)
+    ref = torch.einsum("hns,shd->nhd", s.softmax(-1), kv[1].float())
+    kernels = [torch_cudnn_lse, torch_flash_lse]
+    if _import_cudnn_frontend()[0] is not None:
+        kernels.append(CuDNNFrontendKernel("cuda").attend_lse)
+    for fn in kernels:
+        out, lse = fn(q, kv[0], kv[1])
+        assert out.shape == q.shape and lse.shape == (H, 1005) and lse.dtype == torch.float32
+        torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    # the merge of two parts == the whole; the compiled merge == the eager one
+    oa, la = torch_cudnn_lse(q, kv[0, :8991], kv[1, :8991])
+    ob, lb = torch_flash_lse(q, kv[0, 8991:], kv[1, 8991:])
+    eager = merge_lse(oa, la, ob, lb)
+    torch.testing.assert_close(eager.float(), ref, atol=2e-2, rtol=2e-2)
+    compiled = torch.compile(merge_lse, dynamic=False, fullgraph=True)(oa, la, ob, lb)
+    torch.testing.assert_close(compiled.float(), eager.float(), atol=1e-2, rtol=1e-2)
+
+
+@needs_cuda
+def test_cudnn_session_on_the_split_matches_sdpa_session(monkeypatch):
+    from tests.engine.backend_sessions import assert_matches_sdpa
+    monkeypatch.setenv("RECONSTUDIO_CUDNN_MODE", "split")
+
+    def uses_split(s):
+        be = s.kv._attn
+        assert isinstance(be, CuDNNSplitBackend)
+        assert be.error is None, be.error
+        assert be.calls["split"] > 0 and be.calls["fallback"] > 0 and len(be.a_shapes) <= 2
+    assert_matches_sdpa("cudnn", check=uses_split)
