@@ -3,8 +3,8 @@
 # ONE call on the H200: versions; its GPU tests (+ the CPU ones); one global-attention layer at
 # the steady shape (attention_bench.py: the split beside FlashInfer dense, plain cuDNN, SDPA flash
 # and the padding-mask form, and where the split's time goes); ours side by side (side_by_side.py
-# ours: default kf 1 / 2 + $VARIANTS; upstream only with UP=1, ~130 s); the kernel-time profile of
-# the split. $OUT: gpu_tests.txt, attention.json, ours.json, profile.txt (+ upstream.json,
+# ours: default kf 1 / 2 + $VARIANTS); the kernel-time profile of the split; with UP=1 last upstream
+# (~130 s) and the report. $OUT: gpu_tests.txt, attention.json, ours.json, profile.txt (+ upstream.json,
 # side_by_side.txt with UP=1; + run.log when run as `bash ... 2>&1 | tee $OUT/run.log`).
 # Here (once): .whl/ (flashinfer-python 0.6.1, apache-tvm-ffi, nvidia-cudnn-frontend), .cache/
 # (FlashInfer JIT build, frames), .upstream/; device: carry .whl .cache .upstream;
@@ -27,13 +27,14 @@ timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider -p no:pytest-qt
 timeout ${T_ATT:-120} python3 benchmarks/attention_bench.py --frames "$N" --reps 50 --steps 20 \
   --only "flashinfer dense,sdpa,split,seq_len (dense)" --json "$OUT/attention.json" 2>&1; el
 wait $WPID; cat /tmp/weights.log; el
-if [ -n "${UP:-}" ]; then
-  timeout ${T_UP:-140} $SBS upstream --no-eager --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames 40 \
-    --upstream .upstream --json "$OUT/upstream.json" 2>&1 | grep -v "Warning\|it/s\]\|pretrained"; el
-fi
 timeout ${T_OURS:-280} $SBS ours --no-fidelity --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --variants "$VARIANTS" \
   --json "$OUT/ours.json" 2>&1 | grep -v Warning; el
-if [ -n "${UP:-}" ]; then $SBS report "$OUT/ours.json" "$OUT/upstream.json" 2>&1 | tee "$OUT/side_by_side.txt"; fi
 RECONSTUDIO_CUDNN_MODE=split timeout ${T_PROF:-70} python3 benchmarks/gpu_profile.py --backend cudnn --frames 80 \
   > "$OUT/profile.txt" 2>&1
 grep "^\[\|SDPA alone" "$OUT/profile.txt"; el
+# upstream last (UP=1): what runs out of time is its row, not ours
+if [ -n "${UP:-}" ]; then
+  timeout ${T_UP:-140} $SBS upstream --no-eager --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames 40 \
+    --upstream .upstream --json "$OUT/upstream.json" 2>&1 | grep -v "Warning\|it/s\]\|pretrained"; el
+  $SBS report "$OUT/ours.json" "$OUT/upstream.json" 2>&1 | tee "$OUT/side_by_side.txt"; el
+fi

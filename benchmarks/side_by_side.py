@@ -481,9 +481,10 @@ def cmd_report(args) -> None:
     a = json.loads(Path(args.ours).read_text())
     b = json.loads(Path(args.upstream).read_text())
     print(f"machine: {a['machine']}; settings: {a['settings']}, bf16")
-    print(f"{'run':44s} {'steady FPS':>10s} {'overall':>8s} {'p50 ms':>7s} {'peak GiB':>8s}  attention")
+    print(f"{'run':44s} {'steady FPS':>10s} {'full win':>8s} {'overall':>8s} {'p50 ms':>7s} {'peak GiB':>8s}  attention")
     for r in b["speed"] + a["speed"]:
-        print(f"{r['label']:44s} {r['steady_fps']:10.1f} {r['overall_fps']:8.1f} {r['latency_p50_ms']:7.1f} "
+        print(f"{r['label']:44s} {r['steady_fps']:10.1f} {r.get('full_window_fps') or 0:8.1f} {r['overall_fps']:8.1f} "
+              f"{r['latency_p50_ms']:7.1f} "
               f"{r['peak_allocated_gib']:8.2f}  {r.get('backend') or ''}")
     for impl in (a, b):
         for e in impl.get("errors", []) + ([impl["compile_error"]] if impl.get("compile_error") else []):
