@@ -9,8 +9,11 @@ latency budget and admission control.
     sched.close_stream(a)                      # drains, flushes (short scale phase), frees its caches
 
 Each stream is an ordinary `LingBotMapSession` (engine/lingbot/session.py) over the *shared* model, so
-its KV cache, camera cache, keyframe logic and results are exactly those of the session run alone.
-What the scheduler adds is how steps run:
+its KV cache, camera cache, keyframe logic and results are exactly those of the session run alone:
+a batched round runs the session's own step phases (`prepare_step`, `run_steps` with
+`step_begin` / `step_commit` / `step_abort`, `step_results`) and its `forward_steps` over the
+steps of all the streams served, so it re-implements none of them. What the scheduler adds is how
+steps run:
 
 * **Batching.** The streamed frames of the streams served in one round are stacked into one
   `model.forward_step`: patch embed, the 24 frame blocks, the heads' per-token work and the depth
@@ -18,7 +21,7 @@ What the scheduler adds is how steps run:
   `kv` object given to the model splits q/k/v by frame and sends each to its own stream's paged
   cache (`engine.kv.batch_attention.BatchKV`; with `attention_streams` the B attention kernels
   run side by side on CUDA side streams), and the camera head's causal attention likewise
-  (`_BatchCameraCache`). A batch lists its streams in the order they were opened, every round.
+  (`BatchCameraCache`). A batch lists its streams in the order they were opened, every round.
   Each frame carries its own 3D-RoPE time index. A stream still in its scale phase runs that
   step on its own (a multi-frame bidirectional step), through the session's own `push`.
   Streams are batched together only when they share the resolution and camera iterations.
@@ -39,8 +42,7 @@ What the scheduler adds is how steps run:
   change -- when they would not fit in the memory budget (explicit, or the device's free memory
   minus `reserve_bytes` for activations, minus streams admitted but not yet allocated).
 
-No Qt; one thread (the caller's). The scheduler reads a few of the session's internals (frame
-index, time index, caches); `_SessionOps` gathers that coupling in one place.
+No Qt; one thread (the caller's).
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ import numpy as np
 import torch
 
 from .api import EngineError, FrameResult, SessionConfig
-from .kv.batch_attention import BatchKV, side_streams_for
+from .kv.batch_attention import side_streams_for
 from .preprocess import target_size
 
 _ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
@@ -101,68 +103,6 @@ def _available_bytes(device: torch.device) -> int:
         return 1 << 62
 
 
-class _SessionOps:
-    """The session internals a batched step needs (engine/lingbot/session.py LingBotMapSession)."""
-
-    @staticmethod
-    def streaming(s) -> bool:
-        return s._num_scale > 0
-
-    @staticmethod
-    def prepare(s, frame, timestamp):
-        """What `push` does before running: preprocess, size check, index, timestamp, keyframe."""
-        s._check_open()
-        prep, index, ts = s._take_frame(frame, timestamp)      # engine/session_timing.py
-        k = s.config.keyframe_interval
-        keyframe = k <= 1 or (index - s._num_scale) % k == 0
-        return prep, index, ts, keyframe
-
-    @staticmethod
-    def begin(s, keyframe: bool):
-        s._ensure_caches()
-        s.caches.begin_step(1, scale=False, keyframe=keyframe)     # KV + camera cache together
-        from .lingbot.session import _KVAdapter
-        return _KVAdapter(s.kv), s.camera_cache, s._time
-
-    @staticmethod
-    def abort(s) -> None:
-        if s.caches is not None:
-            s.caches.abort_step()
-
-    @staticmethod
-    def commit(s, keyframe: bool) -> None:
-        s.caches.end_step()
-        if keyframe:
-            s._advance_time(1)
-
-    @staticmethod
-    def result(s, b, index, ts, prep, out, keyframe, seconds: float) -> FrameResult:
-        s._record_run(seconds, 1)
-        return s._result(b, index, ts, prep, out, keyframe)
-
-
-class _BatchCameraCache:
-    """Camera caches of a batch: the camera trunk sees the batch as one sequence [1, B, dim];
-    token b attends only to stream b's cache (and itself)."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self, parts):
-        self.parts = parts
-
-    def attend_fn(self, iteration: int, block: int, *args):
-        fns = [c.attend_fn(iteration, block, *args) for c in self.parts]
-
-        def attend(q, k, v):               # [1, B, H, D]
-            return torch.cat([f(q[:, b:b + 1], k[:, b:b + 1], v[:, b:b + 1]) for b, f in enumerate(fns)], dim=1)
-
-        return attend
-
-    def build_static_mask(self) -> None:     # the camera head's static (graph) mode, per cache
-        for c in self.parts:
-            c.build_static_mask()
-
-
 @dataclass(eq=False)
 class Stream:
     """One admitted stream (returned by `open_stream`; pass it to submit / close_stream)."""
@@ -202,9 +142,6 @@ class StreamScheduler:
         if max_batch < 1:
             raise EngineError(f"max_batch must be >= 1 (got {max_batch})")
         self.model = model
-        import inspect
-        # results need pose, depth and confidence only (newer models skip the rest on request)
-        self._fwd_kw = {"extras": False} if "extras" in inspect.signature(model.forward_step).parameters else {}
         self.memory_budget_bytes = memory_budget_bytes
         self.reserve_bytes = reserve_bytes
         self.max_batch = int(max_batch)
@@ -331,17 +268,17 @@ class StreamScheduler:
         for s in chosen:
             frame, ts, submitted = s.queue.popleft()
             sess = s.session
-            if not _SessionOps.streaming(sess):
+            if not sess.streaming:     # the scale phase: a multi-frame step of its own, as alone
                 out.append((s, self._guard(s, lambda: sess.push(frame, ts), submitted)))
                 continue
             try:
-                prep, index, ts2, kf = _SessionOps.prepare(sess, frame, ts)
+                step = sess.prepare_step(frame, ts)        # one streamed frame, keyframe decided
             except EngineError as exc:
                 self._fail(s, exc)
                 out.append((s, []))
                 continue
-            key = (tuple(prep.tensor.shape), sess.config.camera_iterations)
-            groups.setdefault(key, []).append((s, prep, index, ts2, kf, submitted))
+            key = (step.frame_shape, sess.config.camera_iterations)
+            groups.setdefault(key, []).append((s, step, submitted))
         self._host["prepare"] += time.perf_counter() - h0
         launched = 0
         for (_, iterations), items in groups.items():
@@ -377,40 +314,25 @@ class StreamScheduler:
         if s.latency_budget_s is not None and lat > s.latency_budget_s:
             s.budget_misses += 1
 
-    def _batched(self, items: list, iterations: int) -> list[tuple[Stream, list[FrameResult]]]:
-        """One forward for frames of several streams (each stream's session bookkeeping kept)."""
+    def _batched(self, items: list, iterations: int) -> Optional[list[tuple[Stream, list[FrameResult]]]]:
+        """One forward for one streamed step of each of several streams: the sessions' own step
+        phases around one `forward_steps` call (engine/lingbot/session.py); None when pipelined."""
+        from .lingbot.session import forward_steps, run_steps
         t0 = self.clock()
         h0 = time.perf_counter()
         order = {s: i for i, s in enumerate(self.streams)}
         items = sorted(items, key=lambda it: order[it[0]])    # the same composition every round
-        begun = []
+        steps = [step for _, step, _ in items]
+        dev = steps[0].session.device
+        side = (side_streams_for(dev, len(steps), self._side)
+                if self.attention_streams and len(steps) > 1 else None)
         try:
-            parts = []
-            for s, prep, index, ts, kf, _ in items:
-                parts.append(_SessionOps.begin(s.session, kf))
-                begun.append(s)
-            dev = items[0][0].session.device
-            images = torch.stack([it[1].tensor for it in items]).to(dev, non_blocking=True)
-            if len(parts) == 1:     # exactly the session's own call (its per-cache CUDA graphs apply)
-                kv, cam = parts[0][0], parts[0][1]
-            else:                   # fresh adapters each round: the model must not graph them (S > 1)
-                side = side_streams_for(dev, len(parts), self._side) if self.attention_streams else None
-                kv, cam = BatchKV([p[0] for p in parts], side), _BatchCameraCache([p[1] for p in parts])
-            res = self.model.forward_step(images, time_index=[p[2] for p in parts], first_frame=False,
-                                          scale_phase=False, kv=kv, camera_cache=cam, iterations=iterations,
-                                          **self._fwd_kw)
-        except BaseException as exc:
-            for s in begun:
-                _SessionOps.abort(s.session)
-            if isinstance(exc, torch.OutOfMemoryError):
-                raise EngineError(f"out of {items[0][0].session.device.type.upper()} memory running a batch of "
-                                  f"{len(items)} streams; lower max_batch, the window or the image width") from exc
-            raise
-        for s, _, _, _, kf, _ in items:
-            _SessionOps.commit(s.session, kf)
+            outputs = run_steps(steps, lambda: forward_steps(self.model, steps, iterations, side_streams=side))
+        except torch.OutOfMemoryError as exc:
+            raise EngineError(f"out of {dev.type.upper()} memory running a batch of {len(items)} streams; "
+                              f"lower max_batch, the window or the image width") from exc
         self._batched_frames += len(items)
         self._largest_batch = max(self._largest_batch, len(items))
-        outputs = {k: res[k] for k in ("pose_enc", "depth", "conf")}
         h1 = time.perf_counter()
         self._host["launch"] += h1 - h0
         if self.pipeline:
@@ -426,12 +348,14 @@ class StreamScheduler:
         return self._finish(items, out_np, t0)
 
     def _finish(self, items: list, out_np: dict, t0: float) -> list[tuple[Stream, list[FrameResult]]]:
-        """Results of one batched forward from its outputs on the host."""
+        """Results of one batched forward from its outputs on the host (the session's own
+        step_results, each step at its rows of the batch)."""
         h0 = time.perf_counter()
         dt = self.clock() - t0
-        done = []
-        for b, (s, prep, index, ts, kf, submitted) in enumerate(items):
-            r = [_SessionOps.result(s.session, b, index, ts, prep, out_np, kf, dt)]
+        done, row = [], 0
+        for s, step, submitted in items:
+            r = s.session.step_results(step, out_np, row=row, seconds=dt)
+            row += len(step.items)
             self._account(s, r, submitted)
             done.append((s, r))
         self._host["results"] += time.perf_counter() - h0

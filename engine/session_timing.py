@@ -4,7 +4,8 @@ size check, index, timestamp) and the latency / throughput of recent model runs 
 
 `SessionTiming` is a mixin: the session calls `_init_timing()` in its constructor and sets
 `self.config` (and `self.device`, `self._hw`, `self._next_index` where it uses the methods that read
-them); `_SESSION_NAME` names it in the "closed" message."""
+them); `_SESSION_NAME` names it in the "closed" message. The sessions that run a network of their
+own (LingBot-Map, VGGT) start their constructor with `_open_model`, which sets all of these up."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .api import EngineError
+from .api import EngineError, EngineEvent
 
 
 def resolve_device(device, error: Callable[[str], EngineError]) -> torch.device:
@@ -47,6 +48,31 @@ class SessionTiming:
     """Closed flag, frame intake and run timing of one session (see the module docstring)."""
 
     _SESSION_NAME = "engine"
+
+    def _open_model(self, config, model, *, engine: str, kind: type, load: Callable,
+                    error: Callable[[str], EngineError]) -> None:
+        """The common start of a neural session (config already validated): sets `config`,
+        `device` (`error` builds the settings error), `dtype` (compute dtype), `model`, `_events`
+        and the timing / closed state (`_init_timing`). The model is the one passed in, else
+        `load(config, device, dtype)`; it must be a `kind` (the `engine` engine's network) and is
+        moved to the device and converted to the dtype in place: sessions share one copy of the
+        weights. Going up in precision cannot restore what an earlier bf16/fp16 session rounded
+        away, so `_events` then starts with a warning that says so."""
+        from .kv.dtypes import COMPUTE_DTYPES
+        self.config = config
+        self.device = resolve_device(config.device, error)
+        self.dtype = COMPUTE_DTYPES[config.dtype]
+        if model is None:
+            model = load(config, self.device, self.dtype)
+        if not isinstance(model, kind):
+            raise EngineError(f"the {engine} engine needs a {self._SESSION_NAME} model, got {type(model).__name__}")
+        was = model.compute_dtype
+        self.model = model.to(self.device).set_dtype(self.dtype).eval()
+        upcast = torch.finfo(was).bits < torch.finfo(self.dtype).bits
+        self._events: list[EngineEvent] = [] if not upcast else [EngineEvent("warning", message=(
+            f"the model was converted to {str(was).replace('torch.', '')} by an earlier session; "
+            f"{config.dtype} results use those rounded weights. Reload the checkpoint for exact {config.dtype}"))]
+        self._init_timing()
 
     def _init_timing(self) -> None:
         self._latency = deque(maxlen=256)       # seconds of recent push/flush calls that ran the model

@@ -1,4 +1,4 @@
-"""Global attention for a batch of frames from different streams (engine/scheduler.py).
+"""Global and camera-head attention for a batch of frames from different streams (engine/scheduler.py).
 
 The scheduler stacks the streamed frames of B streams into one forward; the global blocks then
 hand their `kv` object q/k/v of shape [B, T, H, D]. `BatchKV` sends frame b's keys/values to
@@ -52,6 +52,29 @@ class BatchKV:
             main.wait_stream(self.side_streams[b])
             out.record_stream(main)           # made on a side stream, read (and freed) on main
         return torch.cat(outs, dim=0)
+
+
+class BatchCameraCache:
+    """`camera_cache` of `model.forward_step` for the same batch: the camera head sees the batch
+    as one sequence [1, B, dim]; token b attends only to `parts[b]` (stream b's camera cache, a
+    `CameraCache` of engine/models/camera_head.py) and itself, as it would alone."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: Sequence):
+        self.parts = list(parts)
+
+    def attend_fn(self, iteration: int, block: int, *args):
+        fns = [c.attend_fn(iteration, block, *args) for c in self.parts]
+
+        def attend(q, k, v):               # [1, B, H, D]
+            return torch.cat([f(q[:, b:b + 1], k[:, b:b + 1], v[:, b:b + 1]) for b, f in enumerate(fns)], dim=1)
+
+        return attend
+
+    def build_static_mask(self) -> None:     # the camera head's static (graph) mode, per cache
+        for c in self.parts:
+            c.build_static_mask()
 
 
 def side_streams_for(device, n: int, cache: dict) -> Optional[list]:

@@ -14,6 +14,12 @@ Flow (the engine contract in shared/DESIGN.md):
 5. per frame: pose encoding -> c2w + K (engine/pose.py; for LingBot-Map the decoded [R|t] *is*
    camera-to-world), depth and confidence at the model resolution.
 
+A step (the scale step, or one streamed frame) runs in named phases, each implemented once here:
+`prepare_step` (frame intake, keyframe decision) -> `run_steps` (`step_begin`: both caches opened,
+`forward_steps`: the network, `step_commit` / `step_abort`) -> `step_results`. `push` runs them for
+its own step; the scheduler (engine/scheduler.py) runs the same phases for one streamed step of each
+of several sessions around ONE `forward_steps` call that stacks their frames.
+
 Dtypes: the trunk runs in `dtype` (fp32 / bf16 / fp16); the camera and depth heads and the camera
 cache stay float32 (as upstream). The global KV cache stores `kv_dtype` ("auto" = compute dtype).
 
@@ -38,7 +44,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -110,22 +117,10 @@ class LingBotMapSession(SessionTiming):
 
     def __init__(self, config: SessionConfig, model: Any = None):
         _validate(config)
-        self.config = config
-        self.device = _device(config)
-        self.dtype = _DTYPES[config.dtype]
-        if model is None:
-            model = load_lingbot_map(config, self.device, self.dtype)
         from .model import LingBotMap
-        if not isinstance(model, LingBotMap):
-            raise EngineError(f"the lingbot-map engine needs a LingBot-Map model, got {type(model).__name__}")
-        # The model is converted in place (no second copy of 4.6 GB). Going up in precision cannot
-        # restore what an earlier bf16/fp16 session rounded away, so say so.
-        was = model.compute_dtype
-        self.model = model.to(self.device).set_dtype(self.dtype).eval()
-        upcast = torch.finfo(was).bits < torch.finfo(self.dtype).bits
-        self._events: list[EngineEvent] = [] if not upcast else [EngineEvent("warning", message=(
-            f"the model was converted to {str(was).replace('torch.', '')} by an earlier session; "
-            f"{config.dtype} results use those rounded weights. Reload the checkpoint for exact {config.dtype}"))]
+        # config, device, dtype, the model (converted in place), events, timing (engine/session_timing.py)
+        self._open_model(config, model, engine="lingbot-map", kind=LingBotMap, load=load_lingbot_map,
+                         error=_config_error)
         if config.weight_dtype in ("int8", "fp8"):      # trunk linear weights via torchao, in place
             from ..weight_quant import quantize_trunk
             quantize_trunk(self.model, config.weight_dtype)
@@ -159,7 +154,6 @@ class LingBotMapSession(SessionTiming):
         self._time = 0                  # 3D-RoPE time index of the next cached frame
         self._frames = 0
         self._keyframes = 0
-        self._init_timing()             # latency / rate of recent model runs, closed flag
         from ..host_copy import HostCopies
         self._host = HostCopies(self.device)    # outputs on their way to the host (see _deliver)
         # On CUDA a streamed frame's results come back from the NEXT push (or flush): the host
@@ -169,20 +163,16 @@ class LingBotMapSession(SessionTiming):
 
     # ------------------------------------------------------------------ contract
     def push(self, frame, timestamp: Optional[float] = None) -> list[FrameResult]:
-        self._check_open()
         t0 = time.perf_counter()
-        prep, index, ts = self._take_frame(frame, timestamp)
-        if self._num_scale == 0:
-            self._pending.append((index, ts, prep))
-            if len(self._pending) < self.config.scale_frames:
-                return []
-            return self._timed(t0, self._run_scale)
-        return self._timed(t0, lambda: self._run_stream(index, ts, prep))
+        step = self.prepare_step(frame, timestamp)
+        if step is None:                # a scale frame buffered
+            return []
+        return self._timed(t0, lambda: self._run(step))
 
     def flush(self) -> list[FrameResult]:
         self._check_open()
         if self._num_scale == 0 and self._pending:
-            return self._timed(time.perf_counter(), self._run_scale)
+            return self._timed(time.perf_counter(), lambda: self._run(self._scale_step()))
         if len(self._host):             # a streamed frame whose results are still in flight
             return self._timed(time.perf_counter(), lambda: self._deliver(keep=0))
         return []
@@ -218,7 +208,88 @@ class LingBotMapSession(SessionTiming):
         self._pending.clear()
         self._host.clear()          # a frame still in flight is dropped (flush() first to keep it)
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ step phases
+    # A step is the scale step (the buffered scale frames at once, bidirectional) or one streamed
+    # frame. Its phases, each implemented once, here:
+    #   prepare_step -> run_steps(step_begin, forward_steps, step_commit | step_abort) -> step_results
+    # `push` runs them for its own step; the scheduler (engine/scheduler.py) runs the very same
+    # phases for one streamed step of each of several sessions, around ONE `forward_steps` call.
+    @property
+    def streaming(self) -> bool:
+        """The scale phase ran: every further step is one streamed frame."""
+        return self._num_scale > 0
+
+    def prepare_step(self, frame, timestamp: Optional[float] = None) -> Optional["Step"]:
+        """Phase 1: preprocess and number `frame` (the first one fixes the size) and decide what
+        runs: None while the scale phase still buffers, else the Step (keyframe decided here)."""
+        self._check_open()
+        prep, index, ts = self._take_frame(frame, timestamp)
+        if not self.streaming:
+            self._pending.append((index, ts, prep))
+            if len(self._pending) < self.config.scale_frames:
+                return None
+            return self._scale_step()
+        k = self.config.keyframe_interval
+        keyframe = k <= 1 or (index - self._num_scale) % k == 0
+        return Step(self, [(index, ts, prep)], scale=False, keyframe=keyframe)
+
+    def _scale_step(self) -> "Step":
+        # the buffered frames stay in _pending until the step commits (a failed step keeps them)
+        return Step(self, list(self._pending), scale=True, keyframe=True)
+
+    def step_begin(self, step: "Step") -> None:
+        """Phase 2: open the step in both caches (built at the first step) and give it what the
+        network reads: the model's view of the KV cache, the camera cache, the time indices."""
+        self._ensure_caches()
+        n = len(step.items)
+        self.caches.begin_step(n, scale=step.scale, keyframe=step.keyframe)
+        step.kv, step.camera_cache = _KVAdapter(self.kv), self.camera_cache
+        step.time_index = range(self._time, self._time + n)
+
+    def step_abort(self, step: "Step") -> None:
+        """The network call failed: both caches exactly as before the step."""
+        self.caches.abort_step()
+        step.kv = step.camera_cache = None      # a step kept for its results holds no cache
+
+    def step_commit(self, step: "Step") -> None:
+        """Phase 4: a keyframe stays cached and advances the time index; any other frame's writes
+        are rolled back (the caches' keyframe rule). The scale step ends the scale phase."""
+        self.caches.end_step()
+        step.kv = step.camera_cache = None
+        if step.keyframe:
+            self._advance_time(len(step.items))
+        if step.scale:
+            self._pending = []
+            self._num_scale = len(step.items)
+
+    def step_results(self, step: "Step", arrays: dict, row: int = 0,
+                     seconds: Optional[float] = None) -> list[FrameResult]:
+        """Phase 5: FrameResults of the step from the network outputs on the host (`arrays`,
+        STEP_OUTPUTS; the step's frames at rows row, row + 1, ...). `seconds`: record a model run of
+        that length (a batched round; `push` times itself)."""
+        if seconds is not None:
+            self._record_run(seconds, len(step.items))
+        return [self._result(row + i, idx, ts, prep, arrays, step.keyframe)
+                for i, (idx, ts, prep) in enumerate(step.items)]
+
+    def _run(self, step: "Step") -> list[FrameResult]:
+        """This session's step alone (push / flush): the phases around its own network call. The
+        scale step's results come at once; a streamed frame's from the next push when deferred."""
+        forward = None                                          # model.forward_step
+        if step.scale and self.config.sequence_parallel != "off":   # ring attention over the ranks
+            from ..parallel.lingbot_ring import ring_forward
+            forward = ring_forward(self.model, self.config)
+        try:
+            out = run_steps([step], lambda: forward_steps(self.model, [step], self.config.camera_iterations,
+                                                          forward=forward))
+        except torch.OutOfMemoryError as exc:
+            h, w = self._hw
+            raise EngineError(f"out of {self.device.type.upper()} memory running LingBot-Map at {w}x{h} "
+                              f"(dtype {self.config.dtype}, window {self.config.window}); use bf16, a "
+                              f"smaller window or a smaller image width") from exc
+        self._host.submit(out, step)
+        return self._deliver(keep=1 if self.defer_results and not step.scale else 0)
+
     def _ensure_caches(self) -> None:
         if self.kv is not None:
             return
@@ -237,33 +308,6 @@ class LingBotMapSession(SessionTiming):
         self.camera_cache = self.model.new_camera_cache(cfg.camera_iterations, cfg.scale_frames, cfg.special_cap)
         self.caches = StreamCaches(self.kv, self.camera_cache)     # stepped together
 
-    def _step(self, images: torch.Tensor, n: int, scale: bool, keyframe: bool, first: bool) -> dict:
-        forward = functools.partial(self.model.forward_step, extras=False)   # only what results use
-        if scale and self.config.sequence_parallel != "off":   # ring attention over the ranks
-            from ..parallel.lingbot_ring import ring_forward
-            forward = ring_forward(self.model, self.config)
-        self._ensure_caches()
-        self.caches.begin_step(n, scale=scale, keyframe=keyframe)
-        try:
-            out = forward(images.to(self.device, non_blocking=True),
-                          time_index=range(self._time, self._time + n), first_frame=first,
-                          scale_phase=scale, kv=_KVAdapter(self.kv), camera_cache=self.camera_cache,
-                          iterations=self.config.camera_iterations)
-        except BaseException as exc:
-            self.caches.abort_step()
-            if isinstance(exc, torch.OutOfMemoryError):
-                h, w = self._hw
-                raise EngineError(f"out of {self.device.type.upper()} memory running LingBot-Map at {w}x{h} "
-                                  f"(dtype {self.config.dtype}, window {self.config.window}); use bf16, a "
-                                  f"smaller window or a smaller image width") from exc
-            raise
-        self.caches.end_step()
-        if keyframe:
-            self._advance_time(n)
-        return {k: out[k] for k in self._OUTPUTS}
-
-    _OUTPUTS = ("pose_enc", "depth", "conf")    # what FrameResult carries; nothing else is copied
-
     def _timed(self, t0: float, run) -> list:
         """As SessionTiming._timed, without its GPU synchronisation when results are deferred
         (the push's wall time is then the figure: the GPU work it queued is paid by later pushes)."""
@@ -277,25 +321,9 @@ class LingBotMapSession(SessionTiming):
         """FrameResults of the steps whose outputs reached the host, oldest first, leaving the
         newest `keep` in flight."""
         out = []
-        for (kind, items, keyframe), host in self._host.take(keep):
-            out += [self._result(i, idx, ts, prep, host, keyframe) for i, (idx, ts, prep) in enumerate(items)]
+        for step, host in self._host.take(keep):
+            out += self.step_results(step, host)
         return out
-
-    def _run_scale(self) -> list[FrameResult]:
-        items = list(self._pending)             # kept until the step succeeds
-        imgs = torch.stack([p.tensor for _, _, p in items])
-        out = self._step(imgs, len(items), scale=True, keyframe=True, first=True)
-        self._pending = []
-        self._num_scale = len(items)
-        self._host.submit(out, ("scale", items, True))
-        return self._deliver(keep=0)            # the scale phase's results at once
-
-    def _run_stream(self, index: int, ts: float, prep) -> list[FrameResult]:
-        k = self.config.keyframe_interval
-        keyframe = k <= 1 or (index - self._num_scale) % k == 0
-        out = self._step(prep.tensor[None], 1, scale=False, keyframe=keyframe, first=False)
-        self._host.submit(out, ("stream", [(index, ts, prep)], keyframe))
-        return self._deliver(keep=1 if self.defer_results else 0)
 
     def _advance_time(self, n: int) -> None:
         before, self._time = self._time, self._time + n
@@ -338,3 +366,71 @@ class _KVAdapter:
 
     def attend(self, layer, q):
         return self.kv.attend(layer, q)
+
+
+# ---------------------------------------------------------------------- one step, several sessions
+STEP_OUTPUTS = ("pose_enc", "depth", "conf")    # what FrameResult carries; nothing else is copied
+
+
+@dataclass(eq=False)
+class Step:
+    """One step of a LingBotMapSession between its phases (see "step phases" in the class)."""
+
+    session: LingBotMapSession
+    items: list                             # [(index, timestamp, Prepared)], oldest first
+    scale: bool                             # the scale step: its frames together, bidirectional
+    keyframe: bool                          # stays cached (the scale step always does)
+    kv: Any = None                          # set by step_begin: what the network is called with
+    camera_cache: Any = None
+    time_index: Optional[range] = None      # 3D-RoPE positions of the step's frames
+
+    @property
+    def frame_shape(self) -> tuple:
+        """[3, H, W] of its frames (the model resolution)."""
+        return tuple(self.items[0][2].tensor.shape)
+
+
+def run_steps(steps: Sequence[Step], network: Callable[[], dict]) -> dict:
+    """Begin every step in its session, run `network()`, commit every step; if anything fails,
+    the steps begun so far are aborted (their caches exactly as before) and the error raised."""
+    begun = []
+    try:
+        for st in steps:
+            st.session.step_begin(st)
+            begun.append(st)
+        out = network()
+    except BaseException:
+        for st in begun:
+            st.session.step_abort(st)
+        raise
+    for st in steps:
+        st.session.step_commit(st)
+    return out
+
+
+def forward_steps(model, steps: Sequence[Step], iterations: int, side_streams=None, forward=None) -> dict:
+    """Phase 3, the network over begun steps -> STEP_OUTPUTS, the steps' frames in order.
+
+    One step (of any number of frames) runs exactly as its session alone. Several streamed steps
+    of different sessions (one frame each) are stacked into ONE forward: patch embed, frame blocks
+    and heads run once; each frame's global attention and camera-head attention go to its own
+    session's caches (BatchKV / BatchCameraCache, engine/kv/batch_attention.py; `side_streams`:
+    their per-session attention side by side on CUDA). `forward`: a replacement for
+    `model.forward_step` with its signature (the ring's sequence-parallel scale step)."""
+    first = steps[0]
+    images = torch.stack([p.tensor for st in steps for _, _, p in st.items]).to(first.session.device,
+                                                                                non_blocking=True)
+    if len(steps) == 1:     # its own caches (and, on CUDA, their per-cache graphs)
+        kv, camera, times = first.kv, first.camera_cache, first.time_index
+    else:                   # fresh adapters each round: the model must not graph them (S > 1)
+        if any(st.scale or len(st.items) != 1 for st in steps):
+            raise ValueError("only streamed steps (one frame each) of different sessions are batched")
+        from ..kv.batch_attention import BatchCameraCache, BatchKV
+        kv = BatchKV([st.kv for st in steps], side_streams)
+        camera = BatchCameraCache([st.camera_cache for st in steps])
+        times = [t for st in steps for t in st.time_index]
+    if forward is None:
+        forward = functools.partial(model.forward_step, extras=False)     # only what results use
+    out = forward(images, time_index=times, first_frame=first.scale, scale_phase=first.scale, kv=kv,
+                  camera_cache=camera, iterations=iterations)
+    return {k: out[k] for k in STEP_OUTPUTS}

@@ -39,7 +39,7 @@ import torch
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from ..kv.dtypes import COMPUTE_DTYPES as _DTYPES   # the one dtype table
 from ..pose import decode_pose
-from ..session_timing import SessionTiming, require_ints, resolve_device
+from ..session_timing import SessionTiming, require_ints
 
 
 def _error(msg: str) -> EngineError:
@@ -60,10 +60,6 @@ def validate(cfg: SessionConfig) -> None:
                      f"repeats `overlap` frames of the previous one to align it and must add new ones")
     if cfg.image_width % 14:
         raise _error(f"image_width must be a multiple of 14 (got {cfg.image_width})")
-
-
-def _device(cfg: SessionConfig) -> torch.device:
-    return resolve_device(cfg.device, _error)
 
 
 def load_vggt(cfg: SessionConfig, device: torch.device, dtype: torch.dtype):
@@ -89,15 +85,9 @@ class VGGTChunkedSession(SessionTiming):
 
     def __init__(self, config: SessionConfig, model: Any = None):
         validate(config)
-        self.config = config
-        self.device = _device(config)
-        self.dtype = _DTYPES[config.dtype]
-        if model is None:
-            model = load_vggt(config, self.device, self.dtype)
         from .model import VGGT
-        if not isinstance(model, VGGT):
-            raise EngineError(f"the vggt-1b engine needs a VGGT model, got {type(model).__name__}")
-        self.model = model.to(self.device).set_dtype(self.dtype).eval()
+        # config, device, dtype, the model (converted in place), events, timing (engine/session_timing.py)
+        self._open_model(config, model, engine="vggt-1b", kind=VGGT, load=load_vggt, error=_error)
         kv_dtype = getattr(config, "kv_dtype", "auto")
         self.kv_dtype = self.dtype if kv_dtype in ("auto", None) else kv_dtype
         self.C, self.W, self.O = config.chunk_size, config.sliding_window_num, config.overlap
@@ -110,8 +100,6 @@ class VGGTChunkedSession(SessionTiming):
         self._chunks = 0
         self._frames = 0
         self._last_align: Optional[dict] = None
-        self._events: list[EngineEvent] = []
-        self._init_timing()             # latency / rate of recent model runs, closed flag
 
     # ------------------------------------------------------------------ contract
     def push(self, frame, timestamp: Optional[float] = None) -> list[FrameResult]:

@@ -248,3 +248,73 @@ def test_batch_attention_side_streams_are_cuda_only(tiny):
         BatchKV([object(), object()], side_streams=[object()])
     sched = StreamScheduler(tiny, attention_streams=True)      # CPU: the plain per-stream loop
     assert sched.stats()["attention_streams"]
+
+
+# every per-step phase at once: scale phase of 3, window eviction (window 2, special cap 5 < the
+# keyframes cached), keyframe interval 2 (non-keyframes roll back inside a batch), KV compression
+# and int8 KV; batched with a plain stream and a block-sparse one
+ALL_PHASES = {
+    "merge8": (dict(scale_frames=3, window=2, special_cap=5, keyframe_interval=2, kv_compression="token_merge",
+                    kv_keep_ratio=0.5, kv_block_size=8, kv_dtype="int8"), dict(seed=30, n=16)),
+    "subset": (dict(window=2, special_cap=4, keyframe_interval=2, kv_compression="random_subset",
+                    kv_keep_ratio=0.5, kv_seed=3), dict(seed=31, n=14)),
+    "sparse": (dict(scale_frames=3, window=2, kv_compression="block_sparse", kv_keep_ratio=0.5,
+                    kv_block_size=4), dict(seed=32, n=13)),
+    "plain": (dict(), dict(seed=33, n=12)),
+}
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_every_step_phase_batched_equals_the_session_alone(tiny, pipeline):
+    frames = {k: _frames(**fr) for k, (_, fr) in ALL_PHASES.items()}
+    ref = {k: _alone(tiny, over, frames[k]) for k, (over, _) in ALL_PHASES.items()}
+    sched = StreamScheduler(tiny, max_batch=8, pipeline=pipeline)
+    streams = {k: sched.open_stream(_cfg(**over), name=k) for k, (over, _) in ALL_PHASES.items()}
+    got = {k: [] for k in ALL_PHASES}
+    for i in range(max(len(f) for f in frames.values())):
+        for k, st in streams.items():
+            if i < len(frames[k]):
+                sched.submit(st, frames[k][i])
+        for st, res in sched.step():
+            got[st.name].extend(res)
+    kv_stats = {k: st.session.kv.stats() for k, st in streams.items()}
+    for k, st in streams.items():
+        got[k].extend(sched.close_stream(st))
+    assert sched.stats()["largest_batch"] == 4
+    m8 = kv_stats["merge8"]
+    assert m8["dtype"] == "int8" and m8["compression"] == "token_merge"
+    assert m8["evictions"] > 0 and m8["special_dropped"] > 0      # window and special stream evict
+    for k in ALL_PHASES:
+        a, b = ref[k], got[k]
+        assert [r.index for r in b] == list(range(len(frames[k]))) == [r.index for r in a]
+        assert [r.is_keyframe for r in a] == [r.is_keyframe for r in b]
+        for x, y in zip(a, b):       # the same phases on the same inputs: equal up to batching
+            np.testing.assert_allclose(y.pose_enc, x.pose_enc, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(y.depth, x.depth, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(y.conf, x.conf, rtol=1e-5, atol=1e-6)
+            assert y.timestamp == x.timestamp
+
+
+def test_a_failed_batched_forward_leaves_every_stream_as_before(tiny, monkeypatch):
+    from tests.engine.test_streaming import _assert_same, _snapshot
+    sched, st = _streaming_scheduler(tiny, "ab")
+    f = _frames(40, 3)
+    for s in st.values():
+        sched.submit(s, f[0])
+    sched.step()                                     # one batched round: both caches hold a frame
+    before = {k: _snapshot(s.session) for k, s in st.items()}
+
+    def boom(*a, **kw):
+        raise RuntimeError("device lost")
+    with monkeypatch.context() as m:
+        m.setattr(tiny, "forward_step", boom)
+        for s in st.values():
+            sched.submit(s, f[1])
+        with pytest.raises(RuntimeError, match="device lost"):
+            sched.step()
+    for k, s in st.items():                          # both steps aborted: caches and time as before
+        _assert_same(_snapshot(s.session), before[k])
+    for s in st.values():                            # and the streams go on
+        sched.submit(s, f[2])
+    served = sched.step()
+    assert sorted(s.name for s, r in served if len(r) == 1) == ["a", "b"]

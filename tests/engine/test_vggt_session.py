@@ -116,6 +116,15 @@ def test_wrong_model_is_refused():
         open_session(_cfg(), model=build_model("lingbot-map-tiny"))
 
 
+def test_upcasting_a_rounded_model_warns():
+    """The shared session preamble (engine/session_timing.py _open_model): as for LingBot-Map."""
+    from engine import build_model
+    m = build_model("vggt-tiny")
+    assert open_session(_cfg(dtype="bf16"), model=m).poll_events() == []
+    events = open_session(_cfg(dtype="fp32"), model=m).poll_events()
+    assert [e.kind for e in events] == ["warning"] and "bfloat16" in events[0].message
+
+
 def test_kv_pool_is_exactly_the_window(model, frames):
     """No pages for a scale stream or non-keyframe steps: pool = sliding_window_num x chunk_size
     pages, all in use once the window is full, and the steady state attends to one run of pages."""
