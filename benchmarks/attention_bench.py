@@ -250,6 +250,14 @@ def main(argv=None) -> None:
                                                                                        merge="compile")
     if fe is not None:
         paths["cudnn split (frontend A + flash B)"] = CuDNNSplitBackend(cache, a_kernel="frontend", merge="eager")
+        # the fixed part's cuDNN graph with softmax stats: other implementations / every plan timed
+        for impl, tune in (("unified", False), ("composite", True), ("unified", True), ("auto", False)):
+            label = f"cudnn split (frontend A {impl}{', tuned' if tune else ''} + flash B)"
+            try:
+                paths[label] = CuDNNSplitBackend(cache, merge="eager",
+                                                 kernel_a=CuDNNFrontendKernel("cuda", impl, tune).attend_lse)
+            except Exception as exc:
+                print(f"{label}: not made: {type(exc).__name__}: {exc}")
     only = [x for x in a.only.split(",") if x]
     if only:
         paths = {k: v for k, v in paths.items() if any(x in k for x in only)}
@@ -279,6 +287,10 @@ def main(argv=None) -> None:
             extra["max_abs_diff_to_sdpa_flash"] = float((out.float() - sd).abs().max())
         rows.append({"path": name, "ms": ms, "tflops": flop / ms / 1e9, "rel_diff_to_first": diff, **extra})
         print(f"{name:32s} {ms:7.3f} ms  {flop / ms / 1e9:6.0f} TFLOP/s  rel diff {diff:.1e}  {extra}")
+    for name, be in paths.items():       # the split's frontend kernels: plans and their timings
+        k = getattr(getattr(be, "_kernel_a", None), "__self__", None)
+        if isinstance(be, CuDNNSplitBackend) and k is not None:
+            print(f"{name}: graphs built {k.builds}, tuned plans (ms) {k.plan_ms} {k.tune_error or ''}")
     for name, be in seqlen.items():
         k = be._kernel
         print(f"{name}: impl {getattr(k, 'impl', None)}, shape {getattr(k, 'shape', None)}, graphs built {getattr(k, 'builds', None)}, "

@@ -24,14 +24,30 @@ $SBS weights /tmp/recipe.pt > /tmp/weights.log 2>&1 &
 WPID=$!
 timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider -p no:pytest-qt -rs --durations=8 \
   ${TESTS:-tests/engine/test_cudnn_split_gpu.py tests/engine/test_cudnn_split.py} 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25; el
-timeout ${T_ATT:-120} python3 benchmarks/attention_bench.py --frames "$N" --reps 50 --steps 20 \
-  --only "flashinfer dense,sdpa,split,seq_len (dense)" --json "$OUT/attention.json" 2>&1; el
+timeout ${T_ATT:-120} python3 benchmarks/attention_bench.py --frames "${NA:-300}" --reps 50 --steps 20 \
+  --only "${ONLY:-flashinfer dense,sdpa,split,seq_len (dense)}" --json "$OUT/attention.json" 2>&1; el
+# BEST_FE=1: the fastest frontend form of the split's fixed part in that benchmark (implementation,
+# plan timing) is exported for the side by side's -fe variants (RECONSTUDIO_CUDNN_IMPL / _TUNE)
+if [ -n "${BEST_FE:-}" ]; then
+  eval "$(python3 - "$OUT/attention.json" <<'PY'
+import json, re, sys
+rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r.get("ms") and "frontend A" in r["path"]]
+if rows:
+    best = min(rows, key=lambda r: r["ms"])
+    m = re.search(r"frontend A(?: (\w+))?(, tuned)?", best["path"])
+    print(f"export RECONSTUDIO_CUDNN_IMPL={m.group(1) or 'composite'} RECONSTUDIO_CUDNN_TUNE={1 if m.group(2) else 0}")
+PY
+)"
+  echo "frontend split form for -fe variants: impl ${RECONSTUDIO_CUDNN_IMPL:-composite} tune ${RECONSTUDIO_CUDNN_TUNE:-0}"
+fi
 wait $WPID; cat /tmp/weights.log; el
 timeout ${T_OURS:-280} $SBS ours --no-fidelity --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --variants "$VARIANTS" \
   --json "$OUT/ours.json" 2>&1 | grep -v Warning; el
-RECONSTUDIO_CUDNN_MODE=split timeout ${T_PROF:-70} python3 benchmarks/gpu_profile.py --backend cudnn --frames 80 \
-  > "$OUT/profile.txt" 2>&1
-grep "^\[\|SDPA alone" "$OUT/profile.txt"; el
+if [ "${T_PROF:-70}" != 0 ]; then
+  RECONSTUDIO_CUDNN_MODE=split timeout ${T_PROF:-70} python3 benchmarks/gpu_profile.py --backend cudnn --frames 80 \
+    > "$OUT/profile.txt" 2>&1
+  grep "^\[\|SDPA alone" "$OUT/profile.txt"; el
+fi
 # upstream last (UP=1): what runs out of time is its row, not ours
 if [ -n "${UP:-}" ]; then
   timeout ${T_UP:-140} $SBS upstream --no-eager --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames 40 \

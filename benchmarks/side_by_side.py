@@ -91,15 +91,16 @@ def errors(test: dict, ref: dict) -> dict:
             "pose_enc_max_abs": float(np.abs(test["pose_enc"] - ref["pose_enc"]).max())}
 
 
-def speed_summary(times: list, n_scale: int, peak: int, t_total: float, label: str) -> dict:
-    """times: seconds per streamed frame (frame n_scale onwards)."""
+def speed_summary(times: list, n_scale: int, peak: int, t_total: float, label: str, interval: int = 1) -> dict:
+    """times: seconds per streamed frame (frame n_scale onwards); interval: the keyframe interval
+    (the window is full after window * interval streamed frames)."""
+    full = CFG["window"] * interval + 8
     steady = np.asarray(times[WARMUP:])
     n = n_scale + len(times)
     out = {"label": label, "frames": n, "overall_fps": n / t_total,
            "steady_fps": len(steady) / steady.sum() if len(steady) else None,
            # the window full (+ 8 frames): every step one contiguous run (the dense / split paths)
-           "full_window_fps": (len(times) - CFG["window"] - 8) / float(np.sum(times[CFG["window"] + 8:]))
-                              if len(times) > CFG["window"] + 8 else None,
+           "full_window_fps": (len(times) - full) / float(np.sum(times[full:])) if len(times) > full else None,
            "latency_p50_ms": float(np.percentile(times, 50) * 1e3),
            "latency_p95_ms": float(np.percentile(times, 95) * 1e3),
            "peak_allocated_gib": peak / 2**30}
@@ -188,6 +189,11 @@ _VARIANTS = {
     "cudnn-split-cm": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split", "RECONSTUDIO_CUDNN_SPLIT_MERGE": "compile"}),
     "cudnn-split-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split", "RECONSTUDIO_CUDNN_SPLIT_MERGE": "compile",
                                                     "RECONSTUDIO_COMPILE_BLOCKS": "1"}),
+    "cudnn-split-fe-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split", "RECONSTUDIO_CUDNN_SPLIT_A": "frontend",
+                                                       "RECONSTUDIO_CUDNN_SPLIT_MERGE": "compile",
+                                                       "RECONSTUDIO_COMPILE_BLOCKS": "1"}),
+    # backend "auto" with RECONSTUDIO_AUTO_SPLIT=1 (what "auto" would run if it took the split)
+    "auto-split": ({"backend": "auto"}, {"RECONSTUDIO_AUTO_SPLIT": "1"}),
 }
 
 
@@ -338,7 +344,7 @@ def cmd_ours(args) -> None:
                 restore()
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        row = speed_summary(times, n_scale, peak, total, f"ours {label} kf{interval}")
+        row = speed_summary(times, n_scale, peak, total, f"ours {label} kf{interval}", interval)
         row.update(interval=interval, variant=label, backend=backend)
         if dev.startswith("cuda"):
             row["allocated_after_close_minus_model_gib"] = (torch.cuda.memory_allocated() - base) / 2**30
@@ -470,7 +476,7 @@ def cmd_upstream(args) -> None:
         for interval in (1, 2):
             _, times, n_scale, peak, total = _upstream_stream(m, frames[:args.frames], interval, torch.bfloat16,
                                                               args.device, keep=False)
-            row = speed_summary(times, n_scale, peak, total, f"upstream {label} kf{interval}")
+            row = speed_summary(times, n_scale, peak, total, f"upstream {label} kf{interval}", interval)
             row.update(interval=interval, variant=label)
             result["speed"].append(row)
             Path(args.json).write_text(json.dumps(result, indent=1))

@@ -115,6 +115,16 @@ def flashinfer_kernel(device: Any) -> str:
     return "fa3" if major == 9 and cuda >= (12, 3) else "fa2"
 
 
+def auto_split_default() -> bool:
+    """Whether backend "auto" takes `CuDNNSplitBackend` (FlashInfer kept for the steps it does
+    not split) instead of FlashInfer for a native bf16/fp16 store on CUDA;
+    RECONSTUDIO_AUTO_SPLIT=0|1 (default 0: see the module docstring for the measurements)."""
+    val = os.environ.get("RECONSTUDIO_AUTO_SPLIT", "0").strip().lower()
+    if val not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+        raise KVCacheError(f"RECONSTUDIO_AUTO_SPLIT must be 0 or 1 (got {val!r})")
+    return val in ("1", "true", "yes", "on")
+
+
 def flashinfer_dense_default() -> bool:
     """Whether the FlashInfer backend attends a contiguous visible run through the ragged
     (dense) kernel instead of the paged one; RECONSTUDIO_FLASHINFER_DENSE=0|1 overrides."""
@@ -147,6 +157,8 @@ def resolve_backend(name: str, device: torch.device, dtype):
         dtype = dtype.storage
     if name == "auto":
         if device.type == "cuda" and fi_ok_dtype and flashinfer_available():
+            if auto_split_default() and dtype in (torch.bfloat16, torch.float16):
+                return CuDNNSplitBackend          # native 16-bit store; FlashInfer for the other steps
             return FlashInferBackend
         return SDPABackend
     if name == "sdpa":

@@ -154,3 +154,20 @@ def test_mode_split_is_selected_by_the_env_knob(monkeypatch):
     monkeypatch.setenv("RECONSTUDIO_CUDNN_SPLIT_A", "nope")
     with pytest.raises(Exception, match="RECONSTUDIO_CUDNN_SPLIT_A"):
         CuDNNSplitBackend(cu)
+
+
+def test_auto_takes_the_split_only_when_asked(monkeypatch):
+    from engine.kv import backends, kv_precision
+    monkeypatch.setattr(backends, "_import_flashinfer", lambda: (object(), None))
+    cuda = torch.device("cuda")
+    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is backends.FlashInferBackend   # default
+    monkeypatch.setenv("RECONSTUDIO_AUTO_SPLIT", "1")
+    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend
+    assert backends.resolve_backend("auto", cuda, kv_precision("fp16", "auto")) is CuDNNSplitBackend
+    # quantized stores and the CPU keep their backends
+    assert backends.resolve_backend("auto", cuda, kv_precision("bf16", "fp8")) is backends.FlashInferBackend
+    assert backends.resolve_backend("auto", cuda, kv_precision("bf16", "int8")) is SDPABackend
+    assert backends.resolve_backend("auto", "cpu", torch.bfloat16) is SDPABackend
+    monkeypatch.setenv("RECONSTUDIO_AUTO_SPLIT", "maybe")
+    with pytest.raises(Exception, match="RECONSTUDIO_AUTO_SPLIT"):
+        backends.resolve_backend("auto", cuda, torch.bfloat16)

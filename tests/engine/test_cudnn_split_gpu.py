@@ -107,3 +107,13 @@ def test_cudnn_session_on_the_split_matches_sdpa_session(monkeypatch):
         assert be.error is None, be.error
         assert be.calls["split"] > 0 and be.calls["fallback"] > 0 and len(be.a_shapes) <= 2
     assert_matches_sdpa("cudnn", check=uses_split)
+
+
+@needs_cuda
+def test_auto_with_the_split_knob_makes_the_split_backend(monkeypatch):
+    from engine.kv.backends import FlashInferBackend, flashinfer_available
+    if not flashinfer_available():
+        pytest.skip("needs flashinfer")
+    monkeypatch.setenv("RECONSTUDIO_AUTO_SPLIT", "1")
+    cu = PagedKVCache(L, H, D, 130, special_tokens=S6, backend="auto", **KW)
+    assert isinstance(cu._attn, CuDNNSplitBackend) and isinstance(cu._attn._fallback, FlashInferBackend)
