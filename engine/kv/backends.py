@@ -47,9 +47,13 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
   mask (one graph for the run) and the special tokens through flash, the two results merged
   exactly by their log-sum-exp; every other step through FlashInfer (else SDPA).
 * ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16 (or fp8
-  attended in bf16/fp16); else sdpa. Never cudnn: measured on the H200 neither form is faster
-  than FlashInfer dense in the model (bias 1.25 ms a layer, padding mask 0.86 vs 0.85 ms; the
-  shape-override form's 0.72 ms not yet measured end to end; docs/benchmarks.md).
+  attended in bf16/fp16); else sdpa. Not cudnn's bias / padding forms: measured on the H200
+  neither is faster than FlashInfer dense in the model (bias 1.25 ms a layer, padding mask 0.86
+  vs 0.85 ms). The split (`CuDNNSplitBackend`) IS faster (0.76-0.78 vs 0.85 ms a layer; whole
+  model eager +0.5..1.8 FPS at keyframe interval 1 and 2, two runs) and equal to SDPA within the
+  GPU tests' bf16 tolerance, but the model's bf16-vs-fp32 error on it is not measured yet (cuDNN
+  differs from SDPA flash by 3.1e-3 a layer, FlashInfer by 1.2e-4), so "auto" takes it only with
+  RECONSTUDIO_AUTO_SPLIT=1 (`auto_split_default`; docs/benchmarks.md "cuDNN split").
 """
 from __future__ import annotations
 
@@ -1078,7 +1082,11 @@ class CuDNNSplitBackend(_CacheRef):
     (compressed window, block-sparse layers), a run not laid out as above, an A length beyond
     `max_shapes` distinct ones (a graph each) -- and every call after a kernel failure (`error`)
     go to the fallback backend: FlashInfer (dense / paged) where it runs, else SDPA.
-    Native bf16/fp16 stores only (the rest always falls back)."""
+    Native bf16/fp16 stores only (the rest always falls back).
+    Measured on the H200 (docs/benchmarks.md "cuDNN split"): 0.775 ms a layer (0.755 with the
+    merge compiled) against FlashInfer's 0.853 at the steady shape -- not plain cuDNN's 0.63,
+    because cuDNN with its softmax statistics runs ~0.1 ms slower than without; whole model +0.5
+    to +1.8 FPS eager, best 30.0-30.7 FPS with the compiled blocks (32 not reached)."""
 
     name = "cudnn"
     mode = "split"
