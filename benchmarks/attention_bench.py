@@ -8,7 +8,7 @@ frames, window 64, special cap 1024) is streamed with random keys/values to `--f
 then, on the last keyframe step, each path attends the same q (1,005 tokens) to the same visible
 set: FlashInfer dense (ragged wrapper over the zero-copy run; FA3 on Hopper), FlashInfer paged
 (the page-table kernel), SDPA flash and cuDNN over the zero-copy view, and the cuDNN backend
-(engine/kv/backends.py `CuDNNBackend`: the whole pool, fixed capacity, bias row; also with the
+(engine/kv/cudnn.py `CuDNNBackend`: the whole pool, fixed capacity, bias row; also with the
 bias materialised per step). Median of `--reps` CUDA-event timings per path, the rate in TFLOP/s
 (4 * q * kv * heads * head_dim per call, kv = the visible tokens) and each path's relative
 difference to the first one. Then cuDNN's wall time per call when the KV length changes every
@@ -28,9 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.kv import PagedKVCache                                          # noqa: E402
-from engine.kv.backends import (CuDNNBackend, CuDNNFrontendKernel, CuDNNSeqLenBackend,  # noqa: E402
-                                CuDNNSplitBackend, FlashInferBackend, merge_lse, torch_flash_lse,
-                                SDPABackend, _import_cudnn_frontend, flashinfer_available)
+from engine.kv.backends import FlashInferBackend, SDPABackend, flashinfer_available  # noqa: E402
+from engine.kv.cudnn import (CuDNNBackend, CuDNNFrontendKernel, CuDNNSeqLenBackend,  # noqa: E402
+                             CuDNNSplitBackend, _import_cudnn_frontend, merge_lse, torch_flash_lse)
 
 H, D, P, S6 = 16, 64, 999, 6
 

@@ -165,7 +165,7 @@ _VARIANTS = {
     "all-graphs": ({"graph_scope": "all"}, {}),
     # the blocks' two halves under torch.compile inside our CUDA graphs (engine/models/compile.py)
     "compiled": ({}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
-    # backend "cudnn" (engine/kv/backends.py): with the cuDNN frontend installed its sequence-length
+    # backend "cudnn" (engine/kv/cudnn.py): with the cuDNN frontend installed its sequence-length
     # form (CuDNNSeqLenBackend: dense view of the visible run, paged otherwise), else the bias row
     # over the pool's fixed capacity (CuDNNBackend); -paged: every step through cuDNN's page table;
     # -bias / -full: the bias row / the bias materialised per step, frontend or not; -compiled:

@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv import KVCacheError, PagedKVCache, backends, make_compressor, resolve_backend
-from engine.kv.backends import CUDNN_MASKED, CuDNNBackend, SDPABackend
+from engine.kv import cudnn as kcudnn
+from engine.kv.backends import SDPABackend
+from engine.kv.cudnn import CUDNN_MASKED, CuDNNBackend
 
 L, H, D, P, S6 = 2, 2, 8, 5, 3           # tiny frames: 5 patch tokens + 3 specials
 KW = dict(scale_frames=2, window=3, special_cap=6)
@@ -183,14 +185,14 @@ def test_selection_and_settings(monkeypatch):
         PagedKVCache(L, H, D, P, special_tokens=S6, dtype="int8", backend=CuDNNBackend, **KW)
     monkeypatch.setenv("RECONSTUDIO_CUDNN_MIN_FILL", "2")
     with pytest.raises(KVCacheError, match="RECONSTUDIO_CUDNN_MIN_FILL"):
-        backends.cudnn_min_fill_default()
+        kcudnn.cudnn_min_fill_default()
     monkeypatch.setenv("RECONSTUDIO_CUDNN_MIN_FILL", "0.25")
     monkeypatch.setenv("RECONSTUDIO_CUDNN_MASK", "full")
     be = CuDNNBackend(PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **KW))
     assert be.min_fill == 0.25 and be.mask_form == "full"
     monkeypatch.setenv("RECONSTUDIO_CUDNN_MASK", "tail")
     with pytest.raises(KVCacheError, match="RECONSTUDIO_CUDNN_MASK"):
-        backends.cudnn_mask_form()
+        kcudnn.cudnn_mask_form()
 
 
 def test_session_setting_is_validated_and_clear_on_cpu():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.kv import PagedKVCache
-from engine.kv.backends import CuDNNBackend
+from engine.kv.cudnn import CuDNNBackend
 from tests.engine.backend_sessions import assert_matches_sdpa
 
 pytestmark = pytest.mark.gpu

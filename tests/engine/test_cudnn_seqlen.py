@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.kv import KVCacheError, PagedKVCache, backends, make_compressor
-from engine.kv.backends import CuDNNBackend, CuDNNSeqLenBackend
+from engine.kv import KVCacheError, PagedKVCache, make_compressor
+from engine.kv import cudnn as kcudnn
+from engine.kv.cudnn import CuDNNBackend, CuDNNSeqLenBackend
 
 L, H, D, P, S6 = 2, 2, 8, 5, 3           # tiny frames: 5 patch tokens + 3 specials
 P2 = 4                                    # a power-of-two page: cuDNN's paged form can run
@@ -183,7 +184,7 @@ def test_a_failing_kernel_falls_back_to_exact_for_good():
 
 
 def test_without_the_frontend_the_real_kernel_records_why_and_stays_exact(monkeypatch):
-    monkeypatch.setattr(backends, "_import_cudnn_frontend", lambda: (None, "ModuleNotFoundError: No module named 'cudnn'"))
+    monkeypatch.setattr(kcudnn, "_import_cudnn_frontend", lambda: (None, "ModuleNotFoundError: No module named 'cudnn'"))
     cu, sd, _ = _caches(dtype=torch.bfloat16)
     cu._attn = CuDNNSeqLenBackend(cu)
     assert "cuDNN frontend is not available" in cu._attn.error
@@ -208,19 +209,19 @@ def test_create_picks_the_form_and_says_why_not(monkeypatch):
     monkeypatch.setenv("RECONSTUDIO_CUDNN_MODE", "seqlen")
     monkeypatch.setenv("RECONSTUDIO_CUDNN_FORM", "ragged")
     with pytest.raises(KVCacheError, match="RECONSTUDIO_CUDNN_FORM"):
-        backends.cudnn_seqlen_form()
-    for var, fn in (("RECONSTUDIO_CUDNN_IMPL", backends.cudnn_impl_default),
-                    ("RECONSTUDIO_CUDNN_TUNE", backends.cudnn_tune_default)):
+        kcudnn.cudnn_seqlen_form()
+    for var, fn in (("RECONSTUDIO_CUDNN_IMPL", kcudnn.cudnn_impl_default),
+                    ("RECONSTUDIO_CUDNN_TUNE", kcudnn.cudnn_tune_default)):
         monkeypatch.setenv(var, "fast")
         with pytest.raises(KVCacheError, match=var):
             fn()
         monkeypatch.delenv(var)
     monkeypatch.setenv("RECONSTUDIO_CUDNN_SHAPE", "ragged")
     with pytest.raises(KVCacheError, match="RECONSTUDIO_CUDNN_SHAPE"):
-        backends.cudnn_shape_default()
+        kcudnn.cudnn_shape_default()
     monkeypatch.delenv("RECONSTUDIO_CUDNN_SHAPE")
-    assert backends.cudnn_impl_default() == "composite" and backends.cudnn_tune_default() is False
-    assert backends.cudnn_shape_default() == "padding"
+    assert kcudnn.cudnn_impl_default() == "composite" and kcudnn.cudnn_tune_default() is False
+    assert kcudnn.cudnn_shape_default() == "padding"
     monkeypatch.setenv("RECONSTUDIO_CUDNN_FORM", "paged")
     assert CuDNNSeqLenBackend(cache, kernel=SeqLenStandIn(cache)).form == "paged"
     assert CuDNNSeqLenBackend(cache, kernel=SeqLenStandIn(cache)).min_fill == 0.0

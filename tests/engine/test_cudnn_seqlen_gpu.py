@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.kv import PagedKVCache
-from engine.kv.backends import CuDNNFrontendKernel, CuDNNSeqLenBackend, _import_cudnn_frontend
+from engine.kv.cudnn import CuDNNFrontendKernel, CuDNNSeqLenBackend, _import_cudnn_frontend
 
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv import PagedKVCache
-from engine.kv.backends import (CuDNNBackend, CuDNNSplitBackend, SDPABackend, merge_lse,
-                                torch_flash_lse)
+from engine.kv.backends import SDPABackend
+from engine.kv.cudnn import CuDNNBackend, CuDNNSplitBackend, merge_lse, torch_flash_lse
 
 L, H, D, P, S6 = 2, 2, 8, 5, 3           # tiny frames: 5 patch tokens + 3 specials
 KW = dict(scale_frames=2, window=3, special_cap=6)

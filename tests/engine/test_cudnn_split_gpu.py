@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.kv import PagedKVCache
-from engine.kv.backends import CuDNNFrontendKernel, CuDNNSplitBackend, _import_cudnn_frontend
+from engine.kv.cudnn import CuDNNFrontendKernel, CuDNNSplitBackend, _import_cudnn_frontend
 
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -72,7 +72,7 @@ def test_split_equals_sdpa_without_syncs(a_kernel, page):
 @needs_cuda
 def test_split_kernels_return_natural_log_sum_exp():
     """Both default kernels' log-sum-exp against a float32 reference, at a long fixed length."""
-    from engine.kv.backends import merge_lse, torch_cudnn_lse, torch_flash_lse
+    from engine.kv.cudnn import merge_lse, torch_cudnn_lse, torch_flash_lse
     gen = torch.Generator(device="cuda").manual_seed(1)
     q = torch.randn(1005, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(2, 9990, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)

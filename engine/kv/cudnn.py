@@ -1,0 +1,823 @@
+"""cuDNN attention backends over the paged KV cache (backend name ``cudnn``), beside SDPA and
+FlashInfer in `engine.kv.backends` and through the same interface and page tables (this module
+reads `StepTable`s; no bookkeeping of its own). CUDA, native bf16/fp16 stores.
+
+PyTorch's cuDNN SDPA kernel over a FIXED key/value capacity -- each layer's whole
+pool, read in place, the keys a step must not see hidden by an additive bias row built once per
+step -- so cuDNN builds one graph for the whole run instead of one per visible length
+(`CuDNNBackend`). Exact SDPA while the window fills. CUDA, native bf16/fp16 stores.
+Measured slower than FlashInfer on the H200 (the bias takes cuDNN off its fast path). When the
+cuDNN frontend imports (pip nvidia-cudnn-frontend), `CuDNNBackend.create` takes the
+SEQUENCE-LENGTH form instead (`CuDNNSeqLenBackend`): the visible length as an int32 device
+tensor (cuDNN's padding mask) over a fixed K/V view, dense from the visible run's first page
+or through cuDNN's page table; one graph per q length (and first page), no mask, no host sync.
+`cudnn_mode` / RECONSTUDIO_CUDNN_MODE picks; `frontend_error` says why the bias form ran.
+RECONSTUDIO_CUDNN_MODE=split: `CuDNNSplitBackend` -- in the steady state (one contiguous run)
+the patch pages, whose length is constant from frame to frame, go through plain cuDNN without a
+mask (one graph for the run) and the special tokens through flash, the two results merged
+exactly by their log-sum-exp; every other step through FlashInfer (else SDPA).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .backends import (FlashInferBackend, SDPABackend, _CacheRef, _flashinfer_dtype_ok,
+                       flashinfer_available)
+from .page_table import KVCacheError, StepTable
+
+
+# ---------------------------------------------------------------------------------------- cuDNN
+# Additive bias of a hidden key. Finite on purpose: a fixed-capacity call has whole KV tiles that
+# are hidden (page 0 of a keyframe step, free pages), and an online softmax whose running max is
+# still -inf computes exp(-inf - -inf) = NaN unless the kernel guards it; PyTorch's own bool-mask
+# conversion for cuDNN uses -65504 for the same reason. exp(score - 65504) is exactly 0 in fp32
+# for any score this model produces, so the result equals attention over the visible keys only.
+CUDNN_MASKED = -65504.0
+
+
+def cudnn_min_fill_default(default: str = "0.5") -> float:
+    """Below this fraction of the capacity visible, `CuDNNBackend` attends the visible keys with the
+    exact SDPA path instead (the window-filling phase; huge special caps); RECONSTUDIO_CUDNN_MIN_FILL
+    overrides (0 = always the fixed-capacity call, e.g. to test CUDA-graph capture). The
+    sequence-length form (`CuDNNSeqLenBackend`) skips the hidden tail, so its default is 0."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_MIN_FILL", default)
+    try:
+        fill = float(val)
+    except ValueError:
+        fill = -1.0
+    if not 0.0 <= fill <= 1.0:
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_MIN_FILL must be a number in [0, 1] (got {val!r})")
+    return fill
+
+
+def cudnn_mask_form() -> str:
+    """How the hidden tail reaches cuDNN: "row" (default) -- one [1, 1, 1, capacity] bias row that
+    PyTorch expands over the queries with stride 0 (no copy); "full" -- the row materialised as
+    [1, 1, q_tokens, capacity] once per step (fallback should cuDNN reject a stride-0 bias);
+    RECONSTUDIO_CUDNN_MASK picks (benchmarks)."""
+    form = os.environ.get("RECONSTUDIO_CUDNN_MASK", "row").strip().lower()
+    if form not in ("row", "full"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_MASK must be 'row' or 'full' (got {form!r})")
+    return form
+
+
+def _cudnn_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """q [1, H, n, D], k / v [1, H, capacity, D], bias [1, 1, 1 | n, capacity] -> [1, H, n, D] through
+    PyTorch's cuDNN SDPA kernel ONLY: asked for alone, an ineligible call raises ("No available
+    kernel") instead of silently running another kernel (with a priority list it would fall back)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+class CuDNNBackend(_CacheRef):
+    """cuDNN attention over a FIXED key/value capacity: every layer's whole page pool, read in place.
+
+    PyTorch builds (and caches) one cuDNN graph per shape *and stride* of q, k, v and the bias;
+    the streamed visible length changes every frame (+6 special tokens) and with keyframe
+    rollbacks, which made cuDNN lose end to end when called on the visible keys (graphs rebuilt for
+    every new length: 129.9 vs 63.6 ms a frame with flash, H200). Here k / v are always the layer's
+    whole pool viewed as
+    ``[capacity, H, D]`` (capacity = num_pages * page_size; a zero-copy view, the same shape and
+    strides for every layer and step), and the keys a step must not see -- free pages, page 0 of a
+    keyframe step, the unused part of the last special page -- are hidden by an additive bias row
+    (0 visible, `CUDNN_MASKED` hidden) built once per step from the step's page table (or token
+    slots) on the device, with no host sync. So one graph serves the whole run (one per q length:
+    the scale step and streamed steps) and the call is CUDA-graph capturable (static shapes,
+    pointers and mask buffer). The visible pages need not be one run: any page set is exact.
+    Measured on an H200 (docs/benchmarks.md): the mask takes cuDNN off its fast path (1.24 ms a
+    layer against 0.85 ms for FlashInfer dense), so this stays an opt-in alternative.
+
+    PyTorch (2.11 .. 2.13) exposes no sequence-length / padding-mask form of cuDNN SDPA for dense
+    inputs (`varlen_attn` refuses `seqused_k` on its cuDNN path), so the bias is the public way.
+
+    Exact path (`SDPABackend`, flash kernel first on CUDA: same result to bf16 rounding): when
+    less than `min_fill` of the capacity is visible (the window-filling phase: attending 80k keys
+    for 10k visible would cost more than it saves), and for good after the cuDNN call failed once
+    (`error` says why; e.g. a PyTorch/cuDNN that rejects the bias). Native bf16/fp16 stores only
+    (cuDNN has no fp32 kernel; quantized stores go to flashinfer or sdpa). The pool is zeroed at
+    creation: a hidden key is still multiplied (by probability 0), and uninitialised memory may
+    hold NaN bit patterns, which 0 * NaN would spread."""
+
+    name = "cudnn"
+    kernel = "cudnn"
+    mode = "bias"                     # "seqlen": CuDNNSeqLenBackend (cuDNN frontend)
+    frontend_error = None             # why create() did not take the sequence-length form
+
+    def __init__(self, cache, kernel=None, min_fill: Optional[float] = None, mask: Optional[str] = None):
+        """kernel: the attention call (q, k, v, bias) -> out; default PyTorch's cuDNN SDPA (tests
+        pass a stand-in, which may run any dtype on any device)."""
+        self.cache = cache
+        pool = cache.pool
+        self._kernel = kernel or _cudnn_sdpa
+        self.min_fill = cudnn_min_fill_default() if min_fill is None else float(min_fill)
+        self.mask_form = cudnn_mask_form() if mask is None else mask
+        self.capacity = pool.num_pages * pool.page_size
+        self.error = None             # why the fixed-capacity call was given up, if it was
+        self.path = None              # "fixed" | "exact": what the last attend ran
+        self.calls = {"fixed": 0, "exact": 0}
+        self._exact = SDPABackend.create(cache)
+        self._fixed_ok = pool.kind == "native" and (
+            kernel is not None or cache.attn_dtype in (torch.bfloat16, torch.float16))
+        self._bias = self._bias_full = None
+        if self._fixed_ok:
+            pool.k.zero_()
+            pool.v.zero_()
+            # [1, 1, 1, capacity] in the attention dtype (an fp32 bias would be misread by cuDNN as
+            # q's dtype in PyTorch < pytorch#191612)
+            self._bias = torch.full((1, 1, 1, self.capacity), CUDNN_MASKED, dtype=cache.attn_dtype,
+                                    device=pool.device)
+        self._step_fixed = False      # the current step takes the fixed-capacity call
+
+    @classmethod
+    def create(cls, cache):
+        """The sequence-length form through the cuDNN frontend when it can run here
+        (`cudnn_mode`, `CuDNNSeqLenBackend`), else this bias form; `frontend_error` says why not."""
+        mode = cudnn_mode()
+        reason = None
+        if mode == "split":
+            return CuDNNSplitBackend.create(cache)
+        if mode == "bias":
+            reason = "RECONSTUDIO_CUDNN_MODE=bias"
+        elif cache.pool.kind != "native" or cache.attn_dtype not in (torch.bfloat16, torch.float16):
+            reason = f"the sequence-length form needs a native bf16/fp16 store (got {cache.pool.kind}, {cache.attn_dtype})"
+        elif torch.device(cache.device).type != "cuda":
+            reason = "the cuDNN frontend needs a CUDA device"
+        else:
+            mod, err = _import_cudnn_frontend()
+            if mod is None:
+                reason = f"the cuDNN frontend (pip nvidia-cudnn-frontend) does not import: {err}"
+            else:
+                return CuDNNSeqLenBackend(cache)
+        be = cls(cache)
+        be.frontend_error = reason
+        return be
+
+    @classmethod
+    def check_supports(cls, cache) -> None:
+        if cache.pool.kind != "native":
+            raise KVCacheError(f"the cuDNN attention backend reads the pool in place and needs a bf16/fp16 "
+                               f"KV store, not {cache.pool.kind}; use backend 'flashinfer' (fp8) or 'sdpa'")
+
+    # ------------------------------------------------------------------ mask
+    def _mask_pages(self, step: StepTable) -> None:
+        """Bias row: 0 on the step's visible pages (the last one up to last_page_len)."""
+        P = self.cache.page_size
+        row = self._bias.view(-1, P)
+        row.fill_(CUDNN_MASKED)
+        if len(step.pages) > 1:
+            row.index_fill_(0, step.pages_t[:-1], 0.0)
+        row[step.pages[-1], :step.last_page_len] = 0.0        # host integers: no sync
+
+    def _mask_slots(self, slots_t: torch.Tensor) -> None:
+        row = self._bias.view(-1)
+        row.fill_(CUDNN_MASKED)
+        row.index_fill_(0, slots_t, 0.0)
+
+    def _bias_for(self, q_tokens: int) -> torch.Tensor:
+        if self.mask_form == "row":
+            return self._bias
+        full = self._bias_full
+        if full is None or full.shape[2] != q_tokens:
+            pad = -self.capacity % 8        # rows 16-byte aligned whatever the capacity
+            full = self._bias_full = torch.empty((1, 1, q_tokens, self.capacity + pad), dtype=self._bias.dtype,
+                                                 device=self._bias.device)[..., :self.capacity]
+        full.copy_(self._bias.expand_as(full))
+        return full
+
+    # ------------------------------------------------------------------ protocol
+    def plan(self, step: StepTable) -> None:
+        """Once per step: decide the path and build the bias row (shared by all layers)."""
+        self._step_fixed = (self._fixed_ok and self.error is None
+                            and step.num_kv_tokens >= self.min_fill * self.capacity)
+        if self._step_fixed:
+            if step.slots_t is not None:
+                self._mask_slots(step.slots_t)
+            else:
+                self._mask_pages(step)
+            self._step_bias = self._bias_for(step.q_tokens)
+
+    def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        if self._step_fixed and self.error is None:
+            try:
+                out = self._attend_fixed(step, q, layer, slots_t)
+            except RuntimeError as exc:     # e.g. no cuDNN kernel for this bias: exact from now on
+                self.error = f"{type(exc).__name__}: {exc}"[:500]
+            else:
+                self.path = "fixed"
+                self.calls["fixed"] += 1
+                return out
+        self.path = "exact"
+        self.calls["exact"] += 1
+        return self._exact.attend(step, q, layer, slots_t=slots_t)
+
+    def _attend_fixed(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        pool = self.cache.pool
+        H, D = pool.num_heads, pool.head_dim
+        bias = self._step_bias
+        if slots_t is not None:           # block-sparse: this layer's own token list
+            self._mask_slots(slots_t)
+            bias = self._bias_for(step.q_tokens)
+        k = pool.k[layer].view(self.capacity, H, D)           # zero copy, same shape every call
+        v = pool.v[layer].view(self.capacity, H, D)
+        qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q.contiguous(), k, v))
+        return self._kernel(qh, kh, vh, bias)[0].transpose(0, 1)
+
+
+# ------------------------------------------------------------------ cuDNN through its frontend
+@functools.lru_cache(maxsize=1)
+def _import_cudnn_frontend():
+    """The cuDNN frontend's Python package (`import cudnn`, pip nvidia-cudnn-frontend), or why not.
+    torch is imported first, so the frontend finds the libcudnn PyTorch already loaded."""
+    try:
+        import cudnn
+        cudnn.backend_version()               # raises when no libcudnn could be loaded
+        return cudnn, None
+    except Exception as exc:  # ImportError, or no / an unusable libcudnn
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def cudnn_frontend_available() -> bool:
+    return _import_cudnn_frontend()[0] is not None
+
+
+def cudnn_mode() -> str:
+    """How backend "cudnn" reaches cuDNN: "auto" (default: the sequence-length form through the
+    cuDNN frontend when it imports, else the bias form), "seqlen" (the same, said explicitly; a
+    missing frontend still falls back to the bias form, with `frontend_error`) or "bias" (PyTorch
+    with a bias row, `CuDNNBackend`) or "split" (the steady state's fixed patch-page run through
+    plain cuDNN, the specials through flash, merged by log-sum-exp; FlashInfer for the other steps:
+    `CuDNNSplitBackend`); RECONSTUDIO_CUDNN_MODE picks (benchmarks)."""
+    mode = os.environ.get("RECONSTUDIO_CUDNN_MODE", "auto").strip().lower()
+    if mode not in ("auto", "seqlen", "bias", "split"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_MODE must be 'auto', 'seqlen', 'bias' or 'split' (got {mode!r})")
+    return mode
+
+
+def cudnn_seqlen_form() -> str:
+    """Which K/V layout the sequence-length form hands cuDNN: "dense" (default) -- a contiguous
+    visible run as one [tokens, H, D] view of the pool from its first page, other page sets paged --
+    or "paged" (every step through cuDNN's page table); RECONSTUDIO_CUDNN_FORM picks (benchmarks)."""
+    form = os.environ.get("RECONSTUDIO_CUDNN_FORM", "dense").strip().lower()
+    if form not in ("dense", "paged"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_FORM must be 'dense' or 'paged' (got {form!r})")
+    return form
+
+
+def cudnn_impl_default() -> str:
+    """cuDNN's SDPA implementation the frontend kernel asks for: "composite" (default), "unified"
+    or "auto" (cuDNN picks); RECONSTUDIO_CUDNN_IMPL overrides (benchmarks)."""
+    impl = os.environ.get("RECONSTUDIO_CUDNN_IMPL", "composite").strip().lower()
+    if impl not in ("auto", "composite", "unified"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_IMPL must be 'auto', 'composite' or 'unified' (got {impl!r})")
+    return impl
+
+
+def cudnn_shape_default() -> str:
+    """How a dense call tells cuDNN the visible length: "padding" (default: cuDNN's padding mask,
+    the length an int32 device tensor read by the kernel, one graph, CUDA-graph capturable) or
+    "override" (no mask: one graph built with dynamic shapes at the buffer's length, the K/V
+    shapes overridden to the visible length on each call from the host's integer, cuDNN >= 9.18;
+    not capturable with a changing length). H200, cuDNN 9.19, one layer at the steady shape:
+    padding 0.86 ms, override 0.72, plain cuDNN 0.63, FlashInfer dense 0.85 (docs/benchmarks.md).
+    A graph per length through the frontend's kernel cache was measured too and gave WRONG
+    results (a kernel compiled for one length reused for another: 2e-2 relative, 0.12 absolute),
+    so it is not offered. RECONSTUDIO_CUDNN_SHAPE picks (benchmarks)."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_SHAPE", "padding").strip().lower()
+    if val not in ("padding", "override"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_SHAPE must be 'padding' or 'override' (got {val!r})")
+    return val
+
+
+def cudnn_tune_default() -> bool:
+    """Whether the frontend kernel times every execution plan once per graph and keeps the
+    fastest; RECONSTUDIO_CUDNN_TUNE=0|1 (default 0)."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_TUNE", "0").strip().lower()
+    if val not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_TUNE must be 0 or 1 (got {val!r})")
+    return val in ("1", "true", "yes", "on")
+
+
+_CUDNN_UID = {"q": 1, "k": 2, "v": 3, "o": 4, "seq_q": 5, "seq_kv": 6, "k_table": 7, "v_table": 8, "stats": 9}
+
+
+class CuDNNFrontendKernel:
+    """cuDNN's fused attention built through the cuDNN frontend's graph API, with the padding mask:
+    the visible lengths are DEVICE tensors (`seq_q`, `seq_kv`, int32 [1, 1, 1, 1]) read by the
+    kernel, so one built graph serves every visible length -- no rebuild per frame, no host sync.
+
+    `__call__(q, k, v, seq_q, seq_kv, table=None)`: q [n, H, D] contiguous; dense: k / v
+    [S, H, D] views (token stride H * D), keys 0 .. seq_kv - 1 attended; paged: k / v [N, P, H, D]
+    (the layer's pool), `table` int32 [1, 1, N, 1] the visible pages in order, the first seq_kv
+    tokens of their concatenation attended. Returns [n, H, D]. Graphs are built once per layout
+    (q length, K/V shape and strides, paged or not) and kept; `builds` counts them.
+
+    `shape`: how a dense call gets the visible length (`cudnn_shape_default`): the padding mask
+    above, or without a mask through per-call K/V shape overrides ("override").
+    `impl`: cuDNN's SDPA implementation ("auto", "composite", "unified"; `cudnn_impl_default`).
+    `tune`: build every execution plan the heuristics offer and keep the fastest, timed once on
+    the first call of each graph (CUDA events: one host sync per graph, never per step);
+    `plan_ms` keeps the timings by plan name."""
+
+    def __init__(self, device, impl: Optional[str] = None, tune: Optional[bool] = None,
+                 shape: Optional[str] = None):
+        cudnn, err = _import_cudnn_frontend()
+        if cudnn is None:
+            raise KVCacheError(f"the cuDNN frontend is not available ({err})")
+        self._cudnn = cudnn
+        self.device = torch.device(device)
+        self.impl = cudnn_impl_default() if impl is None else impl
+        self.tune = cudnn_tune_default() if tune is None else bool(tune)
+        self.shape = cudnn_shape_default() if shape is None else shape
+        self._handle = None
+        self._graphs: dict = {}
+        self._plan_index: dict = {}     # graph key -> the tuned plan's index (tune only)
+        self.plan_ms: dict = {}         # graph key -> {plan name: ms} (tune only)
+        self.tune_error = None
+        self._workspace = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self.builds = 0
+
+    def _dtype(self, dt):
+        c = self._cudnn.data_type
+        if dt == torch.bfloat16:
+            return c.BFLOAT16
+        if dt == torch.float16:
+            return c.HALF
+        raise KVCacheError(f"cuDNN attention runs bf16/fp16, not {dt}")
+
+    @staticmethod
+    def paged_ok(page_size: int) -> bool:
+        """cuDNN's paged attention takes power-of-two block sizes only (CUDNN_STATUS_BAD_PARAM
+        "block size needs to be non-zero and a power of 2", cuDNN 9.19 on the H200)."""
+        return page_size > 0 and page_size & (page_size - 1) == 0
+
+    def _build(self, q, k, table, padding: bool = True, dynamic: bool = False, stats: bool = False):
+        cudnn = self._cudnn
+        if self._handle is None:
+            with torch.cuda.device(self.device):
+                self._handle = cudnn.create_handle()
+        n, H, D = q.shape
+        io = self._dtype(q.dtype)
+        dyn = {}
+        if dynamic:      # shapes not baked into the plan: overridden per call. No kernel cache:
+            dyn = dict(is_dynamic_shape_enabled=True)   # one shared between graphs gave wrong results
+        g = cudnn.pygraph(handle=self._handle, name="reconstudio_sdpa", io_data_type=io,
+                          intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT,
+                          **dyn)
+        qt = g.tensor(name="q", dim=[1, H, n, D], stride=[n * H * D, D, H * D, 1], data_type=io)
+        if table is None:                       # [S, H, D] as cuDNN's [1, H, S, D]
+            S = k.shape[0]
+            kv_dim, kv_stride = [1, H, S, D], [S * k.stride(0), k.stride(1), k.stride(0), k.stride(2)]
+        else:                                   # [N, P, H, D] pages as cuDNN's [N, H, P, D]
+            N, P = k.shape[:2]
+            kv_dim, kv_stride = [N, H, P, D], [k.stride(0), k.stride(2), k.stride(1), k.stride(3)]
+        kt = g.tensor(name="k", dim=kv_dim, stride=kv_stride, data_type=io)
+        vt = g.tensor(name="v", dim=kv_dim, stride=kv_stride, data_type=io)
+        i32 = cudnn.data_type.INT32
+        sq = g.tensor(name="seq_q", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i32)
+        skv = g.tensor(name="seq_kv", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i32)
+        extra = dict(use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv) if padding else {}
+        named = {"q": qt, "k": kt, "v": vt}
+        if padding:
+            named.update(seq_q=sq, seq_kv=skv)
+        if table is not None:
+            N = table.shape[2]
+            for name in ("k_table", "v_table"):
+                named[name] = g.tensor(name=name, dim=[1, 1, N, 1], stride=[N, 1, 1, 1], data_type=i32)
+            extra.update(paged_attention_k_table=named["k_table"], paged_attention_v_table=named["v_table"],
+                         paged_attention_max_seq_len_kv=N * k.shape[1])
+        impl = getattr(cudnn.attention_implementation, self.impl.upper())
+        o, st = g.sdpa(name="sdpa", q=qt, k=kt, v=vt, attn_scale=1.0 / math.sqrt(D), generate_stats=stats,
+                       implementation=impl, compute_data_type=cudnn.data_type.FLOAT, **extra)
+        o.set_output(True).set_dim([1, H, n, D]).set_stride([n * H * D, D, H * D, 1]).set_data_type(io)
+        named["o"] = o
+        if stats:       # softmax statistics: the natural-log sum of exp(scaled scores) per query
+            st.set_output(True).set_dim([1, H, n, 1]).set_stride([H * n, n, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+            named["stats"] = st
+        for name, t in named.items():
+            t.set_uid(_CUDNN_UID[name])
+        g.validate()
+        g.build_operation_graph()
+        if self.tune:
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
+            g.check_support()
+            g.build_plans(cudnn.build_plan_policy.ALL)
+            ws = 0
+            for i in range(g.get_execution_plan_count()):
+                try:
+                    ws = max(ws, int(g.get_workspace_size_plan_at_index(i)))
+                except Exception:   # a plan that did not build; skipped when tuning
+                    pass
+        else:
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            g.check_support()
+            g.build_plans()
+            ws = int(g.get_workspace_size())
+        if ws > self._workspace.numel():
+            self._workspace = torch.empty(ws, dtype=torch.uint8, device=self.device)
+        self.builds += 1
+        return g
+
+    def _tune(self, key, g, ptrs) -> None:
+        """Time each built plan (3 runs after one warm-up, median) and keep the fastest."""
+        times = {}
+        best, best_ms = None, float("inf")
+        for i in range(g.get_execution_plan_count()):
+            try:
+                run = lambda: g.execute_plan_at_index(ptrs, self._workspace, i, handle=self._handle)  # noqa: E731
+                run()
+                evs = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+                for a in range(3):
+                    evs[a].record()
+                    run()
+                evs[3].record()
+                evs[3].synchronize()
+                ms = sorted(evs[a].elapsed_time(evs[a + 1]) for a in range(3))[1]
+            except Exception as exc:
+                times[f"plan {i}"] = f"{type(exc).__name__}: {exc}"[:200]
+                continue
+            try:
+                name = g.get_plan_name_at_index(i)
+            except Exception:
+                name = f"plan {i}"
+            times[name] = ms
+            if ms < best_ms:
+                best, best_ms = i, ms
+        self.plan_ms[key] = times
+        if best is None:
+            self.tune_error = f"no plan ran: {times}"[:500]
+        self._plan_index[key] = best
+
+    def __call__(self, q, k, v, seq_q, seq_kv, table=None, n_kv: Optional[int] = None):
+        """n_kv: the visible length as a host integer (dense calls; the "override" shape mode
+        uses it instead of the padding mask)."""
+        mode = "padding" if table is not None or n_kv is None else self.shape
+        key = (tuple(q.shape), q.dtype, tuple(k.shape), k.stride(), v.stride(), table is not None, mode)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = self._build(q, k, table, padding=mode == "padding", dynamic=mode != "padding")
+        out = torch.empty_like(q)
+        ptrs = {_CUDNN_UID["q"]: q.data_ptr(), _CUDNN_UID["k"]: k.data_ptr(), _CUDNN_UID["v"]: v.data_ptr(),
+                _CUDNN_UID["o"]: out.data_ptr()}
+        if mode == "padding":
+            ptrs[_CUDNN_UID["seq_q"]], ptrs[_CUDNN_UID["seq_kv"]] = seq_q.data_ptr(), seq_kv.data_ptr()
+        if table is not None:
+            ptrs[_CUDNN_UID["k_table"]] = ptrs[_CUDNN_UID["v_table"]] = table.data_ptr()
+        self._cudnn.set_stream(self._handle, torch.cuda.current_stream(self.device).cuda_stream)
+        over = ()
+        if mode == "override":          # one graph at the buffer's length, K/V shapes per call
+            H, D = k.shape[1], k.shape[2]
+            shape = [1, H, int(n_kv), D]
+            stride = [int(n_kv) * k.stride(0), k.stride(1), k.stride(0), k.stride(2)]
+            over = ([_CUDNN_UID["k"], _CUDNN_UID["v"]], [shape, shape], [stride, stride])
+        if self.tune and key not in self._plan_index:
+            self._tune(key, g, ptrs)
+        index = self._plan_index.get(key)
+        if index is None:
+            g._execute(ptrs, self._workspace.data_ptr(), self._handle, *over)
+        else:
+            g._execute_plan_at_index(ptrs, self._workspace.data_ptr(), index, self._handle, *over)
+        return out
+
+
+    def attend_lse(self, q, k, v):
+        """Plain cuDNN attention over EXACTLY the keys given (no mask: cuDNN's fast path), with its
+        softmax statistics: q [n, H, D] contiguous, k / v [S, H, D] views (token stride H * D) ->
+        (out [n, H, D], lse [H, n] float32, natural log). One graph per layout (q length, K/V shape
+        and strides): meant for a K/V run whose length does not change (`CuDNNSplitBackend`)."""
+        key = (tuple(q.shape), q.dtype, tuple(k.shape), k.stride(), v.stride(), False, "stats")
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = self._build(q, k, None, padding=False, stats=True)
+        n, H, _ = q.shape
+        out = torch.empty_like(q)
+        lse = torch.empty((H, n), dtype=torch.float32, device=q.device)
+        ptrs = {_CUDNN_UID["q"]: q.data_ptr(), _CUDNN_UID["k"]: k.data_ptr(), _CUDNN_UID["v"]: v.data_ptr(),
+                _CUDNN_UID["o"]: out.data_ptr(), _CUDNN_UID["stats"]: lse.data_ptr()}
+        self._cudnn.set_stream(self._handle, torch.cuda.current_stream(self.device).cuda_stream)
+        if self.tune and key not in self._plan_index:
+            self._tune(key, g, ptrs)
+        index = self._plan_index.get(key)
+        if index is None:
+            g._execute(ptrs, self._workspace.data_ptr(), self._handle)
+        else:
+            g._execute_plan_at_index(ptrs, self._workspace.data_ptr(), index, self._handle)
+        return out, lse
+
+
+class CuDNNSeqLenBackend(CuDNNBackend):
+    """cuDNN attention with the visible length as a SEQUENCE LENGTH (cuDNN's padding mask) over a
+    fixed-capacity K/V view, through the cuDNN frontend (`CuDNNFrontendKernel`): backend "cudnn"
+    when the frontend imports (`CuDNNBackend.create`, `cudnn_mode`).
+
+    PyTorch exposes cuDNN SDPA for dense inputs only without a length (a graph rebuilt per visible
+    length, 40 ms) or with a bias mask (off cuDNN's fast path: 1.16-1.24 against 0.63 ms a layer
+    on the H200, docs/benchmarks.md). Here the length is an int32 device tensor the kernel reads,
+    written once per step by `plan` (`fill_`, no host sync), and the keys past it are skipped
+    whole tiles at a time, so the call costs what the visible keys cost and one graph serves the
+    run:
+    - dense form (a contiguous visible run, the steady state): k / v are the layer's pool viewed
+      from the run's first page as [tokens, H, D] (zero copy); seq_kv = the visible tokens. One
+      graph per (q length, first page): a keyframe stream's run starts at page 1 for good, a
+      non-keyframe's at page 0 (paged_cache "Placement").
+    - paged form (any other page set: the window filling, with the special pages apart from the
+      patch pages; or every step with RECONSTUDIO_CUDNN_FORM=paged): k / v are the layer's whole
+      pool [N, P, H, D], the visible pages in order in an int32 page table [1, 1, N, 1] (a fixed
+      buffer; entries past the visible pages are never read). One graph per q length. cuDNN takes
+      power-of-two page sizes only (`CuDNNFrontendKernel.paged_ok`); LingBot-Map's pages are one
+      frame, 999 tokens at 518x378, so there such steps (the first ~70 frames) are exact
+      (`paged_note` says why) and the steady state is dense.
+    Measured on the H200 (docs/benchmarks.md): exact (== SDPA to bf16 rounding), no host sync,
+    but cuDNN's padding mask costs what FlashInfer dense costs (0.86 vs 0.85 ms a layer; plain
+    cuDNN without a mask 0.63 ms needs a graph per length); the shape-override mode
+    (`cudnn_shape_default`, RECONSTUDIO_CUDNN_SHAPE=override) is 0.72 ms a layer.
+    Token-slot steps (compressed window, block-sparse layers), non-contiguous steps without the
+    paged form, and failures go to the exact SDPA path (`error` keeps why a call failed, as
+    `CuDNNBackend`; a failure is for good). Native bf16/fp16 stores only."""
+
+    mode = "seqlen"
+    kernel = "cudnn-frontend"
+
+    def __init__(self, cache, kernel=None, form: Optional[str] = None, min_fill: Optional[float] = None):
+        """kernel: the call (q, k, v, seq_q, seq_kv, table) -> out; default `CuDNNFrontendKernel`
+        (tests pass a stand-in, which may run any dtype on any device)."""
+        self.cache = cache
+        pool = cache.pool
+        self.form = cudnn_seqlen_form() if form is None else form
+        self.min_fill = cudnn_min_fill_default("0") if min_fill is None else float(min_fill)
+        self.mask_form = None
+        self.capacity = pool.num_pages * pool.page_size
+        self.error = None
+        self.path = None
+        self.calls = {"fixed": 0, "exact": 0}
+        self.forms = {"dense": 0, "paged": 0}       # steps planned on each form
+        self.paged = CuDNNFrontendKernel.paged_ok(pool.page_size)
+        self.paged_note = None if self.paged else (
+            f"page size {pool.page_size} is not a power of two: cuDNN's paged form cannot run; "
+            f"non-contiguous steps attend exactly, contiguous ones dense")
+        self._exact = SDPABackend.create(cache)
+        self._fixed_ok = pool.kind == "native" and (
+            kernel is not None or cache.attn_dtype in (torch.bfloat16, torch.float16))
+        self._kernel = kernel
+        if self._fixed_ok and kernel is None:
+            try:
+                self._kernel = CuDNNFrontendKernel(pool.device)
+            except KVCacheError as exc:
+                self._fixed_ok, self.error = False, str(exc)
+        self._bias = self._bias_full = None
+        self._step_fixed = False
+        self._step_view = None
+        if self._fixed_ok:
+            # keys past seq_kv in the last KV tile are loaded and given probability 0; zeroed
+            # memory keeps 0 * garbage (NaN bit patterns) out of the output
+            pool.k.zero_()
+            pool.v.zero_()
+            dev = pool.device
+            self._seq_q = torch.zeros((1, 1, 1, 1), dtype=torch.int32, device=dev)
+            self._seq_kv = torch.zeros((1, 1, 1, 1), dtype=torch.int32, device=dev)
+            self._table = torch.zeros((1, 1, pool.num_pages, 1), dtype=torch.int32, device=dev)
+
+    @classmethod
+    def create(cls, cache):
+        return cls(cache)
+
+    def plan(self, step: StepTable) -> None:
+        """Once per step: the path, the lengths and (paged) the page table, on the device."""
+        self._step_fixed = False
+        if not (self._fixed_ok and self.error is None and step.slots_t is None
+                and step.num_kv_tokens >= self.min_fill * self.capacity):
+            return
+        if step.contiguous is not None and (self.form == "dense" or not self.paged):
+            self._step_view = ("dense", step.contiguous[0])
+        elif self.paged:
+            self._table.view(-1)[:len(step.pages)].copy_(step.pages_t)     # int64 -> int32, on device
+            self._step_view = ("paged", None)
+        else:
+            return
+        self._step_fixed = True
+        self._seq_q.fill_(step.q_tokens)
+        self._seq_kv.fill_(step.num_kv_tokens)
+        self.forms[self._step_view[0]] += 1
+
+    def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        if self._step_fixed and self.error is None and slots_t is None:
+            try:
+                out = self._attend_fixed(step, q, layer)
+            except Exception as exc:   # the frontend rejected the graph or the call: exact from now on
+                self.error = f"{type(exc).__name__}: {exc}"[:500]
+            else:
+                self.path = "fixed"
+                self.calls["fixed"] += 1
+                return out
+        self.path = "exact"
+        self.calls["exact"] += 1
+        return self._exact.attend(step, q, layer, slots_t=slots_t)
+
+    def _attend_fixed(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        pool = self.cache.pool
+        form, first = self._step_view
+        if form == "dense":
+            H, D = pool.num_heads, pool.head_dim
+            k = pool.k[layer, first:].view(-1, H, D)               # zero copy from the run's first page
+            v = pool.v[layer, first:].view(-1, H, D)
+            return self._kernel(q.contiguous(), k, v, self._seq_q, self._seq_kv, None, n_kv=step.num_kv_tokens)
+        return self._kernel(q.contiguous(), pool.k[layer], pool.v[layer], self._seq_q, self._seq_kv, self._table)
+
+
+# ------------------------------------------------------------------ cuDNN split: fixed part + rest
+def cudnn_split_a_default() -> str:
+    """Which kernel attends the fixed part of `CuDNNSplitBackend`: "torch" (default: PyTorch's
+    cuDNN SDPA op with its log-sum-exp; PyTorch caches one graph per shape) or "frontend" (the
+    cuDNN frontend's plain graph with softmax stats, `CuDNNFrontendKernel.attend_lse`);
+    RECONSTUDIO_CUDNN_SPLIT_A picks (benchmarks)."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_SPLIT_A", "torch").strip().lower()
+    if val not in ("torch", "frontend"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_SPLIT_A must be 'torch' or 'frontend' (got {val!r})")
+    return val
+
+
+def cudnn_split_merge_default() -> str:
+    """How `CuDNNSplitBackend` merges its two parts: "eager" (default: `merge_lse`, ~6 small
+    kernels) or "compile" (`merge_lse` under torch.compile: one fused kernel, compiled on first
+    use; CUDA only); RECONSTUDIO_CUDNN_SPLIT_MERGE picks (benchmarks)."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_SPLIT_MERGE", "eager").strip().lower()
+    if val not in ("eager", "compile"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_SPLIT_MERGE must be 'eager' or 'compile' (got {val!r})")
+    return val
+
+
+def _bhsd(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(0, 1).unsqueeze(0)              # [L, H, D] -> [1, H, L, D] (a view)
+
+
+def torch_cudnn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """PyTorch's cuDNN SDPA (no mask) over exactly k / v [S, H, D] -> (out [n, H, D], lse [H, n]
+    float32, natural log). PyTorch keys its cuDNN graph cache by shapes and strides: a fixed-length
+    K/V run costs one build for good."""
+    n, H, _ = q.shape
+    res = torch.ops.aten._scaled_dot_product_cudnn_attention(_bhsd(q), _bhsd(k), _bhsd(v), None, True)
+    return res[0][0].transpose(0, 1), res[1].reshape(H, -1)[:, :n].float()
+
+
+def torch_flash_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """PyTorch's flash attention (no per-shape set-up: any K/V length) over k / v [S, H, D] ->
+    (out [n, H, D], lse [H, n] float32, natural log). On the CPU its CPU flash kernel (tests)."""
+    n, H, _ = q.shape
+    if q.device.type == "cuda":
+        res = torch.ops.aten._scaled_dot_product_flash_attention(_bhsd(q), _bhsd(k), _bhsd(v))
+    else:
+        res = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(_bhsd(q), _bhsd(k), _bhsd(v))
+    return res[0][0].transpose(0, 1), res[1].reshape(H, -1)[:, :n].float()
+
+
+def merge_lse(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """Attention over the union of two disjoint key sets from each set's result and log-sum-exp:
+    (out_a e^lse_a + out_b e^lse_b) / (e^lse_a + e^lse_b) = out_a + (out_b - out_a) sigmoid(lse_b - lse_a),
+    in float32, cast back to out_a's dtype. Exact up to rounding; out_* [n, H, D], lse_* [H, n]."""
+    w = torch.sigmoid(lse_b - lse_a).t().unsqueeze(-1)                 # [n, H, 1]
+    return torch.lerp(out_a.float(), out_b.float(), w).to(out_a.dtype)
+
+
+class CuDNNSplitBackend(_CacheRef):
+    """The steady-state global attention split into a FIXED-length part, attended by plain cuDNN
+    (no mask: its fast path, 0.63 ms against FlashInfer's 0.85 at 73,728 keys on the H200) through
+    ONE graph for the run, and a small variable part attended by a kernel with no per-length
+    set-up (PyTorch flash), merged exactly by log-sum-exp (`merge_lse`). Backend "cudnn" with
+    RECONSTUDIO_CUDNN_MODE=split (`cudnn_mode`).
+
+    Split point, from the step's host integers only (no device reads, no sync): in a contiguous
+    step (`StepTable.contiguous`: the window is full, paged_cache "Placement") the pages are the
+    patch pages (scale + window + the new frame) -- a run whose length is constant from frame to
+    frame: 72 pages from page 1 for a keyframe, 73 from page 0 for a non-keyframe at window 64 --
+    followed by the special pages, whose visible length grows by `special_tokens` a frame up to the
+    cap and whose last page is partial. Part A = the patch pages, viewed in place as
+    [pages * page_size, H, D] (cuDNN graph keyed by that constant shape); part B = the special
+    tokens, the rest of the run (a view, `special_start + special_tokens * frames` long).
+    Every other step -- the window filling (special pages apart from the patch pages), token slots
+    (compressed window, block-sparse layers), a run not laid out as above, an A length beyond
+    `max_shapes` distinct ones (a graph each) -- and every call after a kernel failure (`error`)
+    go to the fallback backend: FlashInfer (dense / paged) where it runs, else SDPA.
+    Native bf16/fp16 stores only (the rest always falls back).
+    Measured on the H200 (docs/benchmarks.md "cuDNN split"): 0.775 ms a layer (0.755 with the
+    merge compiled) against FlashInfer's 0.853 at the steady shape -- not plain cuDNN's 0.63,
+    because cuDNN with its softmax statistics runs ~0.1 ms slower than without; whole model +0.5
+    to +1.8 FPS eager, best 30.0-30.7 FPS with the compiled blocks (32 not reached)."""
+
+    name = "cudnn"
+    mode = "split"
+    frontend_error = None
+
+    def __init__(self, cache, kernel_a=None, kernel_b=None, fallback=None, max_shapes: int = 4,
+                 a_kernel: Optional[str] = None, merge: Optional[str] = None):
+        """kernel_a / kernel_b: (q, k, v) -> (out [n, H, D], lse [H, n] float32, natural log); by
+        default `torch_cudnn_lse` (or the frontend's `attend_lse`, `a_kernel`/RECONSTUDIO_CUDNN_SPLIT_A)
+        and `torch_flash_lse`. fallback: a backend instance for the other steps (tests pass one).
+        merge: "eager" | "compile" (`cudnn_split_merge_default`)."""
+        self.cache = cache
+        pool = cache.pool
+        self.capacity = pool.num_pages * pool.page_size
+        self.max_shapes = int(max_shapes)
+        self.error = None
+        self.path = None                           # "split" | "fallback": what the last attend ran
+        self.calls = {"split": 0, "fallback": 0}
+        self.a_shapes: set = set()                 # (q tokens, A tokens) handed to the fixed kernel
+        self.a_kernel = a_kernel or (None if kernel_a is not None else cudnn_split_a_default())
+        self._ok = pool.kind == "native" and (
+            kernel_a is not None or cache.attn_dtype in (torch.bfloat16, torch.float16))
+        if kernel_a is None and self._ok:
+            if self.a_kernel == "frontend":
+                try:
+                    kernel_a = CuDNNFrontendKernel(pool.device).attend_lse
+                except KVCacheError as exc:
+                    self._ok, self.error = False, str(exc)
+            else:
+                kernel_a = torch_cudnn_lse
+        self._kernel_a = kernel_a
+        self._kernel_b = kernel_b or torch_flash_lse
+        self.merge = merge or cudnn_split_merge_default()
+        if torch.device(cache.device).type != "cuda":
+            self.merge = "eager"
+        self._merge = merge_lse
+        if self.merge == "compile":
+            self._merge = torch.compile(merge_lse, dynamic=False, fullgraph=True)
+        self.kernel = f"cudnn-split ({self.a_kernel or 'custom'} + flash, merge {self.merge})"
+        if fallback is None:
+            ok = (torch.device(cache.device).type == "cuda" and _flashinfer_dtype_ok(cache.precision)
+                  and flashinfer_available() and pool.kind != "int8")
+            fallback = FlashInferBackend.create(cache) if ok else SDPABackend.create(cache)
+        self._fallback = fallback
+        self._split = None          # (first page, A pages, B tokens) of the current step, or None
+
+    @classmethod
+    def create(cls, cache):
+        return cls(cache)
+
+    @classmethod
+    def check_supports(cls, cache) -> None:
+        return None          # every other store goes to the fallback
+
+    def split_point(self, step: StepTable):
+        """(first page, A pages, B tokens) when the step has the layout above, else None."""
+        if step.contiguous is None or step.slots_t is not None:
+            return None
+        c = self.cache
+        P, S = c.page_size, c.special_tokens
+        b = step.special_start + S * step.num_frames          # visible special tokens
+        n_sp = -(-b // P)
+        first, m = step.contiguous
+        n_a = m - n_sp
+        if n_a <= 0 or n_a * P + b != step.num_kv_tokens:
+            return None
+        patch = step.pages[:n_a]                                 # scale -> window -> new
+        if min(patch) != first or max(patch) != first + n_a - 1:
+            return None                                          # specials not after the patch pages
+        return first, n_a, b
+
+    def plan(self, step: StepTable) -> None:
+        split = self.split_point(step) if self._ok and self.error is None else None
+        if split is not None and (step.q_tokens, split[1]) not in self.a_shapes:
+            if len(self.a_shapes) >= self.max_shapes:
+                split = None                                     # no further graphs: fall back
+            else:
+                self.a_shapes.add((step.q_tokens, split[1]))
+        self._split = split
+        if split is None:
+            self._fallback.plan(step)
+
+    def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        if self._split is not None and slots_t is None and self.error is None:
+            try:
+                out = self._attend_split(q, layer)
+            except Exception as exc:   # a kernel rejected the call: the fallback from now on
+                self.error = f"{type(exc).__name__}: {exc}"[:500]
+                self._split = None
+                self._fallback.plan(step)
+            else:
+                self.path = "split"
+                self.calls["split"] += 1
+                return out
+        self.path = "fallback"
+        self.calls["fallback"] += 1
+        return self._fallback.attend(step, q, layer, slots_t=slots_t)
+
+    def _attend_split(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+        pool = self.cache.pool
+        first, n_a, b = self._split
+        P, H, D = pool.page_size, pool.num_heads, pool.head_dim
+        q = q.contiguous()
+        ka = pool.k[layer, first:first + n_a].view(n_a * P, H, D)     # zero copy, constant shape
+        va = pool.v[layer, first:first + n_a].view(n_a * P, H, D)
+        out_a, lse_a = self._kernel_a(q, ka, va)
+        if b == 0:
+            return out_a
+        m_b = -(-b // P)
+        kb = pool.k[layer, first + n_a:first + n_a + m_b].view(m_b * P, H, D)[:b]
+        vb = pool.v[layer, first + n_a:first + n_a + m_b].view(m_b * P, H, D)[:b]
+        out_b, lse_b = self._kernel_b(q, kb, vb)
+        return self._merge(out_a, lse_a, out_b, lse_b)
