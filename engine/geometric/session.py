@@ -553,6 +553,7 @@ class GeometricSession:
         if fid is not None and self.tracker.initialised and self.tracker.segment == seg and seg_fids:
             # tracking goes on in the corrected world from this frame on
             self.tracker.transform_world(C_m)
+            self.tracker.reuse_from = fid
             self._anchors[seg].append((fid, seg_fids[-1], self._T_cur[seg_fids[-1]].copy()))
         s_m = sim3_split(C_m)[0]
         self._events.append(EngineEvent("info", seg, message=(

@@ -104,6 +104,10 @@ class MonoTracker:
         # frame fid (pose R, t); it sees images, the tracker does not
         self.matcher = None
         self.reused_total = 0              # observations added by reuse over the session
+        # points last seen before this frame are not reused: the session sets it when a loop
+        # correction moves the map (older keyframes then sit where the latest correction put them,
+        # not where the pose graph did, so their points would join two worlds)
+        self.reuse_from = -1
         self._reset_map()
 
     # --- state -------------------------------------------------------------------------------
@@ -538,6 +542,8 @@ class MonoTracker:
         p = self.p
         src = {}                      # point id → (latest keyframe that observed it, uv there)
         for k in reversed(self.keyframes[:-1]):
+            if k.fid < self.reuse_from:
+                break
             for i, q in k.obs.items():
                 if i not in src and i not in live and i in self.points:
                     src[i] = (k, q)
