@@ -29,7 +29,7 @@ def _ping_pong(n=60):
     return T
 
 
-def _run(reuse: bool, seed: int = 2, noise: float = 1.0, life=(8, 30), max_new: int = 200):
+def _run(reuse: bool, seed: int = 2, noise: float = 1.0, life=(8, 30), max_new: int = 200, cut_at=None):
     rng = np.random.default_rng(seed)
     X = rng.uniform([-4, -3, 3], [6, 3, 9], (700, 3))
     gt = _ping_pong()
@@ -39,15 +39,20 @@ def _run(reuse: bool, seed: int = 2, noise: float = 1.0, life=(8, 30), max_new: 
     seen = {}          # physical point → its observation in the current frame
     next_id = 0
     asked = []
+    tracked = set()
 
     def matcher(fid, R, t, ids, Xw, src_fid, src_uv, pred_uv):
-        asked.append((fid, set(ids.tolist())))
+        c = set(ids.tolist())
+        asked.append((fid, c, int(src_fid.min()) if len(src_fid) else None,
+                      c <= tr.points.keys() and not (c & tracked)))
         hit = [(i, seen[phys_of[i]]) for i in ids.tolist() if phys_of[i] in seen and phys_of[i] not in live]
         return np.array([i for i, _ in hit], np.int64), np.array([q for _, q in hit]).reshape(-1, 2)
 
     tr.matcher = matcher
     posed = {}
     for f in range(len(gt)):
+        if f == cut_at:     # as the session does when a loop correction moves the map
+            tr.reuse_from = f
         R, t = gt[f][:3, :3].T, -gt[f][:3, :3].T @ gt[f][:3, 3]
         Xc = X @ R.T + t
         uv = Xc[:, :2] / np.maximum(Xc[:, 2], 1e-9)[:, None] * [K[0, 0], K[1, 1]] + K[:2, 2]
@@ -57,6 +62,7 @@ def _run(reuse: bool, seed: int = 2, noise: float = 1.0, life=(8, 30), max_new: 
         for ph in [ph for ph, (_, end) in live.items() if ph not in seen or end <= f]:
             del live[ph]
         order = sorted(live)
+        tracked = {live[ph][0] for ph in order}
         step = tr.process(f, np.array([live[ph][0] for ph in order], np.int64),
                           np.array([seen[ph] for ph in order]).reshape(-1, 2))
         assert not step.reset_tracks
@@ -105,10 +111,19 @@ def test_the_matcher_is_asked_only_for_points_not_tracked(runs):
     _, on = runs
     tr = on["tracker"]
     assert on["asked"], "asked at keyframes"
-    for fid, ids in on["asked"]:
+    for fid, ids, _, map_points_not_tracked in on["asked"]:
         assert len(ids) <= tr.p.reuse_max
-    # candidates are map points (never untriangulated tracks)
-    assert all(i >= 0 for _, ids in on["asked"] for i in ids)
+        assert map_points_not_tracked, "candidates are map points that are not tracked now"
+
+
+def test_after_a_loop_correction_only_newer_points_are_reused(runs):
+    """`reuse_from` (set by the session when a loop correction moves the map): points last seen
+    by keyframes before it are no longer candidates."""
+    _, on = runs
+    cut = _run(True, cut_at=60)
+    after = [(f, src) for f, _, src, _ in cut["asked"] if f >= 60]
+    assert after and all(src is None or src >= 60 for _, src in after)
+    assert cut["reused"] < on["reused"]
 
 
 def test_reuse_is_a_typed_setting_on_by_default():
