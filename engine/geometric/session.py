@@ -239,6 +239,7 @@ class GeometricSession:
             step = self.tracker.recover(fid, f"internal error: {type(exc).__name__}: {exc}")
         if step.reset_tracks:
             self.frontend.reset()
+            self._kf_gray.clear()       # a new map: the old keyframes' images are not sources any more
         else:
             self.frontend.remove(step.drop_ids)
             self.frontend.add(step.revived_ids, step.revived_uv)
@@ -307,7 +308,8 @@ class GeometricSession:
                "tracker_tracks": len(tr.first_obs) if tr else 0, "tracker_poses": len(tr.poses) if tr else 0,
                "queue": len(self._queue), "poses": len(self._T_cur),
                "anchors": sum(len(a) for a in self._anchors.values()), "sent": len(self._sent),
-               "links": len(self._links), "loop_jobs": len(self._loop_jobs)}
+               "links": len(self._links), "loop_jobs": len(self._loop_jobs),
+               "reuse_images": len(self._kf_gray), "reuse_image_bytes": sum(g.nbytes for g in self._kf_gray.values())}
         if self._loop is not None:
             out.update({f"loop_{k}": v for k, v in self._loop.memory().items()})
         return out
