@@ -145,6 +145,7 @@ class LingBotMapSession(SessionTiming):
         self.kv_precision = kv_precision(config.dtype, config.kv_dtype)   # decided once, here
         self.kv_dtype = self.kv_precision.storage
         self.kv = None                  # PagedKVCache, built at the first step (needs the token count)
+        self._closed_cache_stats = {"kv": None, "kv_page_map": None, "camera_cache": None}
         self.caches = None              # StreamCaches(kv, camera_cache)
         self.camera_cache = None
         self._hw: Optional[tuple[int, int]] = None
@@ -184,14 +185,16 @@ class LingBotMapSession(SessionTiming):
             **self._timing_stats(),
             **self._gpu_stats(),
             "segments": 1,
-            "kv": self.kv.stats() if self.kv is not None else None,
-            "kv_page_map": self.kv.page_map() if self.kv is not None else None,
-            "camera_cache": self.camera_cache.stats() if self.camera_cache is not None else None,
+            **(self._cache_stats() if self.kv is not None else self._closed_cache_stats),
             "time_index": self._time,
             "pending_scale_frames": len(self._pending),
             "resolution": (self._hw[1], self._hw[0]) if self._hw else None,
         }
         return out
+
+    def _cache_stats(self) -> dict:
+        return {"kv": self.kv.stats(), "kv_page_map": self.kv.page_map(),
+                "camera_cache": self.camera_cache.stats() if self.camera_cache is not None else None}
 
     def poll_events(self) -> list[EngineEvent]:
         ev, self._events = self._events, []
@@ -201,6 +204,8 @@ class LingBotMapSession(SessionTiming):
         """Frees the session's GPU memory at once (KV pools, camera cache, CUDA graphs): nothing
         else holds them and they are in no reference cycle, so refcounting alone releases them."""
         self._closed = True
+        if self.kv is not None:     # what the caches held at the end stays visible (monitors, summaries)
+            self._closed_cache_stats = self._cache_stats()
         self.model.aggregator.graphs = None     # free the captured graphs' buffers
         self.kv = None
         self.camera_cache = None

@@ -90,3 +90,21 @@ def test_a_stream_that_stopped_pushing_is_not_waited_for(tiny, monkeypatch):
         a.push(f)
     assert time.monotonic() - t0 < 25                   # no 30 s gather for the paused stream
     a.close(), b.close()
+
+
+def test_stats_after_flush_still_show_the_final_page_map(tiny):
+    """flush() ends a shared stream (its caches are freed); the run's final stats are read after it
+    (engine.run_driver), so the KV page map the monitors draw must be the one at the end, not None --
+    a short run whose 4 Hz stats never fired mid-run showed no page map at all."""
+    hub = SharedStreams(tiny, gather_s=0.0)
+    s = hub.open_session(_cfg(), name="x")
+    for f in _frames(8, 6):
+        s.push(f)
+    live = s.stats()
+    s.flush()
+    st = s.stats()
+    assert s.closed and s.kv is None
+    assert st["kv_page_map"] is not None and st["kv"] is not None
+    assert st["frames"] == 6
+    assert (np.asarray(st["kv_page_map"]) > 0).sum() >= (np.asarray(live["kv_page_map"]) > 0).sum() > 0
+    assert st["kv"]["bytes_allocated"] == live["kv"]["bytes_allocated"] > 0
