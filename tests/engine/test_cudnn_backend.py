@@ -13,9 +13,8 @@ from engine.kv import KVCacheError, PagedKVCache, backends, make_compressor, res
 from engine.kv import cudnn as kcudnn
 from engine.kv.backends import SDPABackend
 from engine.kv.cudnn import CUDNN_MASKED, CuDNNBackend
+from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, drive
 
-L, H, D, P, S6 = 2, 2, 8, 5, 3           # tiny frames: 5 patch tokens + 3 specials
-KW = dict(scale_frames=2, window=3, special_cap=6)
 
 
 class StandIn:
@@ -51,21 +50,11 @@ def _caches(min_fill=0.0, garbage=True, kernel=None, mask=None, dtype=torch.floa
 
 
 def _drive(a, b, pattern, seed=0, dtype=torch.float32):
-    """Identical steps through both caches; yields (outputs a, outputs b, step of a, path of a)."""
-    g = torch.Generator().manual_seed(seed)
-    for nf, scale, key in [(2, True, True)] + [(1, False, c == "k") for c in pattern]:
-        k, v, q = (torch.randn(L, nf, S6 + P, H, D, generator=g).to(dtype) for _ in range(3))
-        outs = []
-        for c in (a, b):
-            step = c.begin_step(nf, scale=scale, keyframe=key)
-            outs.append([(c.write(i, k[i], v[i]), c.attend(i, q[i]))[1] for i in range(L)])
-            c.end_step()
-            if c is a:
-                st, path = step, a._attn.path
-        yield outs[0], outs[1], st, path
+    """(outputs a, outputs b, step of a, path of a) per step (tests/engine/kv_pair.py)."""
+    for oa, ob, st, _, path in drive(a, b, pattern, seed, dtype, attended=lambda c: c._attn.path):
+        yield oa, ob, st, path
 
 
-PATTERN = "kknkkknkkkknnkkkkk"          # fills the window, evicts, rolls back, wraps the special ring
 
 
 def test_fixed_capacity_equals_sdpa_through_fill_rollback_and_ring():

@@ -13,11 +13,9 @@ import torch.nn.functional as F
 from engine.kv import KVCacheError, PagedKVCache, make_compressor
 from engine.kv import cudnn as kcudnn
 from engine.kv.cudnn import CuDNNBackend, CuDNNSeqLenBackend
+from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, drive
 
-L, H, D, P, S6 = 2, 2, 8, 5, 3           # tiny frames: 5 patch tokens + 3 specials
 P2 = 4                                    # a power-of-two page: cuDNN's paged form can run
-KW = dict(scale_frames=2, window=3, special_cap=6)
-PATTERN = "kknkkknkkkknnkkkkk"          # fills the window, evicts, rolls back, wraps the special ring
 
 
 class SeqLenStandIn:
@@ -69,19 +67,9 @@ def _caches(form="dense", garbage=True, kernel=None, dtype=torch.float32, min_fi
 
 
 def _drive(a, b, pattern, seed=0, dtype=torch.float32):
-    """Identical steps through both caches; yields (outputs a, outputs b, step of a, path of a)."""
-    g = torch.Generator().manual_seed(seed)
-    page = a.page_size
-    for nf, scale, key in [(2, True, True)] + [(1, False, c == "k") for c in pattern]:
-        k, v, q = (torch.randn(L, nf, S6 + page, H, D, generator=g).to(dtype) for _ in range(3))
-        outs = []
-        for c in (a, b):
-            step = c.begin_step(nf, scale=scale, keyframe=key)
-            outs.append([(c.write(i, k[i], v[i]), c.attend(i, q[i]))[1] for i in range(L)])
-            c.end_step()
-            if c is a:
-                st, path = step, a._attn.path
-        yield outs[0], outs[1], st, path
+    """(outputs a, outputs b, step of a, path of a) per step (tests/engine/kv_pair.py)."""
+    for oa, ob, st, _, path in drive(a, b, pattern, seed, dtype, attended=lambda c: c._attn.path):
+        yield oa, ob, st, path
 
 
 @pytest.mark.parametrize("form,page", [("dense", P), ("dense", P2), ("paged", P2)])

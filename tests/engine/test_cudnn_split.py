@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from engine.kv import PagedKVCache
 from engine.kv.backends import SDPABackend
 from engine.kv.cudnn import CuDNNBackend, CuDNNSplitBackend, merge_lse, torch_flash_lse
+from tests.engine.kv_pair import KW, D, H, L, P, S6, drive
 
-L, H, D, P, S6 = 2, 2, 8, 5, 3           # tiny frames: 5 patch tokens + 3 specials
-KW = dict(scale_frames=2, window=3, special_cap=6)
 PATTERN = "kknkkknkknknnkkkknknkk"      # fills, evicts, rolls back (interval 2), wraps the ring
 
 
@@ -49,18 +48,9 @@ def _caches(dtype=torch.float32, fail=False, **kw):
 
 
 def _drive(a, b, pattern, seed=0, dtype=torch.float32):
-    """Identical steps through both caches; yields (outputs a, outputs b, step of a, split of a)."""
-    g = torch.Generator().manual_seed(seed)
-    for nf, scale, key in [(2, True, True)] + [(1, False, c == "k") for c in pattern]:
-        k, v, q = (torch.randn(L, nf, S6 + P, H, D, generator=g).to(dtype) for _ in range(3))
-        outs = []
-        for c in (a, b):
-            step = c.begin_step(nf, scale=scale, keyframe=key)
-            if c is a:
-                st, split = step, a._attn._split
-            outs.append([(c.write(i, k[i], v[i]), c.attend(i, q[i]))[1] for i in range(L)])
-            c.end_step()
-        yield outs[0], outs[1], st, split
+    """(outputs a, outputs b, step of a, split of a as planned) per step (tests/engine/kv_pair.py)."""
+    for oa, ob, st, split, _ in drive(a, b, pattern, seed, dtype, planned=lambda c: c._attn._split):
+        yield oa, ob, st, split
 
 
 def test_merge_of_two_key_sets_equals_attention_over_both():

@@ -1,0 +1,28 @@
+"""Two paged caches driven through identical streamed steps -- a backend under test against a
+reference -- the one loop of the cuDNN backend tests (test_cudnn_backend, test_cudnn_seqlen,
+test_cudnn_split), with their shared tiny geometry."""
+import torch
+
+L, H, D, P, S6 = 2, 2, 8, 5, 3           # tiny frames: 5 patch tokens + 3 specials
+KW = dict(scale_frames=2, window=3, special_cap=6)
+PATTERN = "kknkkknkkkknnkkkkk"          # fills the window, evicts, rolls back, wraps the special ring
+
+
+def drive(a, b, pattern, seed=0, dtype=torch.float32, planned=None, attended=None):
+    """A scale step of 2 frames, then one frame per letter of `pattern` (k keyframe, n not), with the
+    same random k / v / q through caches `a` and `b`. Yields (outputs of a, outputs of b, a's step,
+    planned(a) read right after a's begin_step, attended(a) read after a's attends)."""
+    g = torch.Generator().manual_seed(seed)
+    page = a.page_size
+    for nf, scale, key in [(2, True, True)] + [(1, False, c == "k") for c in pattern]:
+        k, v, q = (torch.randn(L, nf, S6 + page, H, D, generator=g).to(dtype) for _ in range(3))
+        outs = []
+        for c in (a, b):
+            step = c.begin_step(nf, scale=scale, keyframe=key)
+            if c is a:
+                st, plan = step, planned(a) if planned else None
+            outs.append([(c.write(i, k[i], v[i]), c.attend(i, q[i]))[1] for i in range(L)])
+            if c is a:
+                seen = attended(a) if attended else None
+            c.end_step()
+        yield outs[0], outs[1], st, plan, seen
