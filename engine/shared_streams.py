@@ -273,7 +273,7 @@ def model_key(config: SessionConfig) -> tuple:
     """What the loaded network depends on: streams with the same key can share it."""
     import torch
     return (str(config.checkpoint or ""), str(config.model or "lingbot-map"), str(torch.device(config.device)),
-            config.dtype, str(getattr(config, "weight_dtype", "")))
+            config.dtype, str(getattr(config, "weight_dtype", "")), bool(getattr(config, "compile_blocks", False)))
 
 
 class StreamHubs:

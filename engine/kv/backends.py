@@ -34,6 +34,8 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
     the per-head q / k / v scales handed to the kernel. Less exact (q and P in e4m3).
 * ``cudnn``: cuDNN attention in three forms (bias row, sequence length, split): see
   `engine.kv.cudnn`.
+* ``cudnn-split``: `CuDNNSplitBackend` by name (the same as ``cudnn`` with
+  RECONSTUDIO_CUDNN_MODE=split): the fastest attention measured on the H200, opt-in.
 * ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16 (or fp8
   attended in bf16/fp16); else sdpa. Not cudnn's bias / padding forms: measured on the H200
   neither is faster than FlashInfer dense in the model (bias 1.25 ms a layer, padding mask 0.86
@@ -80,7 +82,7 @@ def available_backends(device: Any = "cpu", dtype: Any = None) -> list[str]:
     dev = torch.device(device)
     if dev.type == "cuda" and (dtype is None or _canon(dtype) in (torch.bfloat16, torch.float16)):
         out += ["flashinfer"] if flashinfer_available() else []
-        out.append("cudnn")
+        out += ["cudnn", "cudnn-split"]
     return out
 
 
@@ -168,7 +170,7 @@ def resolve_backend(name: str, device: torch.device, dtype):
             raise KVCacheError(f"the FlashInfer attention backend is not available ({err}); install "
                                f"flashinfer-python or use backend 'sdpa'")
         return FlashInferBackend
-    if name == "cudnn":
+    if name in ("cudnn", "cudnn-split"):
         if device.type != "cuda":
             raise KVCacheError("the cuDNN attention backend needs a CUDA device; use backend 'sdpa' (or "
                                "'auto') on the CPU")
@@ -178,9 +180,12 @@ def resolve_backend(name: str, device: torch.device, dtype):
             raise KVCacheError(f"the cuDNN attention backend supports bf16 and fp16 KV stores only, not "
                                f"{str(dtype).replace('torch.', '')}; choose dtype bf16/fp16 (kv_dtype auto) "
                                f"or backend 'sdpa'")
+        if name == "cudnn-split":       # the split's own fallback is FlashInfer (else SDPA)
+            from .cudnn import CuDNNSplitBackend
+            return CuDNNSplitBackend
         from .cudnn import CuDNNBackend
         return CuDNNBackend
-    raise KVCacheError(f"unknown attention backend {name!r}; use auto, sdpa, flashinfer or cudnn")
+    raise KVCacheError(f"unknown attention backend {name!r}; use auto, sdpa, flashinfer, cudnn or cudnn-split")
 
 
 def _quantize_q(q: torch.Tensor):

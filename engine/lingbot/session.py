@@ -134,10 +134,11 @@ class LingBotMapSession(SessionTiming):
                       and getattr(self.model, "weight_dtype", None) is None)   # quantized: eager
         from ..models.graphs import GraphCache
         self.model.aggregator.graphs = GraphCache() if use_graphs else None
-        # opt-in: the blocks' norm/residual halves under torch.compile (engine/models/compile.py;
-        # measured faster on the H200, outputs not yet checked there, so off by default)
+        # opt-in (setting compile_blocks, or RECONSTUDIO_COMPILE_BLOCKS=1): the blocks' norm/residual
+        # halves under torch.compile (engine/models/compile.py; faster on the H200, GPU-tested; off by
+        # default for its compile time at the first frames)
         from ..models.compile import blocks_compiled, compile_blocks, compile_blocks_requested, uncompile_blocks
-        if self.device.type == "cuda" and compile_blocks_requested():
+        if self.device.type == "cuda" and (config.compile_blocks or compile_blocks_requested()):
             compile_blocks(self.model)
         elif blocks_compiled(self.model):
             uncompile_blocks(self.model)

@@ -11,9 +11,10 @@ Blocks of one shape share compiled code (~10 graphs for the whole model, compile
 tens of seconds).
 
 Measured on the H200 (issue #11, same run as upstream): 24.7 -> 27.6 FPS steady with the default
-session. Not the default because its outputs have not yet been checked against the eager path on
-the GPU (tests/engine/test_compile_blocks.py has that test; it runs with the GPU tests).
-Switch: RECONSTUDIO_COMPILE_BLOCKS=1 for a LingBot-Map session on CUDA (engine/lingbot/session.py).
+session; its outputs equal the eager path's on the GPU (tests/engine/test_compile_blocks.py, passed
+on the H200 2026-12-01). Not the default because of the compile at the first frames.
+Switch: the typed setting `compile_blocks` (`--compile-blocks`, the settings panel) or
+RECONSTUDIO_COMPILE_BLOCKS=1, for a LingBot-Map session on CUDA (engine/lingbot/session.py).
 """
 from __future__ import annotations
 

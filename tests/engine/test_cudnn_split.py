@@ -161,3 +161,24 @@ def test_auto_takes_the_split_only_when_asked(monkeypatch):
     monkeypatch.setenv("RECONSTUDIO_AUTO_SPLIT", "maybe")
     with pytest.raises(Exception, match="RECONSTUDIO_AUTO_SPLIT"):
         backends.resolve_backend("auto", cuda, torch.bfloat16)
+
+
+def test_cudnn_split_is_a_backend_name_and_compile_blocks_a_setting():
+    """The split is reachable as a typed choice ("cudnn-split": the settings panel / --backend),
+    with the cuDNN backend's checks; compiled blocks as a typed setting (--compile-blocks)."""
+    from engine import SessionConfig
+    from engine.kv import KVCacheError, backends
+    from engine.shared_streams import model_key
+    cuda = torch.device("cuda")
+    assert backends.resolve_backend("cudnn-split", cuda, torch.bfloat16) is CuDNNSplitBackend
+    assert "cudnn-split" in backends.available_backends("cuda", "bf16")
+    assert "cudnn-split" not in backends.available_backends("cpu")
+    with pytest.raises(KVCacheError, match="CUDA device"):
+        backends.resolve_backend("cudnn-split", "cpu", torch.bfloat16)
+    with pytest.raises(KVCacheError, match="bf16 and fp16"):
+        backends.resolve_backend("cudnn-split", cuda, torch.float32)
+    cfg = SessionConfig(engine="lingbot-map", backend="cudnn-split", compile_blocks=True)
+    assert cfg.backend == "cudnn-split" and cfg.compile_blocks is True
+    assert SessionConfig().compile_blocks is False
+    # streams that compile and streams that do not never share one network
+    assert model_key(cfg) != model_key(SessionConfig(engine="lingbot-map", backend="cudnn-split"))
