@@ -49,6 +49,9 @@ def setting_fields(cls: type = None) -> list:
 
 
 _NEURAL = ("lingbot-map",)
+# attention backend names (engine/kv/backends.py `resolve_backend`): the setting's choices and what
+# the neural sessions accept
+ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "cudnn", "cudnn-split")
 _GEOMETRIC = ("geometric",)
 KV_COMPRESSIONS = ("none", "token_partition", "random_subset", "token_merge", "block_sparse")
 KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "int8")
@@ -87,7 +90,7 @@ class SessionConfig:
                                         "precision; int8 / fp8 quantize them per output channel (about half "
                                         "the weight memory of bf16, small accuracy loss).")
     backend: str = setting("auto", label="Attention", group="Engine", engines=_NEURAL,
-                           choices=("auto", "sdpa", "flashinfer", "cudnn", "cudnn-split"),
+                           choices=ATTENTION_BACKENDS,
                            tooltip="Attention kernel: flashinfer (paged, CUDA, bf16/fp16), sdpa (PyTorch, "
                                    "any device) or cudnn (cuDNN over a fixed KV capacity: the visible length as a "
                                    "sequence length through the cuDNN frontend when installed, else PyTorch's "

@@ -50,7 +50,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
+from ..api import ATTENTION_BACKENDS, EngineError, EngineEvent, FrameResult, SessionConfig
 from ..pose import decode_pose
 from ..session_timing import SessionTiming, require_ints, resolve_device
 
@@ -66,8 +66,8 @@ def _validate(cfg: SessionConfig) -> None:
         raise _config_error(f"dtype must be one of {', '.join(_DTYPES)} (got {cfg.dtype!r})")
     if cfg.kv_dtype not in ("auto", *_KV_DTYPES):
         raise _config_error(f"kv_dtype must be auto, {', '.join(_KV_DTYPES)} (got {cfg.kv_dtype!r})")
-    if cfg.backend not in ("auto", "sdpa", "flashinfer", "cudnn"):
-        raise _config_error(f"backend must be auto, sdpa, flashinfer or cudnn (got {cfg.backend!r})")
+    if cfg.backend not in ATTENTION_BACKENDS:
+        raise _config_error(f"backend must be one of {', '.join(ATTENTION_BACKENDS)} (got {cfg.backend!r})")
     if cfg.mode != "streaming":
         raise _config_error(f"mode {cfg.mode!r} is not available for this engine; use 'streaming'")
     from ..kv.compression import METHODS

@@ -36,7 +36,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
+from ..api import ATTENTION_BACKENDS, EngineError, EngineEvent, FrameResult, SessionConfig
 from ..kv.dtypes import COMPUTE_DTYPES as _DTYPES   # the one dtype table
 from ..pose import decode_pose
 from ..session_timing import SessionTiming, require_ints
@@ -49,8 +49,8 @@ def _error(msg: str) -> EngineError:
 def validate(cfg: SessionConfig) -> None:
     if cfg.dtype not in _DTYPES:
         raise _error(f"dtype must be one of {', '.join(_DTYPES)} (got {cfg.dtype!r})")
-    if cfg.backend not in ("auto", "sdpa", "flashinfer", "cudnn"):
-        raise _error(f"backend must be auto, sdpa, flashinfer or cudnn (got {cfg.backend!r})")
+    if cfg.backend not in ATTENTION_BACKENDS:
+        raise _error(f"backend must be one of {', '.join(ATTENTION_BACKENDS)} (got {cfg.backend!r})")
     if cfg.mode != "streaming":
         raise _error(f"mode {cfg.mode!r} is handled by the windowed wrapper, not by the chunked session")
     require_ints(cfg, (("chunk_size", 2), ("sliding_window_num", 1), ("overlap", 1), ("camera_iterations", 1),

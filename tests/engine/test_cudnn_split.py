@@ -182,3 +182,18 @@ def test_cudnn_split_is_a_backend_name_and_compile_blocks_a_setting():
     assert SessionConfig().compile_blocks is False
     # streams that compile and streams that do not never share one network
     assert model_key(cfg) != model_key(SessionConfig(engine="lingbot-map", backend="cudnn-split"))
+
+
+def test_sessions_accept_every_backend_choice_and_name_the_bad_one():
+    """Both neural sessions' own validation takes every choice of the backend setting (a CLI run with
+    --backend cudnn-split was refused by a second, stale list) and names the choices otherwise."""
+    from engine import EngineError, SessionConfig
+    from engine.api import ATTENTION_BACKENDS
+    from engine.lingbot.session import _validate as validate_lingbot
+    from engine.vggt.session import validate as validate_vggt
+    assert "cudnn-split" in ATTENTION_BACKENDS
+    for validate, engine in ((validate_lingbot, "lingbot-map"), (validate_vggt, "vggt")):
+        for b in ATTENTION_BACKENDS:
+            validate(SessionConfig(engine=engine, backend=b))
+        with pytest.raises(EngineError, match="cudnn-split"):
+            validate(SessionConfig(engine=engine, backend="cudnn2"))
