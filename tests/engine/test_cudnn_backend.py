@@ -195,7 +195,7 @@ def test_session_setting_is_validated_and_clear_on_cpu():
 
     model = build_model("lingbot-map-tiny")
     cfg = dict(engine="lingbot-map", model="lingbot-map-tiny", image_width=70, scale_frames=1)
-    with pytest.raises(EngineError, match="auto, sdpa, flashinfer or cudnn"):
+    with pytest.raises(EngineError, match="auto, sdpa, flashinfer, cudnn, cudnn-split"):
         open_session(SessionConfig(backend="cudn", **cfg), model=model)
     s = open_session(SessionConfig(backend="cudnn", **cfg), model=model)
     with pytest.raises(EngineError, match="cuDNN attention backend needs a CUDA device"):
