@@ -108,6 +108,10 @@ class CuDNNBackend(_CacheRef):
     name = "cudnn"
     kernel = "cudnn"
     mode = "bias"                     # "seqlen": CuDNNSeqLenBackend (cuDNN frontend)
+    # what a failed fixed-capacity call may raise (then exact for good), and whether that call
+    # takes a layer's own token list (block-sparse)
+    _fixed_errors: tuple = (RuntimeError,)    # e.g. no cuDNN kernel for this bias
+    _fixed_takes_slots = True
     frontend_error = None             # why create() did not take the sequence-length form
 
     def __init__(self, cache, kernel=None, min_fill: Optional[float] = None, mask: Optional[str] = None):
@@ -204,10 +208,10 @@ class CuDNNBackend(_CacheRef):
             self._step_bias = self._bias_for(step.q_tokens)
 
     def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
-        if self._step_fixed and self.error is None:
+        if self._step_fixed and self.error is None and (slots_t is None or self._fixed_takes_slots):
             try:
                 out = self._attend_fixed(step, q, layer, slots_t)
-            except RuntimeError as exc:     # e.g. no cuDNN kernel for this bias: exact from now on
+            except self._fixed_errors as exc:     # exact from now on
                 self.error = f"{type(exc).__name__}: {exc}"[:500]
             else:
                 self.path = "fixed"
@@ -542,6 +546,8 @@ class CuDNNSeqLenBackend(CuDNNBackend):
     `CuDNNBackend`; a failure is for good). Native bf16/fp16 stores only."""
 
     mode = "seqlen"
+    _fixed_errors = (Exception,)     # the frontend rejected the graph or the call
+    _fixed_takes_slots = False       # block-sparse layers attend exactly
     kernel = "cudnn-frontend"
 
     def __init__(self, cache, kernel=None, form: Optional[str] = None, min_fill: Optional[float] = None):
@@ -604,20 +610,6 @@ class CuDNNSeqLenBackend(CuDNNBackend):
         self._seq_q.fill_(step.q_tokens)
         self._seq_kv.fill_(step.num_kv_tokens)
         self.forms[self._step_view[0]] += 1
-
-    def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
-        if self._step_fixed and self.error is None and slots_t is None:
-            try:
-                out = self._attend_fixed(step, q, layer)
-            except Exception as exc:   # the frontend rejected the graph or the call: exact from now on
-                self.error = f"{type(exc).__name__}: {exc}"[:500]
-            else:
-                self.path = "fixed"
-                self.calls["fixed"] += 1
-                return out
-        self.path = "exact"
-        self.calls["exact"] += 1
-        return self._exact.attend(step, q, layer, slots_t=slots_t)
 
     def _attend_fixed(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
         pool = self.cache.pool
