@@ -13,7 +13,7 @@ from engine.kv import KVCacheError, PagedKVCache, backends, make_compressor, res
 from engine.kv import cudnn as kcudnn
 from engine.kv.backends import SDPABackend
 from engine.kv.cudnn import CUDNN_MASKED, CuDNNBackend
-from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, drive
+from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, cache_pair, drive_paths
 
 
 
@@ -38,23 +38,10 @@ class StandIn:
 def _caches(min_fill=0.0, garbage=True, kernel=None, mask=None, dtype=torch.float32, **kw):
     """A cache on the cuDNN backend (stand-in kernel) and one on SDPA, same settings. `garbage`:
     the pool holds NaN before the backend is made (uninitialised memory may)."""
-    kw = dict(KW, dtype=dtype, **kw)
-    cu = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **kw)
-    if garbage:
-        cu.pool.k.fill_(float("nan"))
-        cu.pool.v.fill_(float("nan"))
+    cu, sd = cache_pair(garbage=garbage, dtype=dtype, **kw)
     stand_in = StandIn(cu)
     cu._attn = CuDNNBackend(cu, kernel=kernel or stand_in, min_fill=min_fill, mask=mask)
-    sd = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **kw)
     return cu, sd, stand_in
-
-
-def _drive(a, b, pattern, seed=0, dtype=torch.float32):
-    """(outputs a, outputs b, step of a, path of a) per step (tests/engine/kv_pair.py)."""
-    for oa, ob, st, _, path in drive(a, b, pattern, seed, dtype, attended=lambda c: c._attn.path):
-        yield oa, ob, st, path
-
-
 
 
 def test_fixed_capacity_equals_sdpa_through_fill_rollback_and_ring():
@@ -62,7 +49,7 @@ def test_fixed_capacity_equals_sdpa_through_fill_rollback_and_ring():
     be = cu._attn
     assert torch.count_nonzero(cu.pool.k) == 0              # NaN garbage zeroed at creation
     runs = set()
-    for a, b, step, path in _drive(cu, sd, PATTERN):
+    for a, b, step, path in drive_paths(cu, sd, PATTERN):
         for x, y in zip(a, b):
             assert torch.isfinite(x).all()
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
@@ -100,7 +87,7 @@ def test_bias_hides_exactly_the_invisible_keys():
 def test_low_fill_takes_the_exact_path_then_the_fixed_one():
     cu, sd, _ = _caches(min_fill=0.5)
     paths = []
-    for a, b, step, path in _drive(cu, sd, PATTERN):
+    for a, b, step, path in drive_paths(cu, sd, PATTERN):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
         want = "fixed" if step.num_kv_tokens >= 0.5 * cu._attn.capacity else "exact"
@@ -111,7 +98,7 @@ def test_low_fill_takes_the_exact_path_then_the_fixed_one():
 
 def test_full_bias_form_and_bf16():
     cu, sd, stand_in = _caches(mask="full", dtype=torch.bfloat16)
-    for a, b, *_ in _drive(cu, sd, "kkknkk", dtype=torch.bfloat16):
+    for a, b, *_ in drive_paths(cu, sd, "kkknkk", dtype=torch.bfloat16):
         for x, y in zip(a, b):
             torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
     assert {s for s, _ in stand_in.bias_layouts} == {(1, 1, 2 * (S6 + P), cu._attn.capacity),
@@ -125,7 +112,7 @@ def test_token_slot_steps_are_exact(method):
     cu, sd, stand_in = _caches(compression=make_compressor(method, **comp))
     sd.compression = make_compressor(method, **comp)      # same (seeded) choice of kept tokens
     cu.compression = make_compressor(method, **comp)
-    for a, b, step, path in _drive(cu, sd, "kkkkknkk"):
+    for a, b, step, path in drive_paths(cu, sd, "kkkkknkk"):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
         assert path == "fixed"
@@ -136,7 +123,7 @@ def test_a_failing_kernel_falls_back_to_exact_for_good():
     def broken(*a):
         raise RuntimeError("No available kernel. Aborting execution.")
     cu, sd, _ = _caches(kernel=broken)
-    for a, b, *_ in _drive(cu, sd, "kkk"):
+    for a, b, *_ in drive_paths(cu, sd, "kkk"):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
     be = cu._attn
@@ -148,7 +135,7 @@ def test_real_kernel_without_cuda_falls_back_exactly():
     backend records it and attends exactly."""
     cu, sd, _ = _caches(dtype=torch.bfloat16)
     cu._attn = CuDNNBackend(cu, min_fill=0.0)
-    for a, b, *_ in _drive(cu, sd, "kk", dtype=torch.bfloat16):
+    for a, b, *_ in drive_paths(cu, sd, "kk", dtype=torch.bfloat16):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y)
     assert cu._attn.error and cu._attn.path == "exact"

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from engine.kv import KVCacheError, PagedKVCache, make_compressor
 from engine.kv import cudnn as kcudnn
 from engine.kv.cudnn import CuDNNBackend, CuDNNSeqLenBackend
-from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, drive
+from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, cache_pair, drive_paths
 
 P2 = 4                                    # a power-of-two page: cuDNN's paged form can run
 
@@ -55,21 +55,10 @@ class SeqLenStandIn:
 def _caches(form="dense", garbage=True, kernel=None, dtype=torch.float32, min_fill=0.0, page=P, **kw):
     """A cache on the sequence-length form (stand-in kernel) and one on SDPA, same settings.
     `garbage`: the pool holds NaN before the backend is made (uninitialised memory may)."""
-    kw = dict(KW, dtype=dtype, **kw)
-    cu = PagedKVCache(L, H, D, page, special_tokens=S6, backend="sdpa", **kw)
-    if garbage:
-        cu.pool.k.fill_(float("nan"))
-        cu.pool.v.fill_(float("nan"))
+    cu, sd = cache_pair(page=page, garbage=garbage, dtype=dtype, **kw)
     stand_in = SeqLenStandIn(cu)
     cu._attn = CuDNNSeqLenBackend(cu, kernel=kernel or stand_in, form=form, min_fill=min_fill)
-    sd = PagedKVCache(L, H, D, page, special_tokens=S6, backend="sdpa", **kw)
     return cu, sd, stand_in
-
-
-def _drive(a, b, pattern, seed=0, dtype=torch.float32):
-    """(outputs a, outputs b, step of a, path of a) per step (tests/engine/kv_pair.py)."""
-    for oa, ob, st, _, path in drive(a, b, pattern, seed, dtype, attended=lambda c: c._attn.path):
-        yield oa, ob, st, path
 
 
 @pytest.mark.parametrize("form,page", [("dense", P), ("dense", P2), ("paged", P2)])
@@ -79,7 +68,7 @@ def test_seqlen_form_equals_sdpa_through_fill_rollback_and_ring(form, page):
     assert torch.count_nonzero(cu.pool.k) == 0 and torch.count_nonzero(cu.pool.v) == 0   # NaN zeroed
     assert be.paged == (page == P2) and (be.paged_note is None) == be.paged
     runs = set()
-    for a, b, step, path in _drive(cu, sd, PATTERN):
+    for a, b, step, path in drive_paths(cu, sd, PATTERN):
         for x, y in zip(a, b):
             assert torch.isfinite(x).all()
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
@@ -132,7 +121,7 @@ def test_plan_writes_lengths_and_page_table_on_the_device():
 def test_low_fill_takes_the_exact_path_then_the_seqlen_one():
     cu, sd, _ = _caches(min_fill=0.5, page=P2)
     paths = []
-    for a, b, step, path in _drive(cu, sd, PATTERN):
+    for a, b, step, path in drive_paths(cu, sd, PATTERN):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
         assert path == ("fixed" if step.num_kv_tokens >= 0.5 * cu._attn.capacity else "exact")
@@ -142,7 +131,7 @@ def test_low_fill_takes_the_exact_path_then_the_seqlen_one():
 
 def test_bf16_store():
     cu, sd, _ = _caches(dtype=torch.bfloat16, page=P2)
-    for a, b, *_ in _drive(cu, sd, "kkknkk", dtype=torch.bfloat16):
+    for a, b, *_ in drive_paths(cu, sd, "kkknkk", dtype=torch.bfloat16):
         for x, y in zip(a, b):
             torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
     assert cu._attn.calls["exact"] == 0
@@ -154,7 +143,7 @@ def test_token_slot_steps_are_exact(method):
     cu, sd, stand_in = _caches(compression=make_compressor(method, **comp))
     sd.compression = make_compressor(method, **comp)
     cu.compression = make_compressor(method, **comp)
-    for a, b, step, path in _drive(cu, sd, "kkkkknkk"):
+    for a, b, step, path in drive_paths(cu, sd, "kkkkknkk"):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
     assert cu._attn.calls["exact"] > 0 and cu._attn.error is None
@@ -164,7 +153,7 @@ def test_a_failing_kernel_falls_back_to_exact_for_good():
     def broken(*a):
         raise RuntimeError("cudnnGraphNotSupportedError: no engine")
     cu, sd, _ = _caches(kernel=broken, page=P2)
-    for a, b, *_ in _drive(cu, sd, "kkk"):
+    for a, b, *_ in drive_paths(cu, sd, "kkk"):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
     be = cu._attn
@@ -176,7 +165,7 @@ def test_without_the_frontend_the_real_kernel_records_why_and_stays_exact(monkey
     cu, sd, _ = _caches(dtype=torch.bfloat16)
     cu._attn = CuDNNSeqLenBackend(cu)
     assert "cuDNN frontend is not available" in cu._attn.error
-    for a, b, *_ in _drive(cu, sd, "kk", dtype=torch.bfloat16):
+    for a, b, *_ in drive_paths(cu, sd, "kk", dtype=torch.bfloat16):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y)
     assert cu._attn.path == "exact" and cu._attn.calls["fixed"] == 0

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from engine.kv import PagedKVCache
 from engine.kv.backends import SDPABackend
 from engine.kv.cudnn import CuDNNBackend, CuDNNSplitBackend, merge_lse, torch_flash_lse
-from tests.engine.kv_pair import KW, D, H, L, P, S6, drive
+from tests.engine.kv_pair import KW, D, H, L, P, S6, cache_pair, drive
 
 PATTERN = "kknkkknkknknnkkkknknkk"      # fills, evicts, rolls back (interval 2), wraps the ring
 
@@ -39,11 +39,9 @@ class FixedStandIn:
 
 
 def _caches(dtype=torch.float32, fail=False, **kw):
-    kw = dict(KW, dtype=dtype, **kw)
-    cu = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **kw)
+    cu, sd = cache_pair(dtype=dtype, **kw)
     stand_in = FixedStandIn(cu, fail=fail)
     cu._attn = CuDNNSplitBackend(cu, kernel_a=stand_in, fallback=SDPABackend.create(cu))
-    sd = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **kw)
     return cu, sd, stand_in
 
 
