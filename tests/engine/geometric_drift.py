@@ -1,6 +1,26 @@
-"""Artificial scale drift for geometric-engine tests: after every keyframe the map is rescaled by
-`factor` about the current camera, so loop closure has drift to correct."""
+"""Helpers of the geometric-engine loop tests: artificial scale drift (after every keyframe the map
+is rescaled by `factor` about the current camera, so loop closure has drift to correct) and a
+replay of a sequence's frames in a given order through one session."""
 import numpy as np
+
+from engine.api import SessionConfig, open_session
+
+
+def replay(seq, frames, order, extra=None, **settings):
+    """Push `frames[i]` for i in `order` (timestamps at 30 frames/s) through one geometric session
+    with the sequence's intrinsics and `settings`; returns (results, events, stats(), memory())
+    read after the flush, then closes the session."""
+    s = open_session(SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple(),
+                                   extra=dict(extra or {}), **settings))
+    res, ev = [], []
+    for k, i in enumerate(order):
+        res += s.push(frames[i], k / 30.0)
+        ev += s.poll_events()
+    res += s.flush()
+    ev += s.poll_events()
+    st, mem = s.stats(), s.memory()
+    s.close()
+    return res, ev, st, mem
 
 
 def inject_scale_drift(monkeypatch, factor: float = 1.01) -> None:

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 from engine.align import sim3_inverse, sim3_split, so3_log
-from engine.api import EngineEvent, FrameResult, SessionConfig, open_session
+from engine.api import EngineEvent, FrameResult, SessionConfig
 from engine.evaluate import load_sequence
 from engine.geometric.loop import LoopCloser
 from engine.geometry import apply_realignments, result_transforms
 from engine.metrics import ate
-from tests.engine.geometric_drift import inject_scale_drift
+from tests.engine.geometric_drift import inject_scale_drift, replay
 
 
 @pytest.fixture(scope="module")
@@ -57,20 +57,6 @@ def test_verification_recovers_a_known_similarity(icl):
     assert lc._verify(lc.nodes[2], lc.nodes[0]) is None
 
 
-def _run(seq, frames, order, **extra):
-    s = open_session(SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple(),
-                                   extra={"depth": False, **extra}))
-    res, ev = [], []
-    for k, i in enumerate(order):
-        res += s.push(frames[i], k / 30.0)
-        ev += s.poll_events()
-    res += s.flush()
-    ev += s.poll_events()
-    st = s.stats()
-    s.close()
-    return res, ev, st
-
-
 def _ate(results, seq, order):
     rr = sorted(results, key=lambda r: r.index)
     return ate(np.array([r.c2w for r in rr]), np.array([seq.gt_c2w[order[r.index]] for r in rr]))["rmse"]
@@ -84,7 +70,7 @@ def test_forward_backward_closes_loops_and_corrects(icl, monkeypatch, tmp_path):
     inject_scale_drift(monkeypatch)
     seq, frames = icl
     order = list(range(200)) + list(range(199, -1, -1))
-    res, ev, st = _run(seq, frames, order)
+    res, ev, st, _ = replay(seq, frames, order, depth=False)
     assert len(res) == 400 and {r.segment for r in res} == {0}
     assert st["loops_closed"] >= 2
     assert any("Loop closed" in e.message for e in ev)
@@ -113,7 +99,7 @@ def test_loop_closure_keeps_an_undrifted_run_accurate(icl):
     """Without drift the loops are found, and the ones the map already agrees with move nothing."""
     seq, frames = icl
     order = list(range(200)) + list(range(199, -1, -1))
-    res, ev, st = _run(seq, frames, order)
+    res, ev, st, _ = replay(seq, frames, order, depth=False)
     assert st["loops_closed"] + st["loops_consistent"] >= 3 and st["loops_consistent"] >= 1
     assert _ate(apply_realignments(res, ev), seq, order) < 0.01
 
@@ -141,7 +127,7 @@ def test_relocalisation_places_a_new_segment_in_the_existing_map(icl):
     the whole trajectory is consistent under one Sim(3)."""
     seq, frames = icl
     order = list(range(0, 121)) + list(range(30, 200))
-    res, ev, st = _run(seq, frames, order)
+    res, ev, st, _ = replay(seq, frames, order, depth=False)
     assert len(res) == len(order) and {r.segment for r in res} == {0, 1}
     assert st["segments_relocalised"] == 1
     assert any(e.kind == "info" and "Relocalised" in e.message for e in ev)
@@ -193,7 +179,7 @@ def test_relocalisation_continues_the_lost_segment(icl):
     placed by a whole-segment realign event; the corrected trajectory is as good as before."""
     seq, frames = icl
     order = list(range(0, 121)) + list(range(30, 200))
-    res, ev, st = _run(seq, frames, order)
+    res, ev, st, _ = replay(seq, frames, order, depth=False)
     assert len(res) == len(order) and st["segments_continued"] == 1
     seg1 = [r.index for r in res if r.segment == 1]
     assert seg1 and min(seg1) == 121 and len(seg1) <= 60           # the stretch before the match

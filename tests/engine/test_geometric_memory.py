@@ -11,7 +11,7 @@ from engine.evaluate import load_sequence
 from engine.geometric.loop import Forget, LoopCloser, LoopParams
 from engine.geometry import apply_realignments
 from engine.metrics import ate
-from tests.engine.geometric_drift import inject_scale_drift
+from tests.engine.geometric_drift import inject_scale_drift, replay
 
 
 @pytest.fixture(scope="module")
@@ -99,16 +99,8 @@ def test_pose_graph_compaction_keeps_loop_closure_working(icl, monkeypatch):
     inject_scale_drift(monkeypatch)
     seq, frames = icl
     order = (list(range(200)) + list(range(199, -1, -1))) * 2
-    s = open_session(SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple(), depth=False,
-                                   extra={"loop_max_graph_nodes": 10, "loop_keep_recent": 4}))
-    res, ev = [], []
-    for k, i in enumerate(order):
-        res += s.push(frames[i], k / 30.0)
-        ev += s.poll_events()
-    res += s.flush()
-    ev += s.poll_events()
-    st, m = s.stats(), s.memory()
-    s.close()
+    res, ev, st, m = replay(seq, frames, order, depth=False,
+                            extra={"loop_max_graph_nodes": 10, "loop_keep_recent": 4})
     assert len(res) == len(order) and {r.segment for r in res} == {0}
     assert st["loops_closed"] >= 10 and m["loop_culled"] >= 10
     assert m["loop_nodes"] <= m["loop_database"] + 4 + 1 and m["poses"] == m["loop_nodes"]

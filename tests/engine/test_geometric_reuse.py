@@ -144,21 +144,14 @@ def test_reuse_on_real_frames_forward_then_back():
     of the way out again, and the trajectory stays accurate (measured: 58 observations reused,
     ATE 0.23 cm; 0.25 cm without reuse)."""
     import cv2
-    from engine.api import SessionConfig, open_session
     from engine.evaluate import load_sequence
     from engine.metrics import ate
     from tests.conftest import DATA
+    from tests.engine.geometric_drift import replay
     seq = load_sequence(DATA / "icl_livingroom_kt3")
     order = list(range(100)) + list(range(98, -1, -1))
     frames = {i: cv2.cvtColor(cv2.imread(str(seq.frames[i])), cv2.COLOR_BGR2RGB) for i in set(order)}
-    s = open_session(SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple(), depth=False,
-                                   loop_closure=False))
-    res = []
-    for k, i in enumerate(order):
-        res += s.push(frames[i], k / 30.0)
-    res += s.flush()
-    st = s.stats()
-    s.close()
+    res, _, st, _ = replay(seq, frames, order, depth=False, loop_closure=False)
     assert len(res) == len(order) and {r.segment for r in res} == {0}
     assert st["map_points_reused"] >= 30
     est = np.array([r.c2w for r in sorted(res, key=lambda r: r.index)])
