@@ -347,12 +347,14 @@ class GeometricSession:
             small = cv2.cvtColor(cv2.resize(rec.image, self.depth_size, interpolation=cv2.INTER_AREA),
                                  cv2.COLOR_RGB2GRAY)
             self._kf_views.append(DepthView(rec.fid, small, rec.c2w.copy(), rec.segment))
+        reuse = self.tracker.matcher is not None
         for rec in new_kfs:
-            self._loop_add(rec)
-        if self.tracker.matcher is not None and new_kfs:
-            # keyframe images at working size for map-point reuse, as long as the tracker keeps the keyframe
-            for rec in new_kfs:
-                self._kf_gray[rec.fid] = cv2.cvtColor(rec.image, cv2.COLOR_RGB2GRAY)
+            # the keyframe's grey image at working size, made once for loop closure and map-point reuse
+            gray = cv2.cvtColor(rec.image, cv2.COLOR_RGB2GRAY) if reuse or self._loop is not None else None
+            self._loop_add(rec, gray)
+            if reuse:       # kept as a reuse source as long as the tracker keeps the keyframe
+                self._kf_gray[rec.fid] = gray
+        if reuse and new_kfs:
             kept = {k.fid for k in self.tracker.keyframes}
             for f in [f for f in self._kf_gray if f not in kept]:
                 del self._kf_gray[f]
@@ -438,8 +440,9 @@ class GeometricSession:
         return np.array(out_ids), out_uv
 
     # --- loop closure ------------------------------------------------------------------------
-    def _loop_add(self, rec: _Pending) -> None:
-        """Register a new keyframe with the loop closer and queue its detection job."""
+    def _loop_add(self, rec: _Pending, gray: Optional[np.ndarray]) -> None:
+        """Register a new keyframe (`gray`: its grey image at working size) with the loop closer
+        and queue its detection job."""
         seg = rec.segment
         T = np.array(rec.c2w, np.float64)
         self._T_cur[rec.fid] = T
@@ -455,7 +458,6 @@ class GeometricSession:
             # closer drops its graph and we drop its correction state (Forget)
             self._loop_jobs.append((rec.fid, self._loop_pool.submit(self._loop.end_segment, self._loop_seg)))
         self._loop_seg = seg
-        gray = cv2.cvtColor(rec.image, cv2.COLOR_RGB2GRAY)
         # the tracker's current poses of earlier keyframes, in the world this keyframe was produced in
         tposes = {f: self.tracker.keyframe_pose(f) for f in cov}
         tposes = {f: T_f for f, T_f in tposes.items() if T_f is not None}
