@@ -45,3 +45,44 @@ def drive_paths(a, b, pattern, seed=0, dtype=torch.float32):
     """`drive` yielding (outputs of a, outputs of b, a's step, the path a's backend took)."""
     for oa, ob, st, _, path in drive(a, b, pattern, seed, dtype, attended=lambda c: c._attn.path):
         yield oa, ob, st, path
+
+
+def tiny_sessions_against_sdpa(monkeypatch, make_backend):
+    """The tiny LingBot-Map model (CPU, fp32) over the same 14 random frames twice -- scale 2,
+    window 3, special cap 5, keyframe interval 2 (eviction, rollback, ring wrap) -- with SDPA and
+    with backend "cudnn" resolved to `make_backend(cache)` (a stand-in under test); checks the two
+    runs' results equal (1e-5 / 1e-4) and returns the backend made, for the caller's checks."""
+    import numpy as np
+
+    from engine import SessionConfig, open_session
+    from engine import kv as kv_mod
+    from engine.kv.cudnn import CuDNNBackend
+    from engine.models import build_model
+    from engine.models.recipe import fill_recipe
+
+    made = {}
+
+    class StandInCuDNN(CuDNNBackend):       # the cuDNN backend's class checks, the stand-in's instance
+        @classmethod
+        def create(cls, cache):
+            made["backend"] = make_backend(cache)
+            return made["backend"]
+    real = kv_mod.resolve_backend
+    monkeypatch.setattr(kv_mod, "resolve_backend",
+                        lambda name, dev, prec: StandInCuDNN if name == "cudnn" else real(name, dev, prec))
+    model = fill_recipe(build_model("lingbot-map-tiny"))
+    rng = np.random.default_rng(4)
+    frames = [rng.integers(0, 256, (60, 80, 3), dtype=np.uint8) for _ in range(14)]
+    outs = {}
+    for backend in ("sdpa", "cudnn"):
+        s = open_session(SessionConfig(engine="lingbot-map", model="lingbot-map-tiny", image_width=70,
+                                       scale_frames=2, window=3, special_cap=5, keyframe_interval=2,
+                                       camera_iterations=2, backend=backend), model=model)
+        outs[backend] = [r for f in frames for r in s.push(f)] + s.flush()
+        s.close()
+    a, b = outs["cudnn"], outs["sdpa"]
+    assert len(a) == len(b) == len(frames)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x.pose_enc, y.pose_enc, atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(x.depth, y.depth, atol=1e-5, rtol=1e-4)
+    return made["backend"]

@@ -13,7 +13,7 @@ from engine.kv import KVCacheError, PagedKVCache, backends, make_compressor, res
 from engine.kv import cudnn as kcudnn
 from engine.kv.backends import SDPABackend
 from engine.kv.cudnn import CUDNN_MASKED, CuDNNBackend
-from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, cache_pair, drive_paths
+from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, cache_pair, drive_paths, tiny_sessions_against_sdpa
 
 
 
@@ -193,39 +193,6 @@ def test_session_setting_is_validated_and_clear_on_cpu():
 def test_tiny_session_on_the_fixed_capacity_path_equals_sdpa(monkeypatch):
     """A whole LingBot-Map session (tiny model, CPU, fp32) with the backend's fixed-capacity path
     (stand-in kernel) gives the SDPA session's results: keyframe interval 2, eviction, ring wrap."""
-    import numpy as np
-
-    from engine import SessionConfig, open_session
-    from engine import kv as kv_mod
-    from engine.models import build_model
-    from engine.models.recipe import fill_recipe
-
-    calls = {}
-
-    class StandInCuDNN(CuDNNBackend):
-        @classmethod
-        def create(cls, cache):
-            be = cls(cache, kernel=StandIn(cache), min_fill=0.0)
-            calls["backend"] = be
-            return be
-    real = kv_mod.resolve_backend
-    monkeypatch.setattr(kv_mod, "resolve_backend",
-                        lambda name, dev, prec: StandInCuDNN if name == "cudnn" else real(name, dev, prec))
-    model = fill_recipe(build_model("lingbot-map-tiny"))
-    rng = np.random.default_rng(4)
-    frames = [rng.integers(0, 256, (60, 80, 3), dtype=np.uint8) for _ in range(14)]
-    outs = {}
-    for backend in ("sdpa", "cudnn"):
-        s = open_session(SessionConfig(engine="lingbot-map", model="lingbot-map-tiny", image_width=70,
-                                       scale_frames=2, window=3, special_cap=5, keyframe_interval=2,
-                                       camera_iterations=2, backend=backend), model=model)
-        res = [r for f in frames for r in s.push(f)] + s.flush()
-        outs[backend] = res
-        s.close()
-    be = calls["backend"]
+    be = tiny_sessions_against_sdpa(monkeypatch,
+                                    lambda cache: CuDNNBackend(cache, kernel=StandIn(cache), min_fill=0.0))
     assert be.error is None and be.calls["fixed"] > 0 and be.calls["exact"] == 0
-    a, b = outs["cudnn"], outs["sdpa"]
-    assert len(a) == len(b) == len(frames)
-    for x, y in zip(a, b):
-        np.testing.assert_allclose(x.pose_enc, y.pose_enc, atol=1e-5, rtol=1e-4)
-        np.testing.assert_allclose(x.depth, y.depth, atol=1e-5, rtol=1e-4)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from engine.kv import KVCacheError, PagedKVCache, make_compressor
 from engine.kv import cudnn as kcudnn
 from engine.kv.cudnn import CuDNNBackend, CuDNNSeqLenBackend
-from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, cache_pair, drive_paths
+from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, cache_pair, drive_paths, tiny_sessions_against_sdpa
 
 P2 = 4                                    # a power-of-two page: cuDNN's paged form can run
 
@@ -209,39 +209,8 @@ def test_create_picks_the_form_and_says_why_not(monkeypatch):
 def test_tiny_session_on_the_seqlen_form_equals_sdpa(monkeypatch):
     """A whole LingBot-Map session (tiny model, CPU, fp32) on the sequence-length form (stand-in
     kernel) gives the SDPA session's results: keyframe interval 2, eviction, ring wrap."""
-    import numpy as np
-
-    from engine import SessionConfig, open_session
-    from engine import kv as kv_mod
-    from engine.models import build_model
-    from engine.models.recipe import fill_recipe
-
-    made = {}
-
-    class StandInSeqLen(CuDNNBackend):
-        @classmethod
-        def create(cls, cache):
-            be = made["backend"] = CuDNNSeqLenBackend(cache, kernel=SeqLenStandIn(cache))
-            return be
-    real = kv_mod.resolve_backend
-    monkeypatch.setattr(kv_mod, "resolve_backend",
-                        lambda name, dev, prec: StandInSeqLen if name == "cudnn" else real(name, dev, prec))
-    model = fill_recipe(build_model("lingbot-map-tiny"))
-    rng = np.random.default_rng(4)
-    frames = [rng.integers(0, 256, (60, 80, 3), dtype=np.uint8) for _ in range(14)]
-    outs = {}
-    for backend in ("sdpa", "cudnn"):
-        s = open_session(SessionConfig(engine="lingbot-map", model="lingbot-map-tiny", image_width=70,
-                                       scale_frames=2, window=3, special_cap=5, keyframe_interval=2,
-                                       camera_iterations=2, backend=backend), model=model)
-        outs[backend] = [r for f in frames for r in s.push(f)] + s.flush()
-        s.close()
-    be = made["backend"]
+    be = tiny_sessions_against_sdpa(monkeypatch,
+                                    lambda cache: CuDNNSeqLenBackend(cache, kernel=SeqLenStandIn(cache)))
     # 20-token pages (no paged form): the window-filling steps exact, the steady state dense
     assert be.error is None and be.forms["dense"] > 0 and be.forms["paged"] == 0
     assert be.calls["fixed"] > 0 and be.calls["exact"] > 0 and "power of two" in be.paged_note
-    a, b = outs["cudnn"], outs["sdpa"]
-    assert len(a) == len(b) == len(frames)
-    for x, y in zip(a, b):
-        np.testing.assert_allclose(x.pose_enc, y.pose_enc, atol=1e-5, rtol=1e-4)
-        np.testing.assert_allclose(x.depth, y.depth, atol=1e-5, rtol=1e-4)
