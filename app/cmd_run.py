@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="files: start again at the end (stop with --max-frames, Ctrl-C or SIGTERM)")
     i.add_argument("--speed", type=float, default=0.0, metavar="X",
                    help="replay pacing: 0 = as fast as possible (default), 1 = real time, X = X times real time")
+    i.add_argument("--prefetch", type=int, default=3, metavar="N",
+                   help="files: decode and preprocess up to N frames ahead on a reader thread, overlapping "
+                        "the engine (default 3; 0 = read on the engine's thread)")
     i.add_argument("--resize", type=int, default=None, metavar="PX",
                    help="downscale input frames so their longer side is at most PX")
     o = p.add_argument_group("output")
@@ -237,6 +240,8 @@ def _run(args) -> int:
         raise _BadInput(f"--max-frames must be at least 1, got {args.max_frames}")
     if args.fps is not None and args.fps <= 0:
         raise _BadInput(f"--fps must be positive, got {args.fps}")
+    if args.prefetch < 0:
+        raise _BadInput(f"--prefetch must be 0 or more frames, got {args.prefetch}")
     if args.speed < 0:
         raise _BadInput(f"--speed must be 0 (as fast as possible) or positive, got {args.speed}")
     stats_csv = _check_output(args.stats_csv, "--stats-csv") if args.stats_csv else None
@@ -287,7 +292,8 @@ def _run(args) -> int:
         if stats_csv:
             from engine.stats_csv import StatsCsvSink
             sinks.append(StatsCsvSink(stats_csv))
-        driver = RunDriver(source, session, sinks, speed=args.speed, max_frames=args.max_frames)
+        driver = RunDriver(source, session, sinks, speed=args.speed, max_frames=args.max_frames,
+                           prefetch=args.prefetch)
         with _stop_on_signals(driver, log):
             summary = driver.run()
         bar.close()

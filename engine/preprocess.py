@@ -68,7 +68,14 @@ def _as_rgb_uint8(frame: np.ndarray) -> np.ndarray:
 
 
 def preprocess(frame, image_width: int = 518) -> Prepared:
-    """Bring one frame to model resolution (see the module docstring)."""
+    """Bring one frame to model resolution (see the module docstring). A `Prepared` frame (made
+    ahead, e.g. by the run driver's reader thread through `SessionTiming.prepare_frame`) passes
+    through if it was made for this `image_width`."""
+    if isinstance(frame, Prepared):
+        if frame.tensor.ndim != 3 or frame.tensor.shape[2] != image_width:
+            raise PreprocessError(f"a frame prepared at width {frame.tensor.shape[-1]} was given to a session "
+                                  f"that runs at width {image_width}")
+        return frame
     if isinstance(frame, torch.Tensor) and frame.is_floating_point() or (
             isinstance(frame, np.ndarray) and np.issubdtype(frame.dtype, np.floating)):
         t = torch.as_tensor(frame).detach().to("cpu", torch.float32)

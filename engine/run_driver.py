@@ -16,8 +16,13 @@ Policies
   `LatestFrame` mailbox of one slot: the engine always takes the newest frame; a frame replaced
   before the engine took it is counted in `dropped` (never queued, so latency cannot grow).
   Frames a live source delivers while the run is paused are skipped, not counted as dropped.
-- File sources (video, image folder, `SequenceSource`) are read on the driver's thread when the
-  engine is ready: never dropped.
+- File sources (video, image folder, `SequenceSource`) are read ahead on a reader thread
+  (`Prefetch`, `prefetch` frames at most, never dropped) which also runs the session's own
+  preprocessing (`session.prepare_frame`, where it has one): decoding and resizing the next frames
+  overlap the engine's step instead of adding to it. `prefetch=0` reads on the driver's thread.
+- Timing: `run_stats()` reports the driver thread's milliseconds per input frame, split into
+  waiting for the frame (`read_ms`), the engine's push (`push_ms`) and the sinks, events and stats
+  (`sinks_ms`) -- where a run's time goes when its FPS is below the engine benchmark's.
 - Events (realign, segment, info, warning) are polled after every push and forwarded to the sinks
   in order; source warnings go to `on_message`.
 
@@ -36,7 +41,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from .api import EngineError, EngineEvent, FrameResult
 
 __all__ = ["RunDriver", "RunControl", "RunSummary", "Sink", "StoreSink", "CallbackSink", "ThreadedSink", "CollectSink",
-           "SequenceSource", "LatestFrame", "is_live"]
+           "SequenceSource", "LatestFrame", "Prefetch", "is_live"]
 
 
 # --- sinks ------------------------------------------------------------------------------------
@@ -273,6 +278,83 @@ class LatestFrame:
         self._t.join(timeout)
 
 
+class Prefetch:
+    """Reads a file source ahead on its own thread: at most `depth` frames wait in a queue, each
+    already passed through `prepare(image)` when given (the session's preprocessing; its result
+    replaces the frame's image). Frames come out in order, none dropped; a read or prepare error is
+    raised by `take()` at that frame's place. `seek` stops the reader, seeks the source and starts
+    again (frames read ahead are discarded). Only the reader thread touches the source while it runs."""
+
+    def __init__(self, source, prepare: Optional[Callable[[Any], Any]] = None, depth: int = 3,
+                 name: str = "prefetch"):
+        self.source = source
+        self.prepare = prepare
+        self.depth = max(1, int(depth))
+        self.name = name
+        self._t: Optional[threading.Thread] = None
+        self._start()
+
+    def _start(self) -> None:
+        self._quit = threading.Event()
+        self._q: queue.Queue = queue.Queue(maxsize=self.depth)
+        self._t = threading.Thread(target=self._work, args=(self._q, self._quit), name=self.name, daemon=True)
+        self._t.start()
+
+    def _work(self, q: queue.Queue, quit_: threading.Event) -> None:
+        def put(item) -> bool:
+            while not quit_.is_set():
+                try:
+                    q.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    pass
+            return False
+
+        try:
+            while not quit_.is_set():
+                f = self.source.read()
+                if f is None:
+                    put(("end", None))
+                    return
+                if self.prepare is not None:
+                    f = _Frame(f.index, f.timestamp, self.prepare(f.image))
+                if not put(("frame", f)):
+                    return
+        except BaseException as exc:     # raised on the driver's thread, at this frame's place
+            put(("error", exc))
+
+    def take(self):
+        """The next frame (waiting for it), None at the end of the source."""
+        kind, value = self._q.get()
+        if kind == "error":
+            self._q.put((kind, value))   # a later take fails the same way
+            raise value
+        if kind == "end":
+            self._q.put((kind, value))
+            return None
+        return value
+
+    def _halt(self) -> None:
+        self._quit.set()
+        while self._t is not None and self._t.is_alive():
+            try:
+                self._q.get(timeout=0.05)        # unblock a reader waiting on a full queue
+            except queue.Empty:
+                pass
+        self._t = None
+
+    def seek(self, index: int) -> None:
+        """Seek the source (its errors propagate; the reader restarts either way)."""
+        self._halt()
+        try:
+            self.source.seek(index)
+        finally:
+            self._start()
+
+    def close(self) -> None:
+        self._halt()
+
+
 # --- the driver -------------------------------------------------------------------------------
 
 @dataclass
@@ -387,7 +469,8 @@ class RunDriver(Controls):
 
     def __init__(self, source, session, sinks: Iterable[Sink] = (), *, speed: float = 0.0,
                  max_frames: Optional[int] = None, start_paused: bool = False, stats_hz: float = 4.0,
-                 live: Optional[bool] = None, flush: bool = True, control: Optional[RunControl] = None):
+                 live: Optional[bool] = None, flush: bool = True, control: Optional[RunControl] = None,
+                 prefetch: int = 3):
         if speed < 0:
             raise EngineError(f"speed must be 0 (as fast as possible) or positive, got {speed}")
         self.source = source
@@ -402,6 +485,9 @@ class RunDriver(Controls):
         self.control = control or RunControl(start_paused)
         self._cond = self.control.cond
         self._grabber: Optional[LatestFrame] = None
+        self.prefetch = 0 if self.live else max(0, int(prefetch))
+        self._reader: Optional[Prefetch] = None
+        self._phase_ms: collections.deque = collections.deque(maxlen=64)   # (read, push, sinks) per frame
         self._warned = 0
         self._last_stats = 0.0
         self._t0 = time.perf_counter()
@@ -437,6 +523,8 @@ class RunDriver(Controls):
             k.on_start(self)
         if self.live:
             self._grabber = LatestFrame(self.source)
+        elif self.prefetch:
+            self._reader = Prefetch(self.source, getattr(self.session, "prepare_frame", None), self.prefetch)
         try:
             self._loop()
             if self.flush_at_end:
@@ -455,6 +543,8 @@ class RunDriver(Controls):
         finally:
             if self.control.reason and not s.interrupted:
                 s.interrupted = self.control.reason
+            if self._reader is not None:
+                self._reader.close()
             if self._grabber is not None:
                 self._grabber.close()
                 s.dropped = self._grabber.dropped
@@ -506,6 +596,7 @@ class RunDriver(Controls):
                     c.steps -= 1
                 if self._grabber is not None:
                     self._grabber.counting = True
+            t_read = time.perf_counter()
             frame = self._read()
             if frame is None:
                 s.ended = True
@@ -516,7 +607,13 @@ class RunDriver(Controls):
                 if self._sleep_until(clock[0] + (frame.timestamp - clock[1]) / self.speed):
                     s.stopped = True
                     return
-            self._deliver(self.session.push(frame.image, frame.timestamp))
+            t_push = time.perf_counter()
+            results = self.session.push(frame.image, frame.timestamp)
+            t_sinks = time.perf_counter()
+            self._deliver(results)
+            # pacing waits are not read time: the frame was there
+            self._phase_ms.append((0.0 if self.speed > 0 and not self.live else (t_push - t_read) * 1e3,
+                                   (t_sinks - t_push) * 1e3, (time.perf_counter() - t_sinks) * 1e3))
             s.frames_in += 1
             if self.max_frames and s.frames_in >= self.max_frames:
                 s.ended = True
@@ -524,6 +621,10 @@ class RunDriver(Controls):
 
     def _read(self):
         self._check_warnings()
+        if self._reader is not None:
+            f = self._reader.take()
+            self._check_warnings()
+            return f
         if self._grabber is None:
             f = self.source.read()
             self._check_warnings()
@@ -545,7 +646,7 @@ class RunDriver(Controls):
             self._message(f"{getattr(self.source, 'name', 'this source')} cannot seek")
             return
         try:
-            self.source.seek(target)
+            (self._reader or self.source).seek(target)
             self._message(f"Jumped to frame {target}")
         except EngineError as exc:
             self._message(str(exc))
@@ -591,14 +692,18 @@ class RunDriver(Controls):
 
     def run_stats(self) -> dict:
         """The driver's own counters: frames_in, results, dropped, engine_fps (results per wall
-        second over the last 64 results), wall_s, paused."""
+        second over the last 64 results), wall_s, paused, and the driver thread's mean ms per
+        input frame over the last 64 frames: read_ms, push_ms, sinks_ms (None before a frame)."""
         now = time.perf_counter()
         t = self._times
         fps = (len(t) - 1) / (t[-1] - t[0]) if len(t) >= 2 and t[-1] > t[0] else None
         if t and now - t[-1] > 2.0:
             fps = 0.0                              # nothing for 2 s (paused, stalled)
+        ph = list(self._phase_ms)
+        means = [sum(x[i] for x in ph) / len(ph) for i in range(3)] if ph else [None] * 3
         return {"frames_in": self.summary.frames_in, "results_total": self.summary.results,
-                "dropped": self.dropped, "engine_fps": fps, "wall_s": now - self._t0, "paused": self.control.paused}
+                "dropped": self.dropped, "engine_fps": fps, "wall_s": now - self._t0, "paused": self.control.paused,
+                "read_ms": means[0], "push_ms": means[1], "sinks_ms": means[2]}
 
     def _emit_stats(self, force: bool = False) -> None:
         if not self.stats_hz or not self.sinks:

@@ -84,6 +84,16 @@ class SessionTiming:
         if self._closed:
             raise EngineError(f"this {self._SESSION_NAME} session is closed; open a new one")
 
+    def prepare_frame(self, frame):
+        """The CPU-side preprocessing of `frame` alone (no session state is touched): safe to call
+        on another thread ahead of `push`, which then takes the returned `Prepared` as it is. On
+        CUDA the tensor is put in pinned memory so that the step's copy to the GPU is asynchronous."""
+        from .preprocess import preprocess
+        prep = preprocess(frame, self.config.image_width)
+        if getattr(self, "device", None) is not None and self.device.type == "cuda" and not prep.tensor.is_pinned():
+            prep.tensor = prep.tensor.pin_memory()
+        return prep
+
     def _take_frame(self, frame, timestamp: Optional[float]):
         """Preprocess `frame`, check it keeps the session's size, and number it:
         -> (Prepared, index, timestamp). The first frame fixes the size."""

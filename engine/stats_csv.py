@@ -11,6 +11,9 @@ Columns (blank when a value does not apply, e.g. the viewer's in a headless run)
     viewer_buffer_bytes  bytes the viewer holds for them (host mirror; GPU buffers alike)
     loop_gap_p99_ms      GUI event loop: 99th percentile gap of a 10 ms timer
     dropped              live frames the engine could not take
+    read_ms, push_ms, sinks_ms
+                         the run driver's thread per input frame (recent mean): waiting for the
+                         frame, the engine's push, the sinks (store, viewer hand-off) and stats
 
 Every row is flushed, so a killed run keeps its rows. Qt-free: the GUI calls `row()` from a timer.
 """
@@ -25,7 +28,7 @@ from typing import Optional, Union
 from .run_driver import Sink
 
 COLUMNS = ("t_s", "frames", "engine_fps", "viewer_fps", "rss_mb", "gpu_allocated_mb", "viewer_points",
-           "viewer_buffer_bytes", "loop_gap_p99_ms", "dropped")
+           "viewer_buffer_bytes", "loop_gap_p99_ms", "dropped", "read_ms", "push_ms", "sinks_ms")
 GUI_KEYS = ("viewer_fps", "viewer_points", "viewer_buffer_bytes", "loop_gap_p99_ms")
 
 
@@ -75,6 +78,7 @@ class StatsCsv:
             "rss_mb": rss_mb(),
             "gpu_allocated_mb": None if gpu is None else gpu / 1e6,
             "dropped": s.get("dropped"),
+            **{k: s.get(k) for k in ("read_ms", "push_ms", "sinks_ms")},
             **{k: g.get(k) for k in GUI_KEYS},
         }
         self._w.writerow([_fmt(values[c]) for c in COLUMNS])

@@ -414,6 +414,22 @@ def run_steps(steps: Sequence[Step], network: Callable[[], dict]) -> dict:
     return out
 
 
+def _to_device(tensors: list, device: torch.device) -> torch.Tensor:
+    """[N, 3, H, W] on `device` from N frame tensors. Pinned inputs stay pinned (one frame: a view;
+    several: stacked into a pinned block), so the copy is asynchronous and the host does not wait
+    for the GPU's queued work; otherwise (the CPU) a fresh stack, which the model may change freely."""
+    if device.type != "cuda":
+        return torch.stack(tensors)
+    if len(tensors) == 1:
+        batch = tensors[0].unsqueeze(0)
+    elif all(t.is_pinned() for t in tensors):
+        batch = torch.stack(tensors, out=torch.empty((len(tensors), *tensors[0].shape), dtype=tensors[0].dtype,
+                                                     pin_memory=True))
+    else:
+        batch = torch.stack(tensors)
+    return batch.to(device, non_blocking=True)
+
+
 def forward_steps(model, steps: Sequence[Step], iterations: int, side_streams=None, forward=None) -> dict:
     """Phase 3, the network over begun steps -> STEP_OUTPUTS, the steps' frames in order.
 
@@ -424,8 +440,7 @@ def forward_steps(model, steps: Sequence[Step], iterations: int, side_streams=No
     their per-session attention side by side on CUDA). `forward`: a replacement for
     `model.forward_step` with its signature (the ring's sequence-parallel scale step)."""
     first = steps[0]
-    images = torch.stack([p.tensor for st in steps for _, _, p in st.items]).to(first.session.device,
-                                                                                non_blocking=True)
+    images = _to_device([p.tensor for st in steps for _, _, p in st.items], first.session.device)
     if len(steps) == 1:     # its own caches (and, on CUDA, their per-cache graphs)
         kv, camera, times = first.kv, first.camera_cache, first.time_index
     else:                   # fresh adapters each round: the model must not graph them (S > 1)
