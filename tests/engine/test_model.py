@@ -70,6 +70,19 @@ def test_rope3d_layout_and_formula_past_table():
     assert torch.allclose(cos[0, 6 + 4, 10:21], torch.cos(7 * inv_h))  # patch (1, 1) at (f, 7, 7)
 
 
+@pytest.mark.parametrize("times", [[7], [3, 4, 5], [3, 2000], []])
+def test_rope3d_device_tables_equal_the_host_tables(times):
+    """The GPU path (`_rotation_on`: tables built by kernels on the device) gives the host path's
+    tables; run here on the CPU device, so CI checks its arithmetic (tests/engine/test_rope_gpu.py
+    on a GPU). Consecutive times take the arange branch, others the upload branch."""
+    rope = VideoRope3D(64)
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        ref = rope.rotation(times, 4, 5, 6, "cpu", dtype)
+        got = rope._rotation_on(times, 4, 5, 6, torch.device("cpu"), dtype)
+        assert got.interleaved and got.cos.shape == ref.cos.shape == (len(times), 26, 1, 64)
+        assert torch.equal(got.cos, ref.cos) and torch.equal(got.sin, ref.sin)
+
+
 def test_rope3d_attention_depends_only_on_time_differences():
     rope = VideoRope3D(16)
     g = torch.Generator().manual_seed(0)
