@@ -186,12 +186,16 @@ def _per_step_wall(cache, paths, kv, q, steps: int) -> list:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=300)
+    ap.add_argument("--patches", type=int, default=999,
+                    help="patch tokens per frame: 999 at 518x378, 1036 at 518x392 (a 640x480 input)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--steps", type=int, default=30, help="steps of the per-step wall-time comparison")
     ap.add_argument("--json", default=None)
     ap.add_argument("--only", default="", help="comma-separated substrings: run only the paths whose name "
                                                "holds one (e.g. 'dense,sdpa,split'); default all")
     a = ap.parse_args(argv)
+    global P
+    P = a.patches
     cache = PagedKVCache(1, H, D, P, special_tokens=S6, scale_frames=8, window=64, special_cap=1024,
                          dtype=torch.bfloat16, device="cuda", backend="sdpa")
     # made before streaming: a CuDNNBackend zeroes the pool when it is created (as in a session)

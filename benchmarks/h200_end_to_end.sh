@@ -14,7 +14,7 @@
 # Device: carry .whl .cache;  bash benchmarks/h200_end_to_end.sh 2>&1 | tee $OUT/run.log; grep ^RESULT $OUT/run.log
 # Knobs: N (frames, 400), VARIANTS ("name=--flag,--flag,value ..."; commas become spaces; default
 # "default="), REPEATS (1), PREFETCH0=1 (also a run with the reader thread off), GPU_TESTS
-# ("tests/engine/x.py ..."), SPY_FIRST (1).
+# ("tests/engine/x.py ..."), SPY_FIRST (1), NO_BENCH=1 (runs only: a long soak of the user's path).
 set -uo pipefail
 . benchmarks/gpu_env.sh
 VIDEO=.cache/frames/icl_kt3.mp4
@@ -55,7 +55,7 @@ first=${SPY_FIRST:-1}
 for v in ${VARIANTS:-default=}; do
   name=${v%%=*}; settings=${v#*=}; settings=${settings//,/ }
   for r in $(seq 1 "${REPEATS:-1}"); do
-    bench "${name}_$r" "$settings"
+    [ -z "${NO_BENCH:-}" ] && bench "${name}_$r" "$settings"
     run "${name}_$r" "$settings" 3 $([ "$first" = 1 ] && echo spy); first=0
   done
   if [ -n "${PREFETCH0:-}" ]; then run "${name}_prefetch0" "$settings" 0; fi
