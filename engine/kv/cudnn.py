@@ -705,14 +705,27 @@ class CuDNNSplitBackend(_CacheRef):
     mode = "split"
     frontend_error = None
 
+    # q rows per cuDNN work tile (its SM90 forward kernels): ceil(q / 128) x heads CTAs a call
+    Q_TILE = 128
+
     def __init__(self, cache, kernel_a=None, kernel_b=None, fallback=None, max_shapes: int = 4,
-                 a_kernel: Optional[str] = None, merge: Optional[str] = None):
+                 a_kernel: Optional[str] = None, merge: Optional[str] = None, wave_sms: Optional[int] = -1):
         """kernel_a / kernel_b: (q, k, v) -> (out [n, H, D], lse [H, n] float32, natural log); by
         default `torch_cudnn_lse` (or the frontend's `attend_lse`, `a_kernel`/RECONSTUDIO_CUDNN_SPLIT_A)
         and `torch_flash_lse`. fallback: a backend instance for the other steps (tests pass one).
-        merge: "eager" | "compile" (`cudnn_split_merge_default`)."""
+        merge: "eager" | "compile" (`cudnn_split_merge_default`).
+        wave_sms: the split runs only while its cuDNN call fits ONE wave of work tiles,
+        ceil(q tokens / Q_TILE) x heads <= wave_sms; -1 = the GPU's SM count (no limit on the CPU),
+        None = no limit. Measured on the H200 (132 SMs), 16 heads, 74k keys: q = 1,005 tokens (8
+        tiles x 16 = 128 CTAs) 0.63 ms, q = 1,042 (a 640x480 input at 518x392: 9 x 16 = 144 CTAs, a
+        second, nearly empty wave) 1.48 ms -- slower than FlashInfer's 0.85, so those steps fall back."""
         self.cache = cache
         pool = cache.pool
+        if wave_sms == -1:
+            dev = torch.device(cache.device)
+            wave_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
+        self.wave_sms = wave_sms
+        self.wave_declined = 0                     # steps sent to the fallback for their q size
         self.capacity = pool.num_pages * pool.page_size
         self.max_shapes = int(max_shapes)
         self.error = None
@@ -771,8 +784,17 @@ class CuDNNSplitBackend(_CacheRef):
             return None                                          # specials not after the patch pages
         return first, n_a, b
 
+    def fits_one_wave(self, q_tokens: int) -> bool:
+        """The cuDNN call's work tiles for `q_tokens` queries fit one wave of the GPU (see __init__)."""
+        if self.wave_sms is None:
+            return True
+        return -(-q_tokens // self.Q_TILE) * self.cache.pool.num_heads <= self.wave_sms
+
     def plan(self, step: StepTable) -> None:
         split = self.split_point(step) if self._ok and self.error is None else None
+        if split is not None and not self.fits_one_wave(step.q_tokens):
+            split = None
+            self.wave_declined += 1
         if split is not None and (step.q_tokens, split[1]) not in self.a_shapes:
             if len(self.a_shapes) >= self.max_shapes:
                 split = None                                     # no further graphs: fall back

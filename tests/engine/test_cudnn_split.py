@@ -119,6 +119,23 @@ def test_shape_cap_sends_new_lengths_to_the_fallback():
     assert len(stand_in.shapes) == 1 and cu._attn.calls["split"] > 0
 
 
+@pytest.mark.parametrize("spare", [0, -1])
+def test_split_runs_only_when_its_call_fits_one_wave(spare):
+    """ceil(q / 128) x heads work tiles must fit the GPU's SMs (wave_sms): with one SM short of
+    that every step goes to the fallback (same outputs), with exactly that the split runs."""
+    cu, sd, stand_in = _caches()
+    be = cu._attn
+    assert be.wave_sms is None                  # CPU: no wave limit by default
+    be.wave_sms = -(-(P + S6) // be.Q_TILE) * H + spare
+    for a, b, step, split in _drive(cu, sd, PATTERN):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    if spare < 0:
+        assert be.calls["split"] == 0 and stand_in.calls == 0 and be.wave_declined > 0
+    else:
+        assert be.calls["split"] > 0 and be.wave_declined == 0
+
+
 @pytest.mark.parametrize("method", ["random_subset", "block_sparse"])
 def test_token_slot_steps_fall_back(method):
     from engine.kv import make_compressor
