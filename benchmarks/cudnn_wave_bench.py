@@ -13,20 +13,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from attention_bench import _median_ms         # noqa: E402  (CUDA-event median, shared)
 from engine.kv.cudnn import torch_cudnn_lse     # noqa: E402
-
-
-def _median_ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in evs:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return sorted(a.elapsed_time(b) for a, b in evs)[reps // 2]
 
 
 def main(argv=None) -> None:
