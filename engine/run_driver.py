@@ -20,6 +20,8 @@ Policies
   (`Prefetch`, `prefetch` frames at most, never dropped) which also runs the session's own
   preprocessing (`session.prepare_frame`, where it has one): decoding and resizing the next frames
   overlap the engine's step instead of adding to it. `prefetch=0` reads on the driver's thread.
+  A live source's grabber thread runs `prepare_frame` as well (on every frame it reads, also those
+  replaced before the engine takes them: that thread is otherwise idle).
 - Timing: `run_stats()` reports the driver thread's milliseconds per input frame, split into
   waiting for the frame (`read_ms`), the engine's push (`push_ms`) and the sinks, events and stats
   (`sinks_ms`) -- where a run's time goes when its FPS is below the engine benchmark's.
@@ -216,12 +218,22 @@ def is_live(source) -> bool:
     return bool(getattr(source, "live", False)) or getattr(source, "kind", "") == "webcam"
 
 
+@dataclass
+class _Rejected:
+    """A live frame that `prepare` refused (raised when the engine takes it)."""
+    error: BaseException
+
+
 class LatestFrame:
     """Reads a live source on its own thread into a one-slot mailbox. `take()` returns the newest
-    frame (waiting for one); a frame overwritten before it was taken counts in `dropped`."""
+    frame (waiting for one); a frame overwritten before it was taken counts in `dropped`.
+    `prepare(image)` (the session's preprocessing) runs on that thread too, so the engine's thread
+    only runs the engine; a frame it rejects is raised by `take()` (the run ends on it, as a push
+    would have)."""
 
-    def __init__(self, source, name: str = "live-source"):
+    def __init__(self, source, name: str = "live-source", prepare: Optional[Callable[[Any], Any]] = None):
         self.source = source
+        self.prepare = prepare
         self.dropped = 0
         self.skipped = 0           # replaced while the run was paused (not the engine's fault)
         self.delivered = 0
@@ -238,6 +250,11 @@ class LatestFrame:
         try:
             while not self._quit:
                 f = self.source.read()
+                if f is not None and self.prepare is not None:
+                    try:
+                        f = _Frame(f.index, f.timestamp, self.prepare(f.image))
+                    except Exception as exc:     # the frame's own fault: take() raises it
+                        f = _Frame(f.index, f.timestamp, _Rejected(exc))
                 with self._cond:
                     if f is None:
                         break
@@ -264,6 +281,8 @@ class LatestFrame:
             f, self._slot = self._slot, None
             if f is None and self.ended:
                 raise StopIteration
+            if f is not None and isinstance(f.image, _Rejected):
+                raise f.image.error
             return f
 
     def discard(self) -> None:
@@ -522,7 +541,7 @@ class RunDriver(Controls):
         for k in self.sinks:
             k.on_start(self)
         if self.live:
-            self._grabber = LatestFrame(self.source)
+            self._grabber = LatestFrame(self.source, prepare=getattr(self.session, "prepare_frame", None))
         elif self.prefetch:
             self._reader = Prefetch(self.source, getattr(self.session, "prepare_frame", None), self.prefetch)
         try:

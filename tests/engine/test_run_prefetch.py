@@ -163,3 +163,42 @@ def test_lingbot_results_equal_with_and_without_prefetch():
         np.testing.assert_array_equal(a.pose_enc, b.pose_enc)
         np.testing.assert_array_equal(a.depth, b.depth)
         np.testing.assert_array_equal(a.image, b.image)
+
+
+class LiveCam:
+    """A live source of numbered 28x42 frames at `fps` (frame i has pixel value i); from frame
+    `bad` on they are 2-channel (the session's preprocessing rejects them: whichever the engine
+    takes first fails, however many were replaced)."""
+
+    kind = "webcam"
+    name = "test cam"
+    seekable = False
+
+    def __init__(self, n, fps=200, bad=None):
+        self.n, self.dt, self.i, self.bad = n, 1.0 / fps, 0, bad
+        self.warnings = []
+
+    def read(self):
+        if self.i >= self.n:
+            return None
+        time.sleep(self.dt)
+        shape = (28, 42, 2) if self.bad is not None and self.i >= self.bad else (28, 42, 3)
+        f = type("F", (), {})()
+        f.index, f.timestamp, f.image = self.i, self.i * self.dt, np.full(shape, self.i, np.uint8)
+        self.i += 1
+        return f
+
+
+def test_live_frames_are_prepared_on_the_grabber_thread():
+    sess = PreparingSession(push_s=0.01)
+    summary = RunDriver(LiveCam(40), sess, [CollectSink()]).run()
+    assert summary.frames_in > 0 and sess.raw_pushes == 0
+    assert set(sess.prepared_on) == {"live-source"} and len(sess.prepared_on) >= summary.frames_in
+    assert sess.got == sorted(sess.got)
+
+
+def test_a_live_frame_the_session_rejects_ends_the_run_with_its_error():
+    sess = PreparingSession()
+    with pytest.raises(PreprocessError, match="colour channels"):
+        RunDriver(LiveCam(40, fps=50, bad=5), sess, [CollectSink()]).run()
+    assert all(n < 5 for n in sess.got)
