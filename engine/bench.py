@@ -115,7 +115,8 @@ def build_bench_model(cfg: BenchConfig):
 
 # ------------------------------------------------------------------ timing
 class SectionTimer:
-    """`timer(name)` context manager for the model / cache hooks; CUDA events or perf_counter."""
+    """`timer(name)` context manager for the model's named sections (`engine.models.sections.timing`);
+    CUDA events or perf_counter."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
@@ -196,8 +197,6 @@ def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print,
     gen = torch.Generator().manual_seed(cfg.seed)
     frames = [torch.rand(3, cfg.height, cfg.width, generator=gen) for _ in range(max(1, cfg.distinct_frames))]
     timer = SectionTimer(cuda) if cfg.breakdown else None
-    if timer is not None:
-        session.model.timer = timer
     if cuda:
         torch.cuda.synchronize(dev)
         weights_gib = torch.cuda.memory_allocated(dev) / 2**30
@@ -292,24 +291,21 @@ def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print,
 
 
 class _TimedSession:
-    """The bench's session as the run driver sees it: each push is timed on the host (`dt`) and
-    the section timer is hooked into the KV cache once it exists (CUDA events folded per push)."""
+    """The bench's session as the run driver sees it: each push is timed on the host (`dt`) and,
+    with a section timer, runs under `sections.timing(timer)` (CUDA events folded per push)."""
 
     def __init__(self, session, timer: Optional[SectionTimer], cuda: bool):
         self.session, self.timer, self.cuda = session, timer, cuda
         self.dt = 0.0
-        self._kv_hooked = False
 
     def push(self, frame, timestamp=None):
+        from .models.sections import timing
         tp = time.perf_counter()
-        results = self.session.push(frame)
+        with timing(self.timer):
+            results = self.session.push(frame)
         self.dt = time.perf_counter() - tp
-        if self.timer is not None:
-            if not self._kv_hooked and self.session.kv is not None:
-                self.session.kv.timer = self.timer
-                self._kv_hooked = True
-            if self.cuda:
-                self.timer.collect()
+        if self.timer is not None and self.cuda:
+            self.timer.collect()
         return results
 
     def __getattr__(self, name):

@@ -12,9 +12,9 @@ Forward API used by the streaming session (engine/lingbot/session.py) and the be
 
 `model(images)` runs one bidirectional batch without caches (a scale phase on its own).
 
-Timing: set `model.timer` to a callable `name -> context manager`; the model enters it around
-"patch_embed", each "frame_blocks" and "global_blocks" call (24 each), "camera_head" and
-"depth_head". The timer decides how to measure (CUDA events, perf_counter, ...).
+Sections: "patch_embed", each "frame_blocks" and "global_blocks" call (24 each), "camera_head" and
+"depth_head" are named sections (engine/models/sections.py): profiler ranges, and timed by the
+timer a benchmark installs with `sections.timing(timer)` (nothing is set on the model).
 
 Dtypes: `set_dtype(torch.bfloat16)` converts the aggregator's matmul weights (Linear, Conv2d) and
 its qk-norms; the residual stream, its LayerNorms and LayerScales, the special tokens and the
@@ -137,7 +137,7 @@ class LingBotMap(TrunkModel, nn.Module):
         self.residual_fp32 = True       # set_dtype's default precision policy (see there)
         self.eval()
 
-    # -- configuration (timer, device: TrunkModel) ---------------------------------------------
+    # -- configuration (device: TrunkModel) ----------------------------------------------------
     @property
     def compute_dtype(self) -> torch.dtype:
         """dtype of the trunk's matmul weights."""

@@ -1,12 +1,11 @@
 """The aggregator design VGGT and LingBot-Map share: a DINOv2 patch embed, per-frame special tokens
 (camera, registers; each in two variants) and `depth` pairs of frame / global blocks. Each model's
 aggregator subclasses `Trunk` and adds what differs (its own special tokens, RoPE, caches, forward);
-`TrunkModel` is the model-level part both share (timer, device, the heads' layer check);
+`TrunkModel` is the model-level part both share (device, the heads' layer check);
 `build_preset` builds one of a model's named configurations."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -15,6 +14,7 @@ import torch.nn as nn
 
 from .dinov2 import DinoV2
 from .layers import Block
+from .sections import section
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -59,7 +59,7 @@ def build_preset(name: str, presets: dict, config_cls, model_cls, overrides: dic
 
 
 class Trunk(nn.Module):
-    """Patch embed, frame blocks, global blocks, camera / register tokens and the section timer.
+    """Patch embed, frame blocks, global blocks, camera / register tokens; named sections for profilers.
     `cfg` has embed_dim, num_register_tokens, patch_embed_depth, patch_embed_heads, patch_size,
     img_size, mlp_ratio, num_heads and depth."""
 
@@ -74,10 +74,11 @@ class Trunk(nn.Module):
         # variant 0: the reference frame (frame 0 of the first batch); variant 1: the rest
         self.camera_token = nn.Parameter(torch.zeros(1, 2, 1, C))
         self.register_token = nn.Parameter(torch.zeros(1, 2, R, C))
-        self.timer = None           # name -> context manager, entered around each section
 
-    def _section(self, name):
-        return self.timer(name) if self.timer is not None else contextlib.nullcontext()
+    @staticmethod
+    def _section(name):
+        """A named section (engine/models/sections.py): a profiler range, timed when a caller asks."""
+        return section(name)
 
     def run_blocks(self, x: torch.Tensor, frame_step, global_step) -> list[torch.Tensor]:
         """The alternating blocks on tokens x [S, T, C]: for each layer i, x = frame_step(i, x), then
@@ -103,14 +104,6 @@ class TrunkModel:
         """The heads read 4 aggregator layers: ValueError unless `intermediate_layers` are 4 indices < depth."""
         if len(cfg.intermediate_layers) != 4 or max(cfg.intermediate_layers) >= cfg.depth:
             raise ValueError(f"intermediate_layers {tuple(cfg.intermediate_layers)} must be 4 indices < depth {cfg.depth}")
-
-    @property
-    def timer(self):
-        return self.aggregator.timer
-
-    @timer.setter
-    def timer(self, fn):
-        self.aggregator.timer = fn
 
     @property
     def device(self) -> torch.device:

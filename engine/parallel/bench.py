@@ -367,23 +367,19 @@ def _breakdown(model, sched, streams, frames, rounds):
     """CUDA-event time per model section over `rounds` more rounds (stream time between the
     events: GPU work plus any GPU idle inside the section), ms per round, and the wall time."""
     from ..bench import SectionTimer
+    from ..models.sections import timing
     timer = SectionTimer(mem.cuda)
-    model.timer = timer
-    for st in streams:
-        st.session.kv.timer = timer
     mem.sync()
     t0 = time.perf_counter()
-    for f in frames[:rounds]:
-        for st in streams:
-            sched.submit(st, f)
-        while sched.pending():
-            sched.step()
+    with timing(timer):                 # the scheduler steps on this thread
+        for f in frames[:rounds]:
+            for st in streams:
+                sched.submit(st, f)
+            while sched.pending():
+                sched.step()
     mem.sync()
     wall = (time.perf_counter() - t0) / rounds
     timer.collect()
-    model.timer = None
-    for st in streams:
-        st.session.kv.timer = None
     ms = {k: v * 1e3 / rounds for k, v in timer.totals.items()}
     top = ("patch_embed", "frame_blocks", "global_blocks", "camera_head", "depth_head")
     ms["round_wall"] = wall * 1e3

@@ -9,6 +9,7 @@ import torch
 from engine.api import EngineError
 from engine.models import build_model
 from engine.models.recipe import fill_recipe, recipe_tensor
+from engine.models import sections
 from engine.models.rope import Rope2D, VideoRope3D
 
 
@@ -110,14 +111,20 @@ def test_batch_forward_shapes_bf16_and_timer():
         def __enter__(self): seen.append(self.name)
         def __exit__(self, *a): return False
 
-    m.timer = Timer
-    out = m(imgs, iterations=2)
+    with sections.timing(Timer):
+        out = m(imgs, iterations=2)
     assert out["pose_enc"].shape == (3, 9) and out["pose_enc_list"].shape == (3, 2, 9)
     assert out["depth"].shape == (3, 56, 70) == out["conf"].shape
     assert (out["depth"] > 0).all() and (out["conf"] > 1).all()
     assert seen.count("frame_blocks") == 4 == seen.count("global_blocks")
     assert {"patch_embed", "camera_head", "depth_head"} <= set(seen)
-    m.timer = None
+    n = len(seen)
+    m(imgs, iterations=2)
+    assert len(seen) == n                       # outside the block nothing is timed
+    with torch.profiler.profile() as prof:      # while a profiler records: named ranges
+        m(imgs, iterations=1)
+    names = {e.name for e in prof.events()}
+    assert {"patch_embed", "frame_blocks", "global_blocks", "camera_head", "depth_head"} <= names
     m.set_dtype(torch.bfloat16)
     assert m.aggregator.global_blocks[0].attn.qkv.weight.dtype == torch.bfloat16
     assert m.camera_head.trunk[0].attn.qkv.weight.dtype == torch.float32
