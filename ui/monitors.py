@@ -1,5 +1,10 @@
 """Live monitors (pyqtgraph): engine FPS and latency, viewer FPS, memory, and the KV page map.
 
+The time plot shows the engine's push (last, p95) and, from the run driver, the rest of a frame's
+time on the engine's thread: waiting for the next input frame (decode / camera) and handing the
+results on (session store, viewer) -- so a user sees whether the engine, the input or the output
+holds the run back.
+
 The page map is the "visual memory" view: one cell per page of the layer-0 KV pool, coloured by
 what it holds (free / scale / window / special / pending — codes of PagedKVCache.page_map()), so
 the user sees the scale anchor, the sliding window cycling through the pool and the special-token
@@ -84,10 +89,12 @@ class MonitorsPanel(QtWidgets.QWidget):
         self.fps_plot.addLegend(offset=(5, 5))
         self.engine_fps = _Series(self.fps_plot, "engine", "#4fa3ff")
         self.viewer_fps = _Series(self.fps_plot, "viewer", "#ffb000")
-        self.lat_plot = self.plots.addPlot(title="Latency per push (ms)")
+        self.lat_plot = self.plots.addPlot(title="Time per frame (ms)")
         self.lat_plot.addLegend(offset=(5, 5))
-        self.latency = _Series(self.lat_plot, "last", "#e06c75")
-        self.latency_p95 = _Series(self.lat_plot, "p95", "#98c379")
+        self.latency = _Series(self.lat_plot, "engine (last)", "#e06c75")
+        self.latency_p95 = _Series(self.lat_plot, "engine p95", "#98c379")
+        self.wait_input = _Series(self.lat_plot, "waiting for input", "#61afef", optional=True)
+        self.output = _Series(self.lat_plot, "output (store, view)", "#e5c07b", optional=True)
         self.mem_plot = self.plots.addPlot(title="Memory (MiB)")
         self.mem_plot.addLegend(offset=(5, 5))
         self.ram = _Series(self.mem_plot, "process RAM", "#c678dd")
@@ -134,8 +141,8 @@ class MonitorsPanel(QtWidgets.QWidget):
         self.reset()
 
     def _series(self):
-        return (self.engine_fps, self.viewer_fps, self.latency, self.latency_p95, self.ram,
-                self.gpu_alloc, self.gpu_reserved)
+        return (self.engine_fps, self.viewer_fps, self.latency, self.latency_p95, self.wait_input,
+                self.output, self.ram, self.gpu_alloc, self.gpu_reserved)
 
     def refresh(self) -> None:
         """Push the recorded samples and the newest page map to the plots, and set each plot's
@@ -151,7 +158,7 @@ class MonitorsPanel(QtWidgets.QWidget):
 
     def _plot_series(self):
         return ((self.fps_plot, (self.engine_fps, self.viewer_fps)),
-                (self.lat_plot, (self.latency, self.latency_p95)),
+                (self.lat_plot, (self.latency, self.latency_p95, self.wait_input, self.output)),
                 (self.mem_plot, (self.ram, self.gpu_alloc, self.gpu_reserved)))
 
     def reset(self) -> None:
@@ -173,6 +180,8 @@ class MonitorsPanel(QtWidgets.QWidget):
         self.engine_fps.add(t, stats.get("fps"))
         self.latency.add(t, stats.get("latency_ms"))
         self.latency_p95.add(t, stats.get("latency_p95_ms"))
+        self.wait_input.add(t, stats.get("read_ms"))          # the run driver's thread per frame
+        self.output.add(t, stats.get("sinks_ms"))
         mib = 1.0 / (1 << 20)
         ga, gr = stats.get("gpu_allocated_bytes"), stats.get("gpu_reserved_bytes")
         self.gpu_alloc.add(t, None if ga is None else ga * mib)

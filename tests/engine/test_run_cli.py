@@ -133,6 +133,7 @@ def test_run_default_session_root_and_folder_input(shared_data, tmp_path, monkey
     (["run", "{clip}", "--engine", "io-test", "--intrinsics", "/nonexistent/intr.txt"], "not found"),
     (["run", "{clip}", "--engine", "io-test", "--ply", "{file}/x.ply"], "cannot write"),
     (["run", "{clip}", "--engine", "io-test", "--stride", "0"], "--stride"),
+    (["run", "{clip}", "--engine", "io-test", "--prefetch", "-1"], "--prefetch must be 0 or more"),
     (["run", "webcam:97", "--engine", "io-test"], "Webcam 97 is not available"),
     (["run", "{empty}"], "No images"),
 ])

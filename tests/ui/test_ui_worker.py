@@ -57,6 +57,10 @@ def test_run_to_end_and_restart_resets_scene(qtbot, make_window, shared_data):
     assert first["results"] == 12 and w.viewer.frame_count == 12
     w.monitors.refresh()
     assert w.monitors.page_map_shown is not None and len(w.monitors.page_map_shown) == 10
+    # the run driver's time per frame outside the engine: waiting for input, handing results on
+    mon = w.monitors
+    assert mon.wait_input.v and mon.output.v and mon.wait_input.in_legend and mon.output.in_legend
+    assert min(mon.wait_input.v) >= 0 and min(mon.output.v) >= 0
     first_handle = w.last_handle
     w.max_frames.setValue(5)                    # new settings, start again: fresh scene
     w.start_run()
