@@ -113,11 +113,12 @@ class VideoRope3D:
         self.inv_freq = [1.0 / (theta ** (torch.arange(0, s, 2, dtype=torch.float64, device="cpu") / s)) for s in self.split]
         self._spatial: dict = {}
 
-    def _spatial_angles(self, grid_h: int, grid_w: int, num_special: int) -> torch.Tensor:
-        key = (grid_h, grid_w, num_special)
-        ang = self._spatial.get(key)
-        if ang is None:
-            _, fh, fw = self.inv_freq
+    def _spatial_angles(self, grid_h: int, grid_w: int, num_special: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(spatial angles [N, (h+w)/2], time frequencies [t/2]) on `device`, float64, cached."""
+        key = (grid_h, grid_w, num_special, str(device))
+        cached = self._spatial.get(key)
+        if cached is None:
+            ft, fh, fw = self.inv_freq
             idx = torch.arange(num_special, dtype=torch.float64, device="cpu")
             special = torch.cat((idx[:, None] * fh, idx[:, None] * fw), dim=-1)          # (j, j)
             rows = (num_special + torch.arange(grid_h, dtype=torch.float64, device="cpu"))[:, None] * fh
@@ -125,44 +126,25 @@ class VideoRope3D:
             patches = torch.cat((rows[:, None, :].expand(grid_h, grid_w, -1),
                                  cols[None, :, :].expand(grid_h, grid_w, -1)), dim=-1).reshape(grid_h * grid_w, -1)
             ang = torch.cat((special, patches), dim=0)                                  # [N, (h+w)/2]
-            self._spatial[key] = ang
-        return ang
+            cached = (ang.to(device), ft.to(device))
+            self._spatial[key] = cached
+        return cached
 
     def rotation(self, time_index: torch.Tensor | list[int], grid_h: int, grid_w: int, num_special: int,
                  device, dtype=torch.float32) -> Rotation:
-        """Rotation for frames at temporal positions `time_index` ([F] ints, any size)."""
-        times = [int(i) for i in time_index]
-        if torch.device(device).type == "cuda":
-            return self._rotation_on(times, grid_h, grid_w, num_special, torch.device(device), dtype)
-        t = torch.as_tensor(times, dtype=torch.float64, device="cpu").reshape(-1, 1)
-        t_ang = t * self.inv_freq[0]                                                     # [F, t/2]
-        sp = self._spatial_angles(grid_h, grid_w, num_special)                          # [N, (h+w)/2]
-        ang = torch.cat((t_ang[:, None, :].expand(-1, sp.shape[0], -1),
-                         sp[None].expand(t_ang.shape[0], -1, -1)), dim=-1)               # [F, N, D/2]
-        cos, sin = _pair_tables(ang, interleaved=True)
-        # new tables every step: uploaded without a host sync (a blocking copy would wait for the
-        # previous step's GPU work; engine/host_copy.py)
-        from ..host_copy import upload
-        return Rotation(upload(cos.to(dtype)[:, :, None, :], device), upload(sin.to(dtype)[:, :, None, :], device),
-                        interleaved=True)
+        """Rotation for frames at temporal positions `time_index` ([F] ints, any size).
 
-    def _rotation_on(self, times: list, grid_h: int, grid_w: int, num_special: int, device: torch.device,
-                     dtype) -> Rotation:
-        """`rotation` computed on a GPU: the same float64 angles and cos/sin (the spatial angles and
-        the time frequencies are kept there), queued as a few small kernels. Building the ~33k-entry
-        tables on the host took ~2 ms of CPU a step on the H200 host (PyTorch's CPU thread pool for
-        a small op), while the GPU does it in microseconds."""
-        key = (grid_h, grid_w, num_special, str(device))
-        cached = self._spatial.get(key)
-        if cached is None:
-            cached = (self._spatial_angles(grid_h, grid_w, num_special).to(device),
-                      self.inv_freq[0].to(device))
-            self._spatial[key] = cached
-        sp, inv_t = cached
-        if times and times == list(range(times[0], times[0] + len(times))):   # consecutive: no host data
+        The tables are built where they are used: on a GPU as a few small kernels (the spatial
+        angles and time frequencies are kept there; no host data at all for consecutive times, the
+        streamed case). Built on the host they took ~2 ms of CPU a step on the H200 host (PyTorch's
+        CPU thread pool for a small op), and each step's copy had to avoid a host sync."""
+        device = torch.device(device)
+        times = [int(i) for i in time_index]
+        sp, inv_t = self._spatial_angles(grid_h, grid_w, num_special, device)
+        if times and times == list(range(times[0], times[0] + len(times))):
             t = torch.arange(times[0], times[0] + len(times), dtype=torch.float64, device=device)
         else:
-            from ..host_copy import upload
+            from ..host_copy import upload      # no host sync (engine/host_copy.py)
             t = upload(times, device, torch.float64)
         t_ang = t[:, None] * inv_t                                                       # [F, t/2]
         ang = torch.cat((t_ang[:, None, :].expand(-1, sp.shape[0], -1),

@@ -71,17 +71,36 @@ def test_rope3d_layout_and_formula_past_table():
     assert torch.allclose(cos[0, 6 + 4, 10:21], torch.cos(7 * inv_h))  # patch (1, 1) at (f, 7, 7)
 
 
+def _rope3d_reference(times, grid_h, grid_w, n_special, dtype):
+    """The 3D RoPE tables written out from the formula, element by element: token j < n_special
+    at (f, j, j), patch (y, x) at (f, n_special + y, n_special + x); angle = position x inverse
+    frequency per pair; interleaved (cos, cos) and (-sin, sin) per pair, rounded once to dtype."""
+    inv = [1.0 / 1e4 ** (torch.arange(0, s, 2, dtype=torch.float64) / s) for s in (20, 22, 22)]
+    pos = [(j, j) for j in range(n_special)] + [(n_special + y, n_special + x)
+                                               for y in range(grid_h) for x in range(grid_w)]
+    cos = torch.empty(len(times), len(pos), 1, 64, dtype=torch.float64)
+    sin = torch.empty_like(cos)
+    for i, f in enumerate(times):
+        for n, (r, c) in enumerate(pos):
+            ang = torch.cat((torch.tensor([float(f)], dtype=torch.float64) * inv[0],
+                             torch.tensor([float(r)], dtype=torch.float64) * inv[1],
+                             torch.tensor([float(c)], dtype=torch.float64) * inv[2]))
+            cos[i, n, 0, 0::2] = cos[i, n, 0, 1::2] = ang.cos()
+            sin[i, n, 0, 0::2], sin[i, n, 0, 1::2] = -ang.sin(), ang.sin()
+    return cos.to(dtype), sin.to(dtype)
+
+
 @pytest.mark.parametrize("times", [[7], [3, 4, 5], [3, 2000], []])
-def test_rope3d_device_tables_equal_the_host_tables(times):
-    """The GPU path (`_rotation_on`: tables built by kernels on the device) gives the host path's
-    tables; run here on the CPU device, so CI checks its arithmetic (tests/engine/test_rope_gpu.py
-    on a GPU). Consecutive times take the arange branch, others the upload branch."""
+def test_rope3d_tables_equal_the_formula_element_by_element(times):
+    """The tables `rotation` builds with tensor ops on its device (here the CPU; on a GPU
+    tests/engine/test_rope_gpu.py compares with these) equal the formula written out entry by
+    entry. Consecutive times take the arange branch, others the upload branch."""
     rope = VideoRope3D(64)
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
-        ref = rope.rotation(times, 4, 5, 6, "cpu", dtype)
-        got = rope._rotation_on(times, 4, 5, 6, torch.device("cpu"), dtype)
-        assert got.interleaved and got.cos.shape == ref.cos.shape == (len(times), 26, 1, 64)
-        assert torch.equal(got.cos, ref.cos) and torch.equal(got.sin, ref.sin)
+        got = rope.rotation(times, 4, 5, 6, "cpu", dtype)
+        ref_cos, ref_sin = _rope3d_reference(times, 4, 5, 6, dtype)
+        assert got.interleaved and got.cos.shape == ref_cos.shape == (len(times), 26, 1, 64)
+        assert torch.equal(got.cos, ref_cos) and torch.equal(got.sin, ref_sin)
 
 
 def test_rope3d_attention_depends_only_on_time_differences():
