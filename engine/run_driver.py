@@ -218,6 +218,11 @@ def is_live(source) -> bool:
     return bool(getattr(source, "live", False)) or getattr(source, "kind", "") == "webcam"
 
 
+def _prepared(f, prepare: Callable[[Any], Any]) -> "_Frame":
+    """The frame with its image replaced by `prepare(image)` (the session's preprocessing)."""
+    return _Frame(f.index, f.timestamp, prepare(f.image))
+
+
 @dataclass
 class _Rejected:
     """A live frame that `prepare` refused (raised when the engine takes it)."""
@@ -252,7 +257,7 @@ class LatestFrame:
                 f = self.source.read()
                 if f is not None and self.prepare is not None:
                     try:
-                        f = _Frame(f.index, f.timestamp, self.prepare(f.image))
+                        f = _prepared(f, self.prepare)
                     except Exception as exc:     # the frame's own fault: take() raises it
                         f = _Frame(f.index, f.timestamp, _Rejected(exc))
                 with self._cond:
@@ -336,7 +341,7 @@ class Prefetch:
                     put(("end", None))
                     return
                 if self.prepare is not None:
-                    f = _Frame(f.index, f.timestamp, self.prepare(f.image))
+                    f = _prepared(f, self.prepare)
                 if not put(("frame", f)):
                     return
         except BaseException as exc:     # raised on the driver's thread, at this frame's place
@@ -617,6 +622,7 @@ class RunDriver(Controls):
                     self._grabber.counting = True
             t_read = time.perf_counter()
             frame = self._read()
+            read_ms = (time.perf_counter() - t_read) * 1e3      # pacing waits below are not read time
             if frame is None:
                 s.ended = True
                 return
@@ -630,9 +636,7 @@ class RunDriver(Controls):
             results = self.session.push(frame.image, frame.timestamp)
             t_sinks = time.perf_counter()
             self._deliver(results)
-            # pacing waits are not read time: the frame was there
-            self._phase_ms.append((0.0 if self.speed > 0 and not self.live else (t_push - t_read) * 1e3,
-                                   (t_sinks - t_push) * 1e3, (time.perf_counter() - t_sinks) * 1e3))
+            self._phase_ms.append((read_ms, (t_sinks - t_push) * 1e3, (time.perf_counter() - t_sinks) * 1e3))
             s.frames_in += 1
             if self.max_frames and s.frames_in >= self.max_frames:
                 s.ended = True
