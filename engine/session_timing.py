@@ -90,7 +90,7 @@ class SessionTiming:
         CUDA the tensor is put in pinned memory so that the step's copy to the GPU is asynchronous."""
         from .preprocess import preprocess
         prep = preprocess(frame, self.config.image_width)
-        if getattr(self, "device", None) is not None and self.device.type == "cuda" and not prep.tensor.is_pinned():
+        if self.device.type == "cuda" and not prep.tensor.is_pinned():
             prep.tensor = prep.tensor.pin_memory()
         return prep
 

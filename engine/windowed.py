@@ -142,6 +142,10 @@ class WindowedSession(SessionTiming):
         self._init_timing()             # latency / rate of recent calls, closed flag
 
     # ------------------------------------------------------------------ contract
+    def prepare_frame(self, frame):
+        """The inner sessions' preprocessing (pinned on their device); safe on another thread."""
+        return self.inner.prepare_frame(frame)
+
     def push(self, frame, timestamp: Optional[float] = None) -> list[FrameResult]:
         self._check_open()
         t0 = time.perf_counter()

@@ -148,6 +148,28 @@ def test_lingbot_windowed_segments_events_and_restart(lingbot):
     assert s.stats()["kv"]["cached_frames"] <= 2 + 3
 
 
+def test_lingbot_windowed_through_the_reader_thread_equals_pushing_raw_frames(lingbot):
+    """The run driver's reader thread prepares frames with the windowed session's prepare_frame
+    (its inner sessions' preprocessing); results equal pushing the raw uint8 frames."""
+    from engine.run_driver import CollectSink, RunDriver, SequenceSource
+    cfg = SessionConfig(engine="lingbot-map", mode="windowed", window_size=6, overlap=2, image_width=W,
+                        scale_frames=2, window=3, special_cap=16, backend="sdpa")
+    rng = np.random.default_rng(4)
+    frames = [rng.integers(0, 256, (48, 60, 3), dtype=np.uint8) for _ in range(11)]
+    out = []
+    for depth in (0, 3):
+        s = open_session(cfg, model=lingbot)
+        sink = CollectSink()
+        RunDriver(SequenceSource(frames), s, [sink], prefetch=depth).run()
+        s.close()
+        out.append(sink.results)
+    assert [r.index for r in out[0]] == [r.index for r in out[1]] == list(range(11))
+    for a, b in zip(*out):
+        assert a.segment == b.segment
+        np.testing.assert_array_equal(a.pose_enc, b.pose_enc)
+        np.testing.assert_array_equal(a.depth, b.depth)
+
+
 def test_windowed_settings_checked(lingbot):
     with pytest.raises(EngineError, match="overlap"):
         open_session(SessionConfig(engine="lingbot-map", mode="windowed", window_size=4, overlap=4), model=lingbot)
