@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.kv import PagedKVCache                                          # noqa: E402
 from engine.kv.backends import FlashInferBackend, SDPABackend, flashinfer_available  # noqa: E402
 from engine.kv.cudnn import (CuDNNBackend, CuDNNFrontendKernel, CuDNNSeqLenBackend,  # noqa: E402
-                             CuDNNSplitBackend, _import_cudnn_frontend, merge_lse, torch_flash_lse)
+                             CuDNNSplitBackend, _import_cudnn_frontend, merge_lse, torch_cudnn,
+                             torch_flash_lse)
 
 H, D, P, S6 = 16, 64, 999, 6
 
@@ -121,7 +122,7 @@ def _split_parts(paths, step, q, reps: int) -> list:
             print(f"{name}: step not split ({be.error})")
             continue
         pool = be.cache.pool
-        first, n_a, b = be._split
+        first, n_a, b = be._split[:3]
         P = pool.page_size
         ka = pool.k[0, first:first + n_a].view(n_a * P, H, D)
         va = pool.v[0, first:first + n_a].view(n_a * P, H, D)
@@ -135,6 +136,11 @@ def _split_parts(paths, step, q, reps: int) -> list:
                  "B (specials, flash)": lambda: torch_flash_lse(q, kb, vb),
                  "merge": lambda: merge_lse(oa, la, ob, lb),
                  "merge, torch.compile": lambda: merged(oa, la, ob, lb)}
+        n = n_a * P + b             # the whole run as one call without statistics (a full ring's form)
+        m = -(-n // P)
+        kw = pool.k[0, first:first + m].view(m * P, H, D)[:n]
+        vw = pool.v[0, first:first + m].view(m * P, H, D)[:n]
+        parts["whole run (cuDNN, no statistics)"] = lambda: torch_cudnn(q, kw, vw)
         ms = {k: _median_ms(f, reps) for k, f in parts.items()}
         print(f"{name}: A = {n_a} pages ({n_a * P} keys), B = {b} keys: " +
               ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()))

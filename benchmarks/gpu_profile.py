@@ -3,7 +3,8 @@
 Streams synthetic frames through a bf16 session to the steady state, then (1) times the SDPA
 kernel choices on the same session, (2) prints a torch.profiler table of a few frames, (3) times
 SDPA alone on the pool views the session attends to. Run on the GPU machine:
-    python3 benchmarks/gpu_profile.py [--backend sdpa|flashinfer|cudnn] [--frames 80] [--variants]
+    python3 benchmarks/gpu_profile.py [--backend sdpa|flashinfer|cudnn|cudnn-split] [--frames 80] [--variants]
+        [--compile-blocks] [--special-cap N]
 (`bash benchmarks/gpu_bench.sh` runs it after sourcing benchmarks/gpu_env.sh)
 """
 import argparse
@@ -30,11 +31,15 @@ def main():
     ap.add_argument("--backend", default="sdpa")
     ap.add_argument("--frames", type=int, default=80)
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--compile-blocks", action="store_true", help="the opt-in compiled blocks")
+    ap.add_argument("--special-cap", type=int, default=1024,
+                    help="a small cap reaches the full special ring (fixed-length steps) sooner")
     a = ap.parse_args()
     cfg = BenchConfig(backend=a.backend)
     model = build_bench_model(cfg)
     s = open_session(SessionConfig(engine="lingbot-map", device="cuda", dtype="bf16", backend=a.backend,
-                                   image_width=518, scale_frames=8, window=64), model=model)
+                                   image_width=518, scale_frames=8, window=64, special_cap=a.special_cap,
+                                   compile_blocks=a.compile_blocks), model=model)
     frames = [torch.rand(3, 378, 518) for _ in range(8)]
     for i in range(a.frames):
         s.push(frames[i % 8])
@@ -43,7 +48,8 @@ def main():
         at = s.kv._attn
         print(f"[{a.backend}] attention calls {at.calls}, capacity {at.capacity}, error {at.error}, "
               f"mode {getattr(at, 'mode', None)} forms {getattr(at, 'forms', None)} "
-              f"frontend_error {getattr(at, 'frontend_error', None)}")
+              f"frontend_error {getattr(at, 'frontend_error', None)} "
+              f"whole shapes {getattr(at, 'whole_shapes', None)}")
     if a.variants and a.backend == "sdpa":
         attn = s.kv._attn
         for name, ks in [("flash", [SDPBackend.FLASH_ATTENTION]), ("cudnn", [SDPBackend.CUDNN_ATTENTION]),

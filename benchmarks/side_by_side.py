@@ -192,8 +192,9 @@ _VARIANTS = {
     "cudnn-split-fe-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split", "RECONSTUDIO_CUDNN_SPLIT_A": "frontend",
                                                        "RECONSTUDIO_CUDNN_SPLIT_MERGE": "compile",
                                                        "RECONSTUDIO_COMPILE_BLOCKS": "1"}),
-    # backend "auto" with RECONSTUDIO_AUTO_SPLIT=1 (what "auto" would run if it took the split)
+    # backend "auto" with RECONSTUDIO_AUTO_SPLIT=1 (the split) / 0 (FlashInfer alone, the default)
     "auto-split": ({"backend": "auto"}, {"RECONSTUDIO_AUTO_SPLIT": "1"}),
+    "auto-flashinfer": ({"backend": "auto"}, {"RECONSTUDIO_AUTO_SPLIT": "0"}),
 }
 
 

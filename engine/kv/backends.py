@@ -44,6 +44,11 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
   GPU tests' bf16 tolerance, but the model's bf16-vs-fp32 error on it is not measured yet (cuDNN
   differs from SDPA flash by 3.1e-3 a layer, FlashInfer by 1.2e-4), so "auto" takes it only with
   RECONSTUDIO_AUTO_SPLIT=1 (`auto_split_default`; docs/benchmarks.md "cuDNN split").
+  Re-measured since (docs/benchmarks.md "Fixed-length steps"): bf16 error on the split 6.10e-3 /
+  2.55e-3 (within target); `reconstudio bench` 26.2 vs 25.1 FPS over 1,500 frames, but the user's
+  path (`reconstudio run`, 2,000 frames at 518x378, same call) 20.7 vs 22.0 frames/s, slower in
+  every 300-frame segment (not profiled; the split launches more kernels a layer, and the run's
+  reader and store threads share the host with them). So "auto" stays FlashInfer.
 """
 from __future__ import annotations
 

@@ -657,6 +657,22 @@ def torch_cudnn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return res[0][0].transpose(0, 1), res[1].reshape(H, -1)[:, :n].float()
 
 
+def torch_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """PyTorch's cuDNN SDPA (no mask, no log-sum-exp: its fastest form, ~0.1 ms a layer below the
+    form with statistics on the H200) over exactly k / v [S, H, D] -> out [n, H, D]."""
+    res = torch.ops.aten._scaled_dot_product_cudnn_attention(_bhsd(q), _bhsd(k), _bhsd(v), None, False)
+    return res[0][0].transpose(0, 1)
+
+
+def cudnn_split_whole_default() -> bool:
+    """Whether `CuDNNSplitBackend` attends a fixed-length step (window and special ring full) as
+    one plain cuDNN call without statistics; RECONSTUDIO_CUDNN_SPLIT_WHOLE=0|1 (default 1)."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_SPLIT_WHOLE", "1").strip()
+    if val not in ("0", "1"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_SPLIT_WHOLE must be 0 or 1 (got {val!r})")
+    return val == "1"
+
+
 def torch_flash_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """PyTorch's flash attention (no per-shape set-up: any K/V length) over k / v [S, H, D] ->
     (out [n, H, D], lse [H, n] float32, natural log). On the CPU its CPU flash kernel (tests)."""
@@ -691,6 +707,12 @@ class CuDNNSplitBackend(_CacheRef):
     cap and whose last page is partial. Part A = the patch pages, viewed in place as
     [pages * page_size, H, D] (cuDNN graph keyed by that constant shape); part B = the special
     tokens, the rest of the run (a view, `special_start + special_tokens * frames` long).
+    Once the special ring is full too (`StepTable.fixed_length`: after `special_cap` frames) the
+    whole run has one length for good, so it needs no split: one plain cuDNN call without
+    statistics (`torch_cudnn`, `kernel_full`; RECONSTUDIO_CUDNN_SPLIT_WHOLE=0 keeps the split).
+    Measured on the H200 at 78,078 keys: 0.756 ms a layer (FlashInfer 0.908, the split's parts
+    ~0.89); whole model after the cap 27.8 FPS against 22.9 with the split (docs/benchmarks.md
+    "Fixed-length steps").
     Every other step -- the window filling (special pages apart from the patch pages), token slots
     (compressed window, block-sparse layers), a run not laid out as above, an A length beyond
     `max_shapes` distinct ones (a graph each) -- and every call after a kernel failure (`error`)
@@ -709,11 +731,14 @@ class CuDNNSplitBackend(_CacheRef):
     Q_TILE = 128
 
     def __init__(self, cache, kernel_a=None, kernel_b=None, fallback=None, max_shapes: int = 4,
-                 a_kernel: Optional[str] = None, merge: Optional[str] = None, wave_sms: Optional[int] = -1):
+                 a_kernel: Optional[str] = None, merge: Optional[str] = None, wave_sms: Optional[int] = -1,
+                 kernel_full=None, whole: Optional[bool] = None):
         """kernel_a / kernel_b: (q, k, v) -> (out [n, H, D], lse [H, n] float32, natural log); by
         default `torch_cudnn_lse` (or the frontend's `attend_lse`, `a_kernel`/RECONSTUDIO_CUDNN_SPLIT_A)
         and `torch_flash_lse`. fallback: a backend instance for the other steps (tests pass one).
         merge: "eager" | "compile" (`cudnn_split_merge_default`).
+        kernel_full: (q, k, v) -> out [n, H, D] for a fixed-length step attended whole (default
+        `torch_cudnn`); whole: whether such steps are (`cudnn_split_whole_default`).
         wave_sms: the split runs only while its cuDNN call fits ONE wave of work tiles,
         ceil(q tokens / Q_TILE) x heads <= wave_sms; -1 = the GPU's SM count (no limit on the CPU),
         None = no limit. Measured on the H200 (132 SMs), 16 heads, 74k keys: q = 1,005 tokens (8
@@ -729,9 +754,11 @@ class CuDNNSplitBackend(_CacheRef):
         self.capacity = pool.num_pages * pool.page_size
         self.max_shapes = int(max_shapes)
         self.error = None
-        self.path = None                           # "split" | "fallback": what the last attend ran
-        self.calls = {"split": 0, "fallback": 0}
-        self.a_shapes: set = set()                 # (q tokens, A tokens) handed to the fixed kernel
+        self.path = None                           # "split" | "whole" | "fallback": the last attend's
+        self.calls = {"split": 0, "whole": 0, "fallback": 0}
+        self.a_shapes: set = set()                 # (q tokens, A pages) handed to the fixed kernel
+        self.whole_shapes: set = set()             # (q tokens, K/V tokens) attended whole
+        self.whole = cudnn_split_whole_default() if whole is None else bool(whole)
         self.a_kernel = a_kernel or (None if kernel_a is not None else cudnn_split_a_default())
         self._ok = pool.kind == "native" and (
             kernel_a is not None or cache.attn_dtype in (torch.bfloat16, torch.float16))
@@ -745,6 +772,9 @@ class CuDNNSplitBackend(_CacheRef):
                 kernel_a = torch_cudnn_lse
         self._kernel_a = kernel_a
         self._kernel_b = kernel_b or torch_flash_lse
+        if kernel_full is None and torch.device(cache.device).type != "cuda":
+            self.whole = False           # no cuDNN off the GPU (CPU tests pass a stand-in)
+        self._kernel_full = kernel_full or torch_cudnn
         self.merge = merge or cudnn_split_merge_default()
         if torch.device(cache.device).type != "cuda":
             self.merge = "eager"
@@ -757,7 +787,7 @@ class CuDNNSplitBackend(_CacheRef):
                   and flashinfer_available() and pool.kind != "int8")
             fallback = FlashInferBackend.create(cache) if ok else SDPABackend.create(cache)
         self._fallback = fallback
-        self._split = None          # (first page, A pages, B tokens) of the current step, or None
+        self._split = None          # (first page, A pages, B tokens, whole) of the step, or None
 
     @classmethod
     def create(cls, cache):
@@ -784,6 +814,13 @@ class CuDNNSplitBackend(_CacheRef):
             return None                                          # specials not after the patch pages
         return first, n_a, b
 
+    def path_stats(self) -> dict:
+        """Layer calls per path, the distinct cuDNN shapes (a graph each), the steps declined for
+        their q size, the kernel error if any (PagedKVCache.stats "attention_paths")."""
+        return {"calls": dict(self.calls), "split_shapes": len(self.a_shapes),
+                "whole_shapes": len(self.whole_shapes), "whole": self.whole,
+                "wave_declined": self.wave_declined, "error": self.error}
+
     def fits_one_wave(self, q_tokens: int) -> bool:
         """The cuDNN call's work tiles for `q_tokens` queries fit one wave of the GPU (see __init__)."""
         if self.wave_sms is None:
@@ -795,11 +832,17 @@ class CuDNNSplitBackend(_CacheRef):
         if split is not None and not self.fits_one_wave(step.q_tokens):
             split = None
             self.wave_declined += 1
-        if split is not None and (step.q_tokens, split[1]) not in self.a_shapes:
-            if len(self.a_shapes) >= self.max_shapes:
-                split = None                                     # no further graphs: fall back
-            else:
-                self.a_shapes.add((step.q_tokens, split[1]))
+        if split is not None:
+            whole = self.whole and step.fixed_length
+            shapes, key = ((self.whole_shapes, (step.q_tokens, step.num_kv_tokens)) if whole
+                           else (self.a_shapes, (step.q_tokens, split[1])))
+            if key not in shapes:
+                if len(shapes) >= self.max_shapes:
+                    split = None                                 # no further graphs: fall back
+                else:
+                    shapes.add(key)
+            if split is not None:
+                split = (*split, whole)
         self._split = split
         if split is None:
             self._fallback.plan(step)
@@ -813,8 +856,8 @@ class CuDNNSplitBackend(_CacheRef):
                 self._split = None
                 self._fallback.plan(step)
             else:
-                self.path = "split"
-                self.calls["split"] += 1
+                self.path = "whole" if self._split[3] else "split"
+                self.calls[self.path] += 1
                 return out
         self.path = "fallback"
         self.calls["fallback"] += 1
@@ -822,9 +865,15 @@ class CuDNNSplitBackend(_CacheRef):
 
     def _attend_split(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         pool = self.cache.pool
-        first, n_a, b = self._split
+        first, n_a, b, whole = self._split
         P, H, D = pool.page_size, pool.num_heads, pool.head_dim
         q = q.contiguous()
+        if whole:                      # one fixed-length run: no statistics, no merge
+            n = n_a * P + b
+            m = -(-n // P)
+            k = pool.k[layer, first:first + m].view(m * P, H, D)[:n]
+            v = pool.v[layer, first:first + m].view(m * P, H, D)[:n]
+            return self._kernel_full(q, k, v)
         ka = pool.k[layer, first:first + n_a].view(n_a * P, H, D)     # zero copy, constant shape
         va = pool.v[layer, first:first + n_a].view(n_a * P, H, D)
         out_a, lse_a = self._kernel_a(q, ka, va)

@@ -97,6 +97,8 @@ class StepTable:
     num_kv_tokens: int                  # visible tokens
     contiguous: Optional[tuple]         # (first_page, num_pages) when pages form one run with
                                         # the partial page last, else None
+    fixed_length: bool = False          # window and special ring full: every later step of this
+                                        # kind sees exactly num_kv_tokens keys (one shape for good)
     special_flat: Any = None            # np.int64 [F*special_tokens] flat slots of the new specials
     slots: Any = None                   # np.int64 visible flat slots when the window is compressed
     device: Any = None
@@ -269,7 +271,9 @@ class PageTable:
             num_frames=F, scale=bool(scale), keyframe=bool(keyframe), q_tokens=F * (S + P),
             new_pages=new_pages, evicted=evicted, masked=masked, pending_special_pages=pending,
             special_start=start, pages=pages, last_page_len=last_len, num_kv_tokens=num_tokens,
-            contiguous=contiguous, special_flat=special_flat, slots=slots)
+            contiguous=contiguous, special_flat=special_flat, slots=slots,
+            fixed_length=bool(S) and not scale and self._ring.count >= self._ring.ring_size
+            and len(self._window) + (F if keyframe else 0) >= self.window)
         self._step = step
         return step
 

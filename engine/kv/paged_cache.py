@@ -302,6 +302,9 @@ class PagedKVCache:
             "backend": self.backend.name,
             "device": str(self.device),
         })
+        paths = getattr(self._attn, "path_stats", None)
+        if paths is not None:            # which kernels the backend's steps took (benchmarks)
+            out["attention_paths"] = paths()
         return out
 
     def page_map(self) -> np.ndarray:

@@ -74,7 +74,7 @@ def test_split_equals_sdpa_through_fill_eviction_rollback_and_ring_wrap():
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
         assert (split is not None) == (step.contiguous is not None)   # steady state split, else fallback
         if split is not None:
-            first, n_a, n_b = split
+            first, n_a, n_b, _ = split
             # A = scale + window (+ the new frame): constant; B = the visible special tokens
             assert n_a == len(step.pages) - -(-n_b // P)
             assert n_b == step.special_start + S6 and n_a * P + n_b == step.num_kv_tokens
@@ -212,3 +212,61 @@ def test_sessions_accept_every_backend_choice_and_name_the_bad_one():
             validate(SessionConfig(engine=engine, backend=b))
         with pytest.raises(EngineError, match="cudnn-split"):
             validate(SessionConfig(engine=engine, backend="cudnn2"))
+
+
+class WholeStandIn:
+    """The whole-run kernel (plain cuDNN, no statistics): checks it is handed the contiguous run
+    in place and exactly the visible keys, records the shapes; returns CPU flash attention."""
+
+    def __init__(self, cache):
+        self.pool, self.shapes, self.calls = cache.pool, set(), 0
+
+    def __call__(self, q, k, v):
+        base = self.pool.k.data_ptr()
+        assert base <= k.data_ptr() < base + self.pool.k.numel() * self.pool.k.element_size()
+        assert k.stride() == v.stride() == (H * D, D, 1)
+        self.shapes.add((tuple(q.shape), tuple(k.shape)))
+        self.calls += 1
+        return torch_flash_lse(q, k, v)[0]
+
+
+def test_full_ring_steps_are_attended_whole_with_one_shape_per_step_kind():
+    """Once the window and the special ring are full every step of a kind has one K/V length for
+    good, so the split attends it as ONE call without statistics (its fastest cuDNN form); the
+    earlier steady steps split; every output equals SDPA."""
+    cu, sd = cache_pair()
+    fixed, whole = FixedStandIn(cu), WholeStandIn(cu)
+    be = cu._attn = CuDNNSplitBackend(cu, kernel_a=fixed, kernel_full=whole, fallback=SDPABackend.create(cu))
+    assert be.whole                                         # a whole-run kernel given: on
+    kinds = []
+    for a, b, step, split in _drive(cu, sd, PATTERN + "nkknkk"):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+        if step.fixed_length:            # the visible specials are the cap's (+ the new frame's)
+            assert step.special_start + S6 == S6 * (KW["special_cap"] + 1)
+        if split is not None:
+            kinds.append((step.keyframe, split[3], step.num_kv_tokens))
+            assert split[3] == step.fixed_length
+    wholes = {(kf, n) for kf, w, n in kinds if w}
+    assert {kf for kf, _ in wholes} == {True, False}        # keyframes and rollbacks whole
+    assert len(wholes) == 2                                 # one length per step kind, for good
+    assert any(not w for _, w, _ in kinds)                  # steady steps before the ring filled split
+    # the whole steps come last: once fixed, always fixed
+    flags = [w for _, w, _ in kinds]
+    assert flags == sorted(flags)
+    assert whole.shapes == {((S6 + P, H, D), (n, H, D)) for _, n in wholes} == {
+        ((S6 + P, H, D), (n, H, D)) for _, n in {(q, n) for q, n in be.whole_shapes}}
+    assert whole.calls == be.calls["whole"] == L * sum(flags) and be.error is None
+    assert be.path_stats()["whole_shapes"] == 2 and cu.stats()["attention_paths"]["calls"]["whole"] == whole.calls
+
+
+def test_whole_run_is_off_on_the_cpu_and_by_the_env_knob(monkeypatch):
+    cu, _ = cache_pair()
+    assert not CuDNNSplitBackend(cu, kernel_a=FixedStandIn(cu), fallback=SDPABackend.create(cu)).whole
+    monkeypatch.setenv("RECONSTUDIO_CUDNN_SPLIT_WHOLE", "0")
+    be = CuDNNSplitBackend(cu, kernel_a=FixedStandIn(cu), kernel_full=WholeStandIn(cu),
+                           fallback=SDPABackend.create(cu))
+    assert not be.whole
+    monkeypatch.setenv("RECONSTUDIO_CUDNN_SPLIT_WHOLE", "yes")
+    with pytest.raises(Exception, match="RECONSTUDIO_CUDNN_SPLIT_WHOLE"):
+        CuDNNSplitBackend(cu, kernel_a=FixedStandIn(cu), kernel_full=WholeStandIn(cu))

@@ -3,7 +3,7 @@ through plain cuDNN with its log-sum-exp, the special tokens through PyTorch fla
 log-sum-exp; FlashInfer for the other steps) against SDPA on the same steps, to bf16 tolerance:
 window filling, eviction, keyframe interval 2 rollbacks, the special ring's growth and wrap; no
 synchronising PyTorch call inside a step; the fixed part keeps ONE shape per step kind (one cuDNN
-graph each: counted for the frontend kernel); a LingBot-Map session on it against an SDPA session.
+graph each: counted for the frontend kernel), and so does the whole-run call once the ring is full; a LingBot-Map session on it against an SDPA session.
 Skipped without CUDA. CPU checks of the bookkeeping: test_cudnn_split.py."""
 import pytest
 import torch
@@ -20,12 +20,13 @@ PATTERN = "kkknkkkknknkkknknkkkkknk"
 
 
 @needs_cuda
-@pytest.mark.parametrize("a_kernel,page", [("torch", 130), ("torch", 999), ("frontend", 130)])
-def test_split_equals_sdpa_without_syncs(a_kernel, page):
+@pytest.mark.parametrize("a_kernel,page,whole", [("torch", 130, True), ("torch", 999, True),
+                                                  ("frontend", 130, True), ("torch", 130, False)])
+def test_split_equals_sdpa_without_syncs(a_kernel, page, whole):
     if a_kernel == "frontend" and _import_cudnn_frontend()[0] is None:
         pytest.skip(f"cuDNN frontend missing: {_import_cudnn_frontend()[1]}")
     cu = PagedKVCache(L, H, D, page, special_tokens=S6, backend="sdpa", **KW)
-    cu._attn = be = CuDNNSplitBackend(cu, a_kernel=a_kernel)
+    cu._attn = be = CuDNNSplitBackend(cu, a_kernel=a_kernel, whole=whole)
     sdpa = PagedKVCache(L, H, D, page, special_tokens=S6, backend="sdpa", **KW)
     gen = torch.Generator(device="cuda").manual_seed(0)
     outs = {id(c): [] for c in (cu, sdpa)}
@@ -40,13 +41,15 @@ def test_split_equals_sdpa_without_syncs(a_kernel, page):
             try:
                 if c is cu and strict_next:
                     torch.cuda.set_sync_debug_mode("error")
-                shapes = set(be.a_shapes)
-                c.begin_step(nf, scale=scale, keyframe=key)
+                shapes = set(be.a_shapes) | set(be.whole_shapes)
+                step = c.begin_step(nf, scale=scale, keyframe=key)
                 if c is cu:
                     split = be._split is not None
                     splits += split
                     strict_next = split
-                    if split and (S6 + page, be._split[1]) in shapes:
+                    key_ = (S6 + page, step.num_kv_tokens if split and be._split[3] else
+                            be._split[1] if split else None)
+                    if split and key_ in shapes:
                         torch.cuda.set_sync_debug_mode("error")
                     else:
                         torch.cuda.set_sync_debug_mode(0)
@@ -59,11 +62,20 @@ def test_split_equals_sdpa_without_syncs(a_kernel, page):
     torch.cuda.synchronize()
     assert be.error is None, be.error
     assert cu.stats()["special_dropped"] > 0
-    assert splits >= 10 and be.calls["split"] == L * splits and be.calls["fallback"] > 0
+    assert splits >= 10 and be.calls["split"] + be.calls["whole"] == L * splits and be.calls["fallback"] > 0
+    assert (be.calls["whole"] > 0) == whole
     # keyframe steps: scale + window pages from page 1; non-keyframes: + page 0 -> two shapes
-    assert be.a_shapes == {(S6 + page, 2 + 4), (S6 + page, 2 + 4 + 1)}
+    # (in this pattern the ring is full before a non-keyframe sees a full window)
+    kinds = {(S6 + page, 2 + 4), (S6 + page, 2 + 4 + 1)}
+    if whole:
+        assert be.a_shapes == {(S6 + page, 2 + 4)}
+        # once the special ring is full: one plain cuDNN call over the whole run, one length per kind
+        n_kv = (2 + 4) * page + S6 * (KW["special_cap"] + 1)
+        assert be.whole_shapes == {(S6 + page, n_kv), (S6 + page, n_kv + page)}
+    else:
+        assert be.a_shapes == kinds and not be.whole_shapes
     if a_kernel == "frontend":
-        assert be._kernel_a.__self__.builds == 2              # one cuDNN graph per shape, for good
+        assert be._kernel_a.__self__.builds == len(be.a_shapes)   # one cuDNN graph per shape, for good
     for a, b in zip(outs[id(cu)], outs[id(sdpa)]):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
