@@ -213,6 +213,11 @@ class SessionConfig:
                                             "keyframe that saw them), so revisited places tie to the old map "
                                             "instead of being triangulated again: less scale drift, a few ms "
                                             "more per keyframe.")
+    rotation_aided: bool = setting(True, label="Rotation-aided tracking", group="Geometric", engines=_GEOMETRIC,
+                                   tooltip="When a fast turn leaves too few mapped points in view for the "
+                                           "camera pose, take the turn from all tracked corners and only the "
+                                           "position from the mapped points left, instead of losing tracking "
+                                           "and starting a new segment.")
     loop_max_keyframes: int = setting(1000, label="Loop keyframes", group="Geometric", engines=_GEOMETRIC,
                                       range=(10, 100_000),
                                       tooltip="Most keyframes kept for recognising places (loop closure and "

@@ -117,7 +117,8 @@ class GeometricSession:
             self.loop_max_keyframes = int(getattr(config, "loop_max_keyframes", 1000))
             self._params = TrackerParams(max_init_frames=int(getattr(config, "init_max_frames", 300)),
                                          min_init_angle_deg=float(getattr(config, "init_min_parallax_deg", 1.0)),
-                                         reuse_points=bool(getattr(config, "map_point_reuse", True)))
+                                         reuse_points=bool(getattr(config, "map_point_reuse", True)),
+                                         rotation_aided=bool(getattr(config, "rotation_aided", True)))
             self._loop_params = LoopParams()
             for k, v in extra.items():
                 if k.startswith("loop_") and hasattr(self._loop_params, k[5:]):   # developer knobs
@@ -286,6 +287,7 @@ class GeometricSession:
             "depth_cpu_ms": 1e3 * float(np.mean(dc)) if dc else None,
             "depth_wait_s": self._depth_wait, "map_points": self.tracker.n_points if self.tracker else 0,
             "map_points_reused": self.tracker.reused_total if self.tracker else 0,
+            "rotation_aided_frames": self.tracker.rotation_aided_total if self.tracker else 0,
             "resolution": list(self.work_size) if self._input_size else None,
             "intrinsics": self.intrinsics_note or None,
             "loops_closed": self._loops_closed, "segments_relocalised": self._n_links,

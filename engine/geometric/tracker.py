@@ -48,6 +48,13 @@ class TrackerParams:
     ba_lsmr_tol: float = 1e-8
     keep_keyframes: int = 30
     max_jump_ratio: float = 0.6        # centre jump beyond prediction, relative to median depth → lost
+    # rotation-aided tracking: when PnP finds too few inliers (fast turns leave few triangulated
+    # points in view, and turning creates little parallax for new ones), the rotation since the
+    # last frame is fitted to all live tracks and only the translation to the map points left
+    rotation_aided: bool = True
+    rot_min_tracks: int = 30           # tracks shared with the last frame to fit the rotation
+    rot_inlier_ratio: float = 0.6      # of those, consistent with a pure rotation (low parallax)
+    rot_min_points: int = 6            # map points that must agree with the translation
     # map-point reuse (needs a `matcher`, see MonoTracker.matcher): at each keyframe, map points
     # no longer tracked are projected into it and matched again, so the bundle adjustment ties the
     # new keyframe to old points instead of re-triangulating the same scene at a drifted scale
@@ -87,6 +94,13 @@ class StepResult:
     revived_uv: list = field(default_factory=list)   # the caller tracks them on from these pixels
 
 
+def _kabsch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Rotation R minimising Σ |b_i − R a_i|² (rows of unit vectors)."""
+    U, _, Vt = np.linalg.svd(b.T @ a)
+    d = np.sign(np.linalg.det(U @ Vt)) or 1.0
+    return U @ np.diag([1.0, 1.0, d]) @ Vt
+
+
 class MonoTracker:
     def __init__(self, K: np.ndarray, params: Optional[TrackerParams] = None):
         self.K = np.asarray(K, np.float64)
@@ -108,6 +122,7 @@ class MonoTracker:
         # correction moves the map (older keyframes then sit where the latest correction put them,
         # not where the pose graph did, so their points would join two worlds)
         self.reuse_from = -1
+        self.rotation_aided_total = 0      # frames posed by rotation-aided tracking over the session
         self._reset_map()
 
     # --- state -------------------------------------------------------------------------------
@@ -120,6 +135,7 @@ class MonoTracker:
         self.ref: Optional[tuple[int, dict]] = None                # init reference frame and its obs
         self.pending: list[tuple[int, np.ndarray, np.ndarray]] = []
         self.last_fids: list[int] = []
+        self.last_obs: Optional[tuple[int, dict]] = None            # last posed frame: (fid, id → uv)
         self.median_depth = self.target_depth
         self.revived: set = set()          # live tracks that are reused map points
         self._asked_for_motion = False
@@ -191,6 +207,8 @@ class MonoTracker:
 
     def add_tracks(self, fid: int, ids, uv) -> None:
         """Register new tracks first seen in frame `fid` (detected after `process`)."""
+        if self.last_obs is not None and self.last_obs[0] == fid:
+            self.last_obs[1].update((int(i), q) for i, q in zip(np.asarray(ids).tolist(), np.asarray(uv, np.float64)))
         for i, p in zip(np.asarray(ids).tolist(), np.asarray(uv, np.float64)):
             if self.ref is not None and self.ref[0] == fid and not self.initialised:
                 self.ref[1][i] = p
@@ -399,6 +417,78 @@ class MonoTracker:
         known_ids = ids[known]
         return R, t, known_ids[inlier], known_ids[~inlier]
 
+    def _rotation_aided(self, ids, uv):
+        """Pose from (1) the rotation since the last posed frame, fitted by RANSAC to every track
+        the two frames share as a pure rotation of viewing rays (a turn moves all of them alike,
+        while the map points that PnP needs may be few), and (2) the translation alone, fitted to
+        the map points in view with that rotation fixed (two equations a point, linear). Returns
+        PnP's (R, t, inlier ids, outlier ids), or None when the tracks do not look like a rotation
+        (too much parallax, too few tracks) or too few map points agree."""
+        p = self.p
+        if self.last_obs is None or self.last_obs[0] not in self.poses:
+            return None
+        f0, obs0 = self.last_obs
+        common = [k for k, i in enumerate(ids.tolist()) if i in obs0]
+        if len(common) < p.rot_min_tracks:
+            return None
+        Kinv = np.linalg.inv(self.K)
+
+        def rays(x):
+            b = np.c_[x, np.ones(len(x))] @ Kinv.T
+            return b / np.linalg.norm(b, axis=1, keepdims=True)
+        b0 = rays(np.array([obs0[int(ids[k])] for k in common]))
+        b1 = rays(uv[common])
+        thr = 2.0 * p.ransac_px * p.px / self.K[0, 0]          # angle ≈ pixels / focal length
+        rng = np.random.default_rng(len(common))
+        best = None
+        for _ in range(64):
+            pick = rng.choice(len(common), 2, replace=False)
+            Rr = _kabsch(b0[pick], b1[pick])
+            inl = np.linalg.norm(b0 @ Rr.T - b1, axis=1) < thr
+            if best is None or inl.sum() > best.sum():
+                best = inl
+        if best.sum() < max(p.rot_min_tracks, p.rot_inlier_ratio * len(common)):
+            return None
+        Rr = _kabsch(b0[best], b1[best])
+        R0, t0 = self.poses[f0]
+        R = Rr @ R0
+        # translation with R fixed: for each map point in view, x̂ (r3·X + tz) = r1·X + tx (and y)
+        known = [k for k, i in enumerate(ids.tolist()) if i in self.points]
+        if len(known) < p.rot_min_points:
+            return None
+        X = np.array([self.points[int(ids[k])] for k in known])
+        xn = (np.c_[uv[known], np.ones(len(known))] @ Kinv.T)[:, :2]
+        RX = X @ R.T
+        A = np.zeros((2 * len(known), 3))
+        A[0::2, 0], A[1::2, 1] = 1.0, 1.0
+        A[0::2, 2], A[1::2, 2] = -xn[:, 0], -xn[:, 1]
+        b = np.empty(2 * len(known))
+        b[0::2] = xn[:, 0] * RX[:, 2] - RX[:, 0]
+        b[1::2] = xn[:, 1] * RX[:, 2] - RX[:, 1]
+        tol = p.ransac_px * p.px * 1.5
+
+        def fit(sel):
+            rows = np.repeat(sel, 2) * 2 + np.tile([0, 1], len(sel))
+            return np.linalg.lstsq(A[rows], b[rows], rcond=None)[0]
+
+        def inliers(t):
+            pr, z = project(self.K, R, t, X)
+            return (np.linalg.norm(pr - uv[known], axis=1) < tol) & (z > 0)
+        best_in = None
+        for _ in range(48):
+            t = fit(rng.choice(len(known), 2, replace=False))
+            inl = inliers(t)
+            if best_in is None or inl.sum() > best_in.sum():
+                best_in = inl
+        if best_in.sum() < max(p.rot_min_points, 0.5 * len(known)):
+            return None
+        t = fit(np.flatnonzero(best_in))
+        inl = inliers(t)
+        if inl.sum() < max(p.rot_min_points, 0.5 * len(known)):
+            return None
+        known_ids = ids[known]
+        return R, t, known_ids[inl], known_ids[~inl]
+
     def recover(self, fid: int, reason: str) -> StepResult:
         """Start a new segment after an unexpected failure inside the tracker (a safety net: the
         session reports it and carries on instead of crashing)."""
@@ -441,6 +531,9 @@ class MonoTracker:
         res = self._pnp(ids, uv, guess)
         if res is None:   # the motion model may be what failed: try once more without it
             res = self._pnp(ids, uv, None)
+        if res is None and p.rotation_aided:
+            res = self._rotation_aided(ids, uv)
+            self.rotation_aided_total += res is not None
         if res is None:
             self._lose(fid, ids, uv, "too few map points matched", out)
             return
@@ -457,6 +550,7 @@ class MonoTracker:
                 self.points.pop(i, None)
         self.poses[fid] = (R, t)
         self.last_fids = (self.last_fids + [fid])[-2:]
+        self.last_obs = (fid, {int(i): q for i, q in zip(ids.tolist(), uv)})
         if len(self.poses) > 400:
             for f in sorted(self.poses)[:100]:
                 self.poses.pop(f)

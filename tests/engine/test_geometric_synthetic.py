@@ -158,3 +158,44 @@ def test_c2w_convention():
     T = c2w_from_rt(R, t)
     x_w = np.array([0.5, -1.0, 4.0])
     assert np.allclose(T[:3, :3] @ (R @ x_w + t) + T[:3, 3], x_w)
+
+
+@pytest.mark.parametrize("aided", [True, False])
+def test_few_map_points_in_view_are_bridged_by_the_rotation_of_all_tracks(aided):
+    """A fast turn leaves few triangulated points in view while many fresh tracks follow the
+    turn: with 10 map points (PnP needs 15 inliers) the rotation fitted to every track plus the
+    translation fitted to those 10 keep the segment, accurately; without it tracking is lost."""
+    from engine.geometric.tracker import TrackerParams
+    X = _scene()
+    far = np.random.default_rng(9).uniform([-30, -20, 25], [30, 20, 40], (400, 3))   # fresh tracks
+    gt = _path(60)
+    rng = np.random.default_rng(3)
+    tr = MonoTracker(K, TrackerParams(rotation_aided=aided))
+    posed, events = {}, []
+    for f in range(60):
+        ids, uv = _observe(X, gt[f], 0.3, rng)
+        if f >= 38:                          # far points come into view: tracks, little parallax
+            ids_f, uv_f = _observe(far, gt[f], 0.3, rng)
+            ids, uv = np.r_[ids, ids_f + 100000], np.r_[uv, uv_f]
+        if 40 <= f < 48:                     # only 10 map points left among the tracks
+            known = [i for i in ids.tolist() if i in tr.points][:10]
+            keep = np.isin(ids, known) | (ids >= 100000)
+            ids, uv = ids[keep], uv[keep]
+            assert keep.sum() > 100 and (len(known) == 10 or tr.segment > 0)
+        step = tr.process(f, ids, uv)
+        events += step.events
+        posed.update((p.fid, p) for p in step.posed)
+    if not aided:
+        assert any(e[0] == "segment" for e in events) and tr.segment >= 1
+        return
+    assert not [e for e in events if e[0] == "segment"] and tr.segment == 0
+    assert tr.rotation_aided_total >= 1 and len(posed) == 60
+    fids = sorted(posed)
+    est = np.array([posed[f].c2w for f in fids])
+    a = ate(est, gt[fids])
+    path_len = np.linalg.norm(np.diff(gt[:, :3, 3], axis=0), axis=1).sum()
+    assert a["rmse"] < 0.01 * path_len
+    E0, G0 = est[0], gt[fids[0]]
+    for f in range(40, 48):                 # the bridged frames' rotations, alignment-free
+        e, g = est[f], gt[f]
+        assert rotation_angle_deg((E0[:3, :3].T @ e[:3, :3]).T @ (G0[:3, :3].T @ g[:3, :3])) < 0.6
