@@ -51,13 +51,14 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
 from .api import EngineError, FrameResult, SessionConfig
 from .kv.batch_attention import side_streams_for
+from .kv.page_table import PageTable
 from .preprocess import target_size
 
 _ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
@@ -80,11 +81,9 @@ def stream_cache_bytes(model, config: SessionConfig, frame_size: Optional[tuple]
     mc = model.config
     geo = model.kv_geometry()
     P = (h // mc.patch_size) * (w // mc.patch_size)
-    S = geo["special_tokens"]
-    max_step = 1
-    zone = config.scale_frames + config.window
-    special_pages = math.ceil(S * (config.special_cap + max_step) / P) if S else 0
-    pages = zone + special_pages + max_step
+    # the page count of the cache's own page table (plain integers: cheap to build here)
+    pages = PageTable(P, geo["special_tokens"], config.scale_frames, config.window, config.special_cap,
+                      max_step_frames=1).num_pages
     kv_name = config.dtype if config.kv_dtype == "auto" else config.kv_dtype
     elem = _ELEM_BYTES.get(kv_name, 4)
     kv = 2 * geo["num_layers"] * pages * P * geo["num_heads"] * geo["head_dim"] * elem
