@@ -24,8 +24,8 @@ def main():
     stats = collections.Counter()
     best_match, verify = loop_mod.LoopCloser._best_match, loop_mod.LoopCloser._verify
 
-    def counted_best_match(self, node, fids, ref):
-        res = best_match(self, node, fids, ref)
+    def counted_best_match(self, node, fids, ref, **kw):
+        res = best_match(self, node, fids, ref, **kw)
         if fids:
             scores = np.array([self._score(node.bow, self.nodes[f].bow) for f in fids])
             stats["queries"] += 1
@@ -54,6 +54,14 @@ def main():
     s = open_session(SessionConfig(engine="geometric", depth=False, intrinsics=[float(x) for x in lines[0].split()]))
     for f in sorted(glob.glob(f"{a.seq}/rgb/*.jpg"))[:a.frames]:
         s.push(np.asarray(Image.open(f).convert("RGB")))
+    s.flush()
+    lc = s._loop
+    stats["verified by descriptors"] = lc.verified_descriptors
+    stats["verified by optical flow"] = lc.verified_flow
+    stats["flow verifications tried"] = lc.flow_attempts
+    st = s.stats()
+    for k in ("loops_closed", "loops_consistent", "loops_rejected", "loop_cpu_ms"):
+        stats[k] = st.get(k) or 0
     s.close()
     for k, v in stats.items():
         print(f"{k}: {int(v)}")

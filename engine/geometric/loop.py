@@ -86,6 +86,19 @@ class LoopParams:
     keep_solutions: int = 20      # LoopSolutions kept for inspection (`loops`)
     max_graph_nodes: int = 300    # a live segment's pose graph is compacted beyond this many nodes ...
     keep_recent: int = 40         # ... never touching its latest nodes (the tracker's window and more)
+    # image (optical-flow) verification, when the map-point descriptors do not match (blur, turns,
+    # each keyframe triangulating its own corners): see `_verify_flow`
+    flow_verify: bool = True
+    near_candidates: int = 2      # candidates by pose besides the words: the nearest older keyframes ...
+    near_dist: float = 1.0        # ... whose centre is within this × the query's median depth ...
+    near_deg: float = 45.0        # ... and whose optical axis is within this angle of the query's
+    flow_min_inliers: int = 40    # candidate map points found in the query image that fit one pose
+    flow_min_back: int = 20       # query map points found in the candidate image that fit the same S
+    flow_min_ratio: float = 0.3   # ... inliers / candidate points that the flow followed
+    flow_min_depth_pairs: int = 8 # corners both keyframes mapped (their depths give the scale)
+    flow_pair_px: float = 2.5     # a flow match lands this close to the other keyframe's own corner
+    image_quality: int = 90       # JPEG quality of the keyframe images kept for flow verification ...
+    image_width: int = 320        # ... and their width (flow verification runs at this size)
 
 
 @dataclass
@@ -101,6 +114,10 @@ class KeyframeNode:
     a_desc: Optional[np.ndarray] = None       # ORB descriptors at the map points
     a_uv: Optional[np.ndarray] = None
     a_P: Optional[np.ndarray] = None
+    m_uv: Optional[np.ndarray] = None         # every map-point observation (float32), for flow verification
+    m_P: Optional[np.ndarray] = None
+    kp_uv: Optional[np.ndarray] = None        # pixels of the ORB corners of `desc` (coarse image alignment)
+    jpg: Optional[np.ndarray] = None          # the grey image, JPEG-compressed (flow verification)
     bow: Optional[np.ndarray] = None
     med_depth: float = 1.0       # median depth of its map points (produced units)
     in_db: bool = True           # in the place-recognition database (False: freed, graph node only)
@@ -110,6 +127,7 @@ class KeyframeNode:
         """Drop everything place recognition / verification needs (the pose stays)."""
         self.uv, self.P_cam = _EMPTY2, _EMPTY3
         self.gray = self.desc = self.a_desc = self.a_uv = self.a_P = None
+        self.m_uv = self.m_P = self.kp_uv = self.jpg = None
         self.in_db = False
 
 
@@ -187,6 +205,9 @@ class LoopCloser:
         self.loops_rejected = 0                              # verified loops the odometry could not follow
         self.loops_consistent = 0                            # verified loops the map already agreed with
         self.detect_cpu: collections.deque = collections.deque(maxlen=200)
+        self.verified_descriptors = 0                        # verifications passed by map-point descriptors
+        self.verified_flow = 0                               # ... by optical flow (`_verify_flow`)
+        self.flow_attempts = 0
 
     # --- tracking thread ------------------------------------------------------------------------
     def add_keyframe(self, fid: int, segment: int, c2w_produced: np.ndarray, T_current_of, uv: np.ndarray,
@@ -271,7 +292,8 @@ class LoopCloser:
             nodes = list(self.nodes.values())
             n_edges = sum(len(e) for e in self.edges.values())
             n_seg = len(self.by_segment)
-        arrays = sum(a.nbytes for n in nodes for a in (n.uv, n.P_cam, n.gray, n.desc, n.a_desc, n.a_uv, n.a_P, n.bow)
+        arrays = sum(a.nbytes for n in nodes for a in (n.uv, n.P_cam, n.gray, n.desc, n.a_desc, n.a_uv, n.a_P, n.bow,
+                                                         n.m_uv, n.m_P, n.kp_uv, n.jpg)
                      if a is not None)
         return {"nodes": len(nodes), "database": len(self.db), "edges": n_edges, "segments": n_seg,
                 "estimates": len(self.T_est), "corrections": len(self._corrections),
@@ -309,9 +331,15 @@ class LoopCloser:
 
     def _detect(self, fid: int) -> list:
         node = self.nodes[fid]
+        try:
+            return self._detect_node(node)
+        finally:
+            node.gray = None     # (kept through the verifications as the query image)
+
+    def _detect_node(self, node: KeyframeNode) -> list:
+        fid = node.fid
         self._bring_estimates()
         self._features(node)
-        node.gray = None
         self._update_vocab()
         if self.vocab is None or node.bow is None:
             return []
@@ -339,7 +367,7 @@ class LoopCloser:
         if k > self.p.min_gap:
             older = [f for f in fids[:pos] if self.nodes[f].index < k - self.p.min_gap and f in self.db
                      and self.nodes[f].bow is not None]
-            best = self._best_match(node, older, ref)
+            best = self._best_match(node, older, ref, near=True)
             if best is not None:
                 cand, n_inl, S = best
                 # S maps query camera frame → candidate camera frame: T_q ≈ T_c · S
@@ -450,21 +478,56 @@ class LoopCloser:
         return (np.degrees(np.linalg.norm(r[:3])) < self.p.agree_deg
                 and np.linalg.norm(r[3:6]) < self.p.agree_trans * med and abs(r[6]) < self.p.agree_scale)
 
-    def _best_match(self, node, fids, ref):
-        """The verified candidate among keyframes `fids` with the most inliers: (node, inliers, S)."""
+    def _best_match(self, node, fids, ref, near: bool = False):
+        """The verified candidate among keyframes `fids` with the most inliers: (node, inliers, S).
+        Candidates: the best `n_candidates` by words (above the score ratio) and, with `near` (same
+        segment, so the worker's poses share a world), the `near_candidates` older keyframes nearest
+        the query's current pose that look the same way. Each is verified by map-point descriptors
+        and, failing that, by optical flow (`_verify_flow`)."""
         if not fids:
             return None
         scores = np.array([self._score(node.bow, self.nodes[f].bow) for f in fids])
         node.similarity = max(node.similarity, float(scores.max()))
-        best = None
+        cands = []
         for o in np.argsort(-scores)[: self.p.n_candidates]:
             if scores[o] < self.p.min_score_ratio * ref:
                 break
-            cand = self.nodes[fids[o]]
+            cands.append(fids[o])
+        if near and self.p.flow_verify and self.p.near_candidates > 0:
+            cands += [f for f in self._near(node, fids) if f not in cands][: self.p.near_candidates]
+        best = None
+        for f in cands:
+            cand = self.nodes[f]
             res = self._verify(node, cand)
+            if res is not None:
+                self.verified_descriptors += 1
+            elif self.p.flow_verify:
+                res = self._verify_flow(node, cand)
+                self.verified_flow += res is not None
             if res is not None and (best is None or res[1] > best[1]):
                 best = (cand, res[1], res[0])
         return best
+
+    def _near(self, node, fids) -> list:
+        """Keyframes of `fids` whose current pose is near the query's (centre within `near_dist` ×
+        its median depth, optical axes within `near_deg`), nearest first."""
+        Tq = self.T_est.get(node.fid)
+        if Tq is None:
+            return []
+        sq = float(np.cbrt(np.linalg.det(Tq[:3, :3])))
+        zq = Tq[:3, 2] / sq
+        out = []
+        for f in fids:
+            Tc = self.T_est.get(f)
+            n = self.nodes.get(f)
+            if Tc is None or n is None or n.jpg is None:
+                continue
+            d = float(np.linalg.norm(Tc[:3, 3] - Tq[:3, 3]))
+            zc = Tc[:3, 2] / float(np.cbrt(np.linalg.det(Tc[:3, :3])))
+            ang = np.degrees(np.arccos(np.clip(float(zq @ zc), -1.0, 1.0)))
+            if d < self.p.near_dist * node.med_depth * sq and ang < self.p.near_deg:
+                out.append((d, f))
+        return [f for _, f in sorted(out)]
 
     def _solve(self, node, cand, n_inl, S) -> Optional[LoopSolution]:
         t0 = time.perf_counter()
@@ -516,6 +579,12 @@ class LoopCloser:
         gray = node.gray
         kps, desc = self.orb.detectAndCompute(gray, None)
         node.desc = desc if desc is not None and len(desc) else None
+        node.kp_uv = np.array([k.pt for k in kps], np.float32).reshape(-1, 2) if node.desc is not None else None
+        if self.p.flow_verify:
+            node.m_uv = node.uv.astype(np.float32)
+            node.m_P = node.P_cam.astype(np.float32)
+            ok, buf = cv2.imencode(".jpg", self._small(gray), [cv2.IMWRITE_JPEG_QUALITY, int(self.p.image_quality)])
+            node.jpg = buf if ok else None
         if len(node.uv):
             ang = _centroid_angles(gray, node.uv)
             kp = [cv2.KeyPoint(float(u), float(v), 31, float(a)) for (u, v), a in zip(node.uv, ang)]
@@ -648,6 +717,216 @@ class LoopCloser:
         e2 = np.hypot(K[0, 0] * Y[:, 0] / np.maximum(Y[:, 2], 1e-6) + K[0, 2] - uq[:, 0],
                       K[1, 1] * Y[:, 1] / np.maximum(Y[:, 2], 1e-6) + K[1, 2] - uq[:, 1])
         return ok & (e1 < thr) & (e2 < thr)
+
+
+    # --- image verification by optical flow -------------------------------------------------------
+    def _verify_flow(self, q: KeyframeNode, c: KeyframeNode):
+        """Verification without shared descriptors: the candidate's map points are followed into the
+        query image by pyramidal Lucas-Kanade (forward-backward checked) after a coarse alignment of
+        the two images (a homography from ORB matches, or the rotation between the two current pose
+        estimates, or none), the best alignment's matches give the pose by PnP-RANSAC; the query's map
+        points are followed into the candidate image the same way; corners that both keyframes
+        mapped (a flow match within `flow_pair_px` of the other keyframe's own corner) give the scale
+        from their depths. A Sim(3) refinement of both sets' reprojection errors and the pairs' log
+        depth ratios follows (as in `_verify`). Accepted with ≥ `flow_min_inliers` candidate points
+        and ≥ `flow_min_back` query points within `reproj_px`, ≥ `flow_min_ratio` of the followed
+        candidate points inliers, and ≥ `flow_min_depth_pairs` pairs whose depths agree.
+        Returns (S, inliers) like `_verify`, or None."""
+        p = self.p
+        if (q.gray is None or c.jpg is None or q.m_uv is None or c.m_uv is None
+                or len(c.m_uv) < p.flow_min_inliers or len(q.m_uv) < p.flow_min_back):
+            return None
+        self.flow_attempts += 1
+        gq = self._small(q.gray)
+        gc = cv2.imdecode(c.jpg, cv2.IMREAD_GRAYSCALE)
+        if gc is None or gc.shape != gq.shape:
+            return None
+        f = gq.shape[1] / q.gray.shape[1]              # the flow runs at `image_width`
+        D = np.diag([f, f, 1.0])
+        K = D @ self.K
+        thr = p.reproj_px * self.px * f
+        quv, cuv = q.m_uv * f, c.m_uv * f
+        best = None
+        for H in self._alignments(q, c):
+            r = self._flow_pnp(gq, gc, D @ H @ np.linalg.inv(D), cuv, c.m_P, thr, K)
+            if r is not None and (best is None or r[0] > best[0]):
+                best = r + (D @ H @ np.linalg.inv(D),)
+        if best is None or best[0] < p.flow_min_inliers:
+            return None
+        _, rvec, tvec, idx_a, uq_a, n_followed, H = best
+        if best[0] < p.flow_min_ratio * n_followed:
+            return None
+        Pc_a = c.m_P[idx_a].astype(np.float64)
+        uq_a = uq_a.astype(np.float64)
+        # the query's points in the candidate image, through the same alignment
+        idx_b, uc_b = self._follow(gc, gq, np.linalg.inv(H), quv)
+        Pq_b = q.m_P[idx_b].astype(np.float64)
+        # corners both keyframes mapped: 3-D on both sides (the scale)
+        pairs = set()
+        for i, u in zip(idx_a, uq_a):
+            j = _nearest(quv, u, p.flow_pair_px * f)
+            if j >= 0:
+                pairs.add((j, int(i)))
+        for j, u in zip(idx_b, uc_b):
+            i = _nearest(cuv, u, p.flow_pair_px * f)
+            if i >= 0:
+                pairs.add((int(j), i))
+        if len(pairs) < p.flow_min_depth_pairs:
+            return None
+        qj, ci = np.array(sorted(pairs)).T
+        Pq_d, Pc_d = q.m_P[qj].astype(np.float64), c.m_P[ci].astype(np.float64)
+        R_qc, _ = cv2.Rodrigues(rvec)
+        t_qc = tvec.ravel()
+        xq = Pc_d @ R_qc.T + t_qc                      # pair points in the query frame, candidate units
+        good = (Pq_d[:, 2] > 1e-9) & (xq[:, 2] > 1e-9)
+        if good.sum() < p.flow_min_depth_pairs:
+            return None
+        sig = float(np.median(xq[good, 2] / Pq_d[good, 2]))
+        S = sim3_matrix(sig, R_qc.T, -R_qc.T @ t_qc)
+        full = (Pc_a, uq_a, Pq_b, uc_b, Pq_d, Pc_d)
+        sets = full
+        for _ in range(2):
+            S = self._refine_sets(S, *sets, thr, K)
+            ia, ib, idd = self._inliers_sets(S, *full, thr, K)
+            sets = (Pc_a[ia], uq_a[ia], Pq_b[ib], uc_b[ib], Pq_d[idd], Pc_d[idd])
+        S = self._refine_sets(S, *sets, thr, K)
+        ia, ib, idd = self._inliers_sets(S, *full, thr, K)
+        if ia.sum() < p.flow_min_inliers or ib.sum() < p.flow_min_back or idd.sum() < p.flow_min_depth_pairs:
+            return None
+        return S, int(ia.sum() + ib.sum())
+
+    def _small(self, gray: np.ndarray) -> np.ndarray:
+        """The grey image at `image_width` (never enlarged)."""
+        h, w = gray.shape
+        if w <= self.p.image_width:
+            return gray
+        f = self.p.image_width / w
+        return cv2.resize(gray, (self.p.image_width, max(1, int(round(h * f)))), interpolation=cv2.INTER_AREA)
+
+    def _alignments(self, q: KeyframeNode, c: KeyframeNode) -> list:
+        """Coarse image alignments (3×3, candidate pixels → query pixels) to start the flow from."""
+        out = []
+        if q.desc is not None and c.desc is not None and q.kp_uv is not None and c.kp_uv is not None \
+                and len(c.desc) >= 2:
+            knn = cv2.BFMatcher(cv2.NORM_HAMMING).knnMatch(c.desc, q.desc, k=2)
+            m = [(a.queryIdx, a.trainIdx) for a, *b in knn if b and a.distance < 0.8 * b[0].distance and a.distance < 80]
+            if len(m) >= 10:
+                ci, qi = np.array(m).T
+                H, mask = cv2.findHomography(c.kp_uv[ci], q.kp_uv[qi], cv2.RANSAC, 8.0 * self.px)
+                if H is not None and mask is not None and mask.sum() >= 10 and _sane_homography(H):
+                    out.append(H)
+                A, mask = cv2.estimateAffinePartial2D(c.kp_uv[ci], q.kp_uv[qi], method=cv2.RANSAC,
+                                                      ransacReprojThreshold=8.0 * self.px)
+                if A is not None and mask is not None and mask.sum() >= 8:
+                    out.append(np.vstack([A, [0.0, 0.0, 1.0]]))
+        Tq, Tc = self.T_est.get(q.fid), self.T_est.get(c.fid)
+        if Tq is not None and Tc is not None and q.segment == c.segment:
+            _, R, _ = sim3_split(sim3_inverse(Tq) @ Tc)      # candidate camera → query camera
+            out.append(self.K @ R @ np.linalg.inv(self.K))
+        if not out:
+            out.append(np.eye(3))
+        return out
+
+    def _follow(self, g_dst, g_src, H, uv):
+        """Pixels `uv` of image g_src followed into image g_dst: g_src is warped by H (src → dst
+        pixels) first, so the flow only has to bridge what the alignment left. Returns (indices of
+        uv that followed, their pixels in g_dst)."""
+        h, w = g_dst.shape
+        warped = cv2.warpPerspective(g_src, H, (w, h), flags=cv2.INTER_LINEAR, borderValue=0)
+        valid = cv2.warpPerspective(np.full(g_src.shape, 255, np.uint8), H, (w, h), flags=cv2.INTER_NEAREST)
+        # brightness constancy is what the flow assumes: the warped image gets the destination's
+        # mean and contrast over the part both show (an exposure change ×0.8 between the visits left
+        # 15 % of the points followed, against 70 % with this)
+        both = (valid > 0) & (warped > 0) & (g_dst > 0)
+        if both.sum() > 1000:
+            m1, s1 = float(warped[both].mean()), float(warped[both].std())
+            m2, s2 = float(g_dst[both].mean()), float(g_dst[both].std())
+            warped = np.clip((warped.astype(np.float32) - m1) * (s2 / max(s1, 1.0)) + m2, 0, 255).astype(np.uint8)
+        valid = cv2.erode(valid, np.ones((21, 21), np.uint8))
+        p0 = cv2.perspectiveTransform(np.asarray(uv, np.float32).reshape(-1, 1, 2), H).reshape(-1, 2)
+        ok = (p0[:, 0] >= 0) & (p0[:, 0] < w - 1) & (p0[:, 1] >= 0) & (p0[:, 1] < h - 1)
+        ok[ok] = valid[p0[ok, 1].astype(int), p0[ok, 0].astype(int)] > 0
+        idx = np.flatnonzero(ok)
+        if len(idx) == 0:
+            return idx, np.zeros((0, 2), np.float32)
+        a = p0[idx].reshape(-1, 1, 2)
+        crit = (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 30, 0.01)
+        b, st, _ = cv2.calcOpticalFlowPyrLK(warped, g_dst, a, None, winSize=(21, 21), maxLevel=3, criteria=crit)
+        back, st2, _ = cv2.calcOpticalFlowPyrLK(g_dst, warped, b, None, winSize=(21, 21), maxLevel=3, criteria=crit)
+        b, back = b.reshape(-1, 2), back.reshape(-1, 2)
+        good = (st.ravel() == 1) & (st2.ravel() == 1) & (np.linalg.norm(back - p0[idx], axis=1) < 0.75) \
+            & (b[:, 0] >= 0) & (b[:, 0] < w) & (b[:, 1] >= 0) & (b[:, 1] < h)
+        return idx[good], b[good]
+
+    def _flow_pnp(self, gq, gc, H, uv_c, P_c, thr, K):
+        """The candidate's points followed into the query image from alignment H, and the query's
+        pose from them: (inliers, rvec, tvec, indices, query pixels, points followed) or None."""
+        idx, uq = self._follow(gq, gc, H, uv_c)
+        if len(idx) < self.p.flow_min_inliers:
+            return None
+        P = P_c[idx].astype(np.float64)
+        ok, rvec, tvec, inl = cv2.solvePnPRansac(P, uq.astype(np.float64), K, None,
+                                                 iterationsCount=self.p.ransac_iters, reprojectionError=thr * 0.5,
+                                                 confidence=0.999, flags=cv2.SOLVEPNP_EPNP)
+        if not ok or inl is None or len(inl) < self.p.flow_min_inliers:
+            return None
+        inl = inl.ravel()
+        rvec, tvec = cv2.solvePnPRefineLM(P[inl], uq[inl].astype(np.float64), K, None, rvec, tvec)
+        return len(inl), rvec, tvec, idx, uq, len(idx)
+
+    def _refine_sets(self, S, Pc_a, uq_a, Pq_b, uc_b, Pq_d, Pc_d, thr, K):
+        """Sim(3) (query camera → candidate camera) minimising the reprojection errors of the
+        candidate points in the query image (a), of the query points in the candidate image (b) and
+        the log depth ratios of the points both mapped (d); Huber, from S."""
+        from scipy.optimize import least_squares
+
+        def proj(X):
+            z = np.maximum(X[:, 2], 1e-6)
+            return np.stack([K[0, 0] * X[:, 0] / z + K[0, 2], K[1, 1] * X[:, 1] / z + K[1, 2]], 1)
+
+        def res(x):
+            s, R, t = sim3_split(S @ sim3_exp(x))
+            Y = (Pc_a - t) @ R / s
+            X = s * Pq_b @ R.T + t
+            Xd = s * Pq_d @ R.T + t
+            zr = np.log(np.maximum(Xd[:, 2], 1e-9) / np.maximum(Pc_d[:, 2], 1e-9)) * (1.0 / self.p.depth_sigma)
+            return np.concatenate([(proj(Y) - uq_a).ravel(), (proj(X) - uc_b).ravel(), zr])
+
+        sol = least_squares(res, np.zeros(7), loss="huber", f_scale=thr / 2, max_nfev=30, method="trf")
+        return S @ sim3_exp(sol.x)
+
+    def _inliers_sets(self, S, Pc_a, uq_a, Pq_b, uc_b, Pq_d, Pc_d, thr, K):
+        s, R, t = sim3_split(S)
+
+        def err(X, u):
+            z = X[:, 2]
+            zz = np.maximum(z, 1e-6)
+            e = np.hypot(K[0, 0] * X[:, 0] / zz + K[0, 2] - u[:, 0], K[1, 1] * X[:, 1] / zz + K[1, 2] - u[:, 1])
+            return (z > 1e-6) & (e < thr)
+
+        ia = err((Pc_a - t) @ R / s, uq_a)
+        ib = err(s * Pq_b @ R.T + t, uc_b)
+        Xd = s * Pq_d @ R.T + t
+        idd = (Xd[:, 2] > 1e-9) & (np.abs(np.log(np.maximum(Xd[:, 2], 1e-9) / np.maximum(Pc_d[:, 2], 1e-9)))
+                                    < 3.0 * self.p.depth_sigma)
+        return ia, ib, idd
+
+
+def _nearest(uv: np.ndarray, u: np.ndarray, r: float) -> int:
+    """Index of the row of uv nearest pixel u if within r pixels, else -1."""
+    if len(uv) == 0:
+        return -1
+    d = np.hypot(uv[:, 0] - u[0], uv[:, 1] - u[1])
+    j = int(np.argmin(d))
+    return j if d[j] <= r else -1
+
+
+def _sane_homography(H: np.ndarray) -> bool:
+    """A homography that a camera turn / moderate viewpoint change can make (no mirror, no extreme
+    shear or scale)."""
+    A = H[:2, :2] / H[2, 2]
+    det = float(np.linalg.det(A))
+    return 0.25 < det < 4.0 and abs(H[2, 0] / H[2, 2]) < 2e-3 and abs(H[2, 1] / H[2, 2]) < 2e-3
 
 
 def _centroid_angles(gray: np.ndarray, uv: np.ndarray, r: int = 15) -> np.ndarray:
