@@ -218,10 +218,16 @@ class SessionConfig:
                                            "camera pose, take the turn from all tracked corners and only the "
                                            "position from the mapped points left, instead of losing tracking "
                                            "and starting a new segment.")
+    loop_flow_verify: bool = setting(True, label="Loop image verification", group="Geometric", engines=_GEOMETRIC,
+                                     tooltip="Confirm a revisited place by following the earlier keyframe's "
+                                             "corners into the new image by optical flow (after a coarse "
+                                             "alignment) when their descriptors do not match, e.g. blurred or "
+                                             "turned views of a hand-held camera; also try the keyframes "
+                                             "nearest the current pose. Keeps a small image per keyframe.")
     loop_max_keyframes: int = setting(1000, label="Loop keyframes", group="Geometric", engines=_GEOMETRIC,
                                       range=(10, 100_000),
                                       tooltip="Most keyframes kept for recognising places (loop closure and "
-                                              "relocalisation, about 30 KB each). Keyframes of a place already "
+                                              "relocalisation, about 45 KB each). Keyframes of a place already "
                                               "stored are not kept again, so a long run in one area stays "
                                               "well below it; beyond it the most redundant keyframe is dropped.")
     init_max_frames: int = setting(300, label="Start-up window", group="Geometric", engines=_GEOMETRIC,

@@ -119,7 +119,7 @@ class GeometricSession:
                                          min_init_angle_deg=float(getattr(config, "init_min_parallax_deg", 1.0)),
                                          reuse_points=bool(getattr(config, "map_point_reuse", True)),
                                          rotation_aided=bool(getattr(config, "rotation_aided", True)))
-            self._loop_params = LoopParams()
+            self._loop_params = LoopParams(flow_verify=bool(getattr(config, "loop_flow_verify", True)))
             for k, v in extra.items():
                 if k.startswith("loop_") and hasattr(self._loop_params, k[5:]):   # developer knobs
                     setattr(self._loop_params, k[5:], _typed(getattr(self._loop_params, k[5:]), v))
