@@ -8,8 +8,8 @@ first is skipped so the camera never stands still for two frames). Never commit 
 
 Harder revisits (`--blur SIGMA --roll DEG --gain G`): every pass after the first is written as
 new JPEGs (quality 95) blurred by a Gaussian of SIGMA px, multiplied by G in brightness, and rolled
-about the principal point by an angle that ramps from 0 to DEG over the pass's first 60 frames and
-stays there (the ground truth turns with it: c2w · Rz(roll)ᵀ, exact for a pinhole camera with
+about the principal point by DEG, each ramping in over the first 60 frames of the second pass and then
+staying (the ground truth turns with it: c2w · Rz(roll)ᵀ, exact for a pinhole camera with
 fx ≈ fy and the principal point at the centre; the corners the rotation leaves are black). So a
 revisit sees the place blurred, darker and rotated, as a hand-held camera does, instead of the same
 pixels again.
@@ -50,12 +50,12 @@ def make(src: Path, out: Path, pattern: str, stride: int = 1, blur: float = 0.0,
         raise SystemExit(f"{src}: {len(frames)} frames but {len(gt)} ground-truth lines")
     n = len(frames)
     order: list[int] = []
-    angle: list[float] = []                      # roll of each output frame (degrees)
     for k, ch in enumerate(pattern):
         run = list(range(0, n, stride)) if ch == "f" else list(range(n - 1, -1, -stride))
-        run = run[1:] if k else run
-        order += run
-        angle += [0.0] * len(run) if k == 0 else [roll * min(1.0, (j + 1) / 60.0) for j in range(len(run))]
+        order += run[1:] if k else run
+    n1 = len(range(0, n, stride))                # frames of the first pass (never perturbed)
+    ramp = [min(1.0, max(0.0, (j - n1 + 1) / 60.0)) for j in range(len(order))]   # 0..1 per frame
+    angle = [roll * r for r in ramp]             # roll of each output frame (degrees)
     perturb = bool(blur or roll or gain != 1.0)
     cxcy = [float(x) for x in [l for l in (src / "intrinsics.txt").read_text().splitlines()
                                if l.strip() and not l.startswith("#")][0].split()[2:4]]
@@ -65,12 +65,13 @@ def make(src: Path, out: Path, pattern: str, stride: int = 1, blur: float = 0.0,
         (out / "depth").mkdir(exist_ok=True)
     lines = ["# timestamp tx ty tz qx qy qz qw (made by scripts/make_loop_sequence.py)"]
     for j, i in enumerate(order):
-        first_pass = j < (n + stride - 1) // stride
+        first_pass = j < n1
         link = out / "rgb" / f"{j:06d}{frames[i].suffix if first_pass or not perturb else '.jpg'}"
         if link.is_symlink() or link.exists():
             link.unlink()
         if perturb and not first_pass:
-            _perturbed(frames[i], link, blur, angle[j], gain, cxcy)
+            r = ramp[j]
+            _perturbed(frames[i], link, blur * r, angle[j], 1.0 + (gain - 1.0) * r, cxcy)
         else:
             os.symlink(frames[i].resolve(), link)
         d = depth / f"{frames[i].stem}.png"

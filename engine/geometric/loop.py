@@ -93,9 +93,9 @@ class LoopParams:
     near_dist: float = 1.0        # ... whose centre is within this × the query's median depth ...
     near_deg: float = 45.0        # ... and whose optical axis is within this angle of the query's
     flow_min_inliers: int = 40    # candidate map points found in the query image that fit one pose
-    flow_min_back: int = 20       # query map points found in the candidate image that fit the same S
+    flow_min_back: int = 15       # ... of which the query's points reproject into the candidate within reprojection px
     flow_min_ratio: float = 0.3   # ... inliers / candidate points that the flow followed
-    flow_min_depth_pairs: int = 8 # corners both keyframes mapped (their depths give the scale)
+    flow_min_depth_pairs: int = 10  # corners both keyframes mapped whose depths agree (the scale)
     flow_pair_px: float = 2.5     # a flow match lands this close to the other keyframe's own corner
     image_quality: int = 90       # JPEG quality of the keyframe images kept for flow verification ...
     image_width: int = 320        # ... and their width (flow verification runs at this size)
@@ -758,23 +758,20 @@ class LoopCloser:
             return None
         Pc_a = c.m_P[idx_a].astype(np.float64)
         uq_a = uq_a.astype(np.float64)
-        # the query's points in the candidate image, through the same alignment
-        idx_b, uc_b = self._follow(gc, gq, np.linalg.inv(H), quv)
-        Pq_b = q.m_P[idx_b].astype(np.float64)
-        # corners both keyframes mapped: 3-D on both sides (the scale)
-        pairs = set()
+        # corners both keyframes mapped (a followed candidate point lands within `flow_pair_px` of
+        # one of the query's own corners): 3-D on both sides, so they give the scale, and the query
+        # points' reprojections in the candidate image (b)
+        pairs = {}
         for i, u in zip(idx_a, uq_a):
             j = _nearest(quv, u, p.flow_pair_px * f)
-            if j >= 0:
-                pairs.add((j, int(i)))
-        for j, u in zip(idx_b, uc_b):
-            i = _nearest(cuv, u, p.flow_pair_px * f)
-            if i >= 0:
-                pairs.add((int(j), i))
-        if len(pairs) < p.flow_min_depth_pairs:
+            if j >= 0 and j not in pairs:
+                pairs[j] = int(i)
+        if len(pairs) < max(p.flow_min_depth_pairs, p.flow_min_back):
             return None
-        qj, ci = np.array(sorted(pairs)).T
+        qj = np.array(list(pairs.keys()))
+        ci = np.array(list(pairs.values()))
         Pq_d, Pc_d = q.m_P[qj].astype(np.float64), c.m_P[ci].astype(np.float64)
+        Pq_b, uc_b = Pq_d, cuv[ci].astype(np.float64)
         R_qc, _ = cv2.Rodrigues(rvec)
         t_qc = tvec.ravel()
         xq = Pc_d @ R_qc.T + t_qc                      # pair points in the query frame, candidate units
