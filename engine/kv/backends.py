@@ -181,8 +181,11 @@ def resolve_backend(name: str, device: torch.device, dtype):
                                "'auto') on the CPU")
         if not isinstance(dtype, torch.dtype):
             dtype = parse_dtype(dtype, allow_quantized=True)
-        if dtype not in (torch.bfloat16, torch.float16):
-            raise KVCacheError(f"the cuDNN attention backend supports bf16 and fp16 KV stores only, not "
+        # the split also attends an fp8 store attended in bf16/fp16 (cuDNN's fp8 kernel)
+        split_fp8 = name == "cudnn-split" and dtype == FP8 and fi_ok_dtype
+        if dtype not in (torch.bfloat16, torch.float16) and not split_fp8:
+            raise KVCacheError(f"the cuDNN attention backend supports bf16 and fp16 KV stores only (and, as "
+                               f"cudnn-split, fp8 KV with a bf16/fp16 model), not "
                                f"{str(dtype).replace('torch.', '')}; choose dtype bf16/fp16 (kv_dtype auto) "
                                f"or backend 'sdpa'")
         if name == "cudnn-split":       # the split's own fallback is FlashInfer (else SDPA)
