@@ -195,6 +195,14 @@ _VARIANTS = {
     # backend "auto" with RECONSTUDIO_AUTO_SPLIT=1 (the split) / 0 (FlashInfer alone, the default)
     "auto-split": ({"backend": "auto"}, {"RECONSTUDIO_AUTO_SPLIT": "1"}),
     "auto-flashinfer": ({"backend": "auto"}, {"RECONSTUDIO_AUTO_SPLIT": "0"}),
+    # fp8 KV store (engine/kv/pool.py: e4m3, a scale per layer, K/V and head): FlashInfer's FA3 fp8
+    # kernel (q in e4m3; the default on Hopper) / its FA2 kernel (bf16 q); the cuDNN split through
+    # cuDNN's fp8 kernel (CuDNNFP8Kernel), with and without the compiled blocks
+    "fp8-fa3": ({"backend": "flashinfer", "kv_dtype": "fp8"}, {"RECONSTUDIO_FLASHINFER_FP8": "fa3"}),
+    "fp8-fa2": ({"backend": "flashinfer", "kv_dtype": "fp8"}, {"RECONSTUDIO_FLASHINFER_FP8": "kv"}),
+    "fp8-cudnn-split": ({"backend": "cudnn-split", "kv_dtype": "fp8"}, {}),
+    "fp8-cudnn-split-compiled": ({"backend": "cudnn-split", "kv_dtype": "fp8"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
+    "cudnn-split-compiled-b": ({"backend": "cudnn-split"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
 }
 
 
@@ -313,6 +321,22 @@ def cmd_ours(args) -> None:
         result[f"fidelity_{label}"] = errors(got, ref)
         print(f"  ours {label} vs fp32: {result[f'fidelity_{label}']}", flush=True)
     model.residual_fp32 = True
+    for label in ([] if args.no_fidelity else [x for x in args.fid_variants.split(",") if x]):
+        kw, env = dict(_VARIANTS[label][0]), _VARIANTS[label][1]
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            model.float()
+            model.load_state_dict(sd)
+            model.set_dtype(torch.bfloat16)
+            got, *_ = _ours_stream(model, fid, "bf16", 1, dev, keep=True, **kw)
+            result[f"fidelity_{label}"] = errors(got, ref)
+            print(f"  ours {label} vs fp32: {result[f'fidelity_{label}']}", flush=True)
+        except Exception as exc:        # report and go on
+            print(f"  ours {label} fidelity failed: {type(exc).__name__}: {exc}", flush=True)
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     model.float()
     model.load_state_dict(sd)
     del sd
@@ -564,6 +588,8 @@ def main(argv=None) -> None:
             p.add_argument("--variants", default="", help="extra speed variants (keyframe interval 1): "
                                                           + ", ".join(_VARIANTS))
             p.add_argument("--no-fidelity", action="store_true")
+            p.add_argument("--fid-variants", default="", help="variants (names as --variants) whose bf16 "
+                                                              "outputs are also compared with the fp32 reference")
             p.add_argument("--residual-ablation", action="store_true",
                            help="also the bf16-residual fidelity run (the old trunk)")
     r = sub.add_parser("report")
