@@ -92,6 +92,7 @@ class LoopParams:
     near_candidates: int = 2      # candidates by pose besides the words: the nearest older keyframes ...
     near_dist: float = 1.0        # ... whose centre is within this × the query's median depth ...
     near_deg: float = 45.0        # ... and whose optical axis is within this angle of the query's
+    flow_max_per_query: int = 3   # flow verifications per query and database (~20 ms each on the worker)
     flow_min_inliers: int = 40    # candidate map points found in the query image that fit one pose
     flow_min_back: int = 15       # ... of which the query's points reproject into the candidate within reprojection px
     flow_min_ratio: float = 0.3   # ... inliers / candidate points that the flow followed
@@ -482,8 +483,10 @@ class LoopCloser:
         """The verified candidate among keyframes `fids` with the most inliers: (node, inliers, S).
         Candidates: the best `n_candidates` by words (above the score ratio) and, with `near` (same
         segment, so the worker's poses share a world), the `near_candidates` older keyframes nearest
-        the query's current pose that look the same way. Each is verified by map-point descriptors
-        and, failing that, by optical flow (`_verify_flow`)."""
+        the query's current pose that look the same way. Each is verified by map-point descriptors;
+        those that fail, by optical flow (`_verify_flow`), at most `flow_max_per_query` of them, in
+        turn the nearest by pose, the best by words, the next nearest, ... (the loop worker's time
+        per keyframe stays bounded when tracking makes a keyframe on every frame of a fast turn)."""
         if not fids:
             return None
         scores = np.array([self._score(node.bow, self.nodes[f].bow) for f in fids])
@@ -493,19 +496,29 @@ class LoopCloser:
             if scores[o] < self.p.min_score_ratio * ref:
                 break
             cands.append(fids[o])
+        near_f = []
         if near and self.p.flow_verify and self.p.near_candidates > 0:
-            cands += [f for f in self._near(node, fids) if f not in cands][: self.p.near_candidates]
+            near_f = [f for f in self._near(node, fids) if f not in cands][: self.p.near_candidates]
         best = None
-        for f in cands:
-            cand = self.nodes[f]
-            res = self._verify(node, cand)
+        failed = []
+        for f in cands + near_f:
+            res = self._verify(node, self.nodes[f])
             if res is not None:
                 self.verified_descriptors += 1
-            elif self.p.flow_verify:
-                res = self._verify_flow(node, cand)
+                if best is None or res[1] > best[1]:
+                    best = (self.nodes[f], res[1], res[0])
+            else:
+                failed.append(f)
+        if self.p.flow_verify and failed:
+            # flow verification (costlier) in turn: the nearest by pose, the best by words, ...
+            order = []
+            for pair in zip(near_f + [None] * len(cands), cands + [None] * len(near_f)):
+                order += [f for f in pair if f is not None and f in failed and f not in order]
+            for f in order[: self.p.flow_max_per_query]:
+                res = self._verify_flow(node, self.nodes[f])
                 self.verified_flow += res is not None
-            if res is not None and (best is None or res[1] > best[1]):
-                best = (cand, res[1], res[0])
+                if res is not None and (best is None or res[1] > best[1]):
+                    best = (self.nodes[f], res[1], res[0])
         return best
 
     def _near(self, node, fids) -> list:
