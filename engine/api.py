@@ -169,8 +169,9 @@ class SessionConfig:
                            tooltip="Seed of random_subset (the kept tokens are reproducible for a given seed).")
     kv_dtype: str = setting("auto", label="KV precision", group="KV cache", engines=_NEURAL, choices=KV_DTYPES,
                             tooltip="Storage of the cached keys/values: auto = the compute precision; fp8 / int8 "
-                                    "store one byte per value with a scale per page and head (half of bf16), "
-                                    "small accuracy loss.")
+                                    "store one byte per value with scales (half of bf16). fp8 is attended in "
+                                    "the compute precision (pose error as bf16's on an H200); fastest through "
+                                    "backend cudnn-split.")
     # -- several GPUs --------------------------------------------------------------------------
     sequence_parallel: str = setting("off", label="Sequence parallel", group="Multi-GPU",
                                      engines=("lingbot-map", "vggt-1b"), choices=("off", "ring"),
