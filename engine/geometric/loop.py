@@ -484,7 +484,7 @@ class LoopCloser:
         Candidates: the best `n_candidates` by words (above the score ratio) and, with `near` (same
         segment, so the worker's poses share a world), the `near_candidates` older keyframes nearest
         the query's current pose that look the same way. Each is verified by map-point descriptors;
-        those that fail, by optical flow (`_verify_flow`), at most `flow_max_per_query` of them, in
+        if none passes, those are tried by optical flow (`_verify_flow`), at most `flow_max_per_query`, in
         turn the nearest by pose, the best by words, the next nearest, ... (the loop worker's time
         per keyframe stays bounded when tracking makes a keyframe on every frame of a fast turn)."""
         if not fids:
@@ -509,8 +509,9 @@ class LoopCloser:
                     best = (self.nodes[f], res[1], res[0])
             else:
                 failed.append(f)
-        if self.p.flow_verify and failed:
-            # flow verification (costlier) in turn: the nearest by pose, the best by words, ...
+        if self.p.flow_verify and failed and best is None:
+            # flow verification (costlier; only when no candidate verified by descriptors) in
+            # turn: the nearest by pose, the best by words, ...
             order = []
             for pair in zip(near_f + [None] * len(cands), cands + [None] * len(near_f)):
                 order += [f for f in pair if f is not None and f in failed and f not in order]
