@@ -2,7 +2,7 @@
 of ../shared/data: rgb/*.jpg, intrinsics.txt) and counts, for every place-recognition query, the
 candidates above the score ratio and the verifications that passed, and for every verification
 the descriptor pairs between the two keyframes' map points (30 needed) and the PnP inliers.
-Usage: python scripts/loop_diagnostics.py SEQ [--frames N]   (docs/benchmarks_geometric.md)
+Usage: python scripts/loop_diagnostics.py SEQ [--frames N] [--no-flow]   (docs/benchmarks_geometric.md)
 """
 import argparse
 import collections
@@ -20,6 +20,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("seq")
     ap.add_argument("--frames", type=int, default=100000)
+    ap.add_argument("--no-flow", action="store_true", help="descriptor verification only (loop_flow_verify off)")
     a = ap.parse_args()
     stats = collections.Counter()
     best_match, verify = loop_mod.LoopCloser._best_match, loop_mod.LoopCloser._verify
@@ -51,7 +52,7 @@ def main():
     loop_mod.LoopCloser._best_match = counted_best_match
     loop_mod.LoopCloser._verify = counted_verify
     lines = [ln for ln in open(f"{a.seq}/intrinsics.txt").read().splitlines() if ln.strip() and not ln.startswith("#")]
-    s = open_session(SessionConfig(engine="geometric", depth=False, intrinsics=[float(x) for x in lines[0].split()]))
+    s = open_session(SessionConfig(engine="geometric", depth=False, loop_flow_verify=not a.no_flow, intrinsics=[float(x) for x in lines[0].split()]))
     for f in sorted(glob.glob(f"{a.seq}/rgb/*.jpg"))[:a.frames]:
         s.push(np.asarray(Image.open(f).convert("RGB")))
     s.flush()
