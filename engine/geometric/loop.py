@@ -93,6 +93,8 @@ class LoopParams:
     near_dist: float = 1.0        # ... whose centre is within this × the query's median depth ...
     near_deg: float = 45.0        # ... and whose optical axis is within this angle of the query's
     flow_max_per_query: int = 3   # flow verifications per query and database (~20 ms each on the worker)
+    flow_min_frames: int = 4      # ... and only for a query this many frames after the last query that
+    # ran one (a fast turn can make a keyframe on every frame: the worker's time stays bounded)
     flow_min_inliers: int = 40    # candidate map points found in the query image that fit one pose
     flow_min_back: int = 15       # ... of which the query's points reproject into the candidate within reprojection px
     flow_min_ratio: float = 0.3   # ... inliers / candidate points that the flow followed
@@ -209,6 +211,8 @@ class LoopCloser:
         self.verified_descriptors = 0                        # verifications passed by map-point descriptors
         self.verified_flow = 0                               # ... by optical flow (`_verify_flow`)
         self.flow_attempts = 0
+        self._last_flow_fid = -10 ** 9                       # the last query that ran a flow verification
+        self._flow_allowed = True
 
     # --- tracking thread ------------------------------------------------------------------------
     def add_keyframe(self, fid: int, segment: int, c2w_produced: np.ndarray, T_current_of, uv: np.ndarray,
@@ -339,6 +343,7 @@ class LoopCloser:
 
     def _detect_node(self, node: KeyframeNode) -> list:
         fid = node.fid
+        self._flow_allowed = fid - self._last_flow_fid >= self.p.flow_min_frames
         self._bring_estimates()
         self._features(node)
         self._update_vocab()
@@ -509,7 +514,8 @@ class LoopCloser:
                     best = (self.nodes[f], res[1], res[0])
             else:
                 failed.append(f)
-        if self.p.flow_verify and failed and best is None:
+        if self.p.flow_verify and failed and best is None and self._flow_allowed:
+            self._last_flow_fid = node.fid
             # flow verification (costlier; only when no candidate verified by descriptors) in
             # turn: the nearest by pose, the best by words, ...
             order = []
