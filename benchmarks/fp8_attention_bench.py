@@ -26,19 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.kv.cudnn import CuDNNFP8Kernel, torch_cudnn  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_bench import _median_ms  # noqa: E402  (one CUDA-event median for the benchmarks)
+
 H, D = 16, 64
-
-
-def _median_ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in evs:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return sorted(a.elapsed_time(b) for a, b in evs)[reps // 2]
 
 
 def _ref(q, k, v):

@@ -312,6 +312,29 @@ def cudnn_tune_default() -> bool:
 _CUDNN_UID = {"q": 1, "k": 2, "v": 3, "o": 4, "seq_q": 5, "seq_kv": 6, "k_table": 7, "v_table": 8, "stats": 9}
 
 
+def _build_plans(cudnn, g, tune: bool = False) -> int:
+    """Validate a described frontend graph and build its execution plans: the heuristics' first
+    (A, else the fallback), or with `tune` every plan the heuristics offer (A, B, fallback) for
+    timing later. Returns the workspace bytes the built plan(s) need."""
+    g.validate()
+    g.build_operation_graph()
+    if not tune:
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        return int(g.get_workspace_size())
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans(cudnn.build_plan_policy.ALL)
+    ws = 0
+    for i in range(g.get_execution_plan_count()):
+        try:
+            ws = max(ws, int(g.get_workspace_size_plan_at_index(i)))
+        except Exception:   # a plan that did not build; skipped when tuning
+            pass
+    return ws
+
+
 class CuDNNFrontendKernel:
     """cuDNN's fused attention built through the cuDNN frontend's graph API, with the padding mask:
     the visible lengths are DEVICE tensors (`seq_q`, `seq_kv`, int32 [1, 1, 1, 1]) read by the
@@ -407,23 +430,7 @@ class CuDNNFrontendKernel:
             named["stats"] = st
         for name, t in named.items():
             t.set_uid(_CUDNN_UID[name])
-        g.validate()
-        g.build_operation_graph()
-        if self.tune:
-            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
-            g.check_support()
-            g.build_plans(cudnn.build_plan_policy.ALL)
-            ws = 0
-            for i in range(g.get_execution_plan_count()):
-                try:
-                    ws = max(ws, int(g.get_workspace_size_plan_at_index(i)))
-                except Exception:   # a plan that did not build; skipped when tuning
-                    pass
-        else:
-            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-            g.check_support()
-            g.build_plans()
-            ws = int(g.get_workspace_size())
+        ws = _build_plans(cudnn, g, self.tune)
         if ws > self._workspace.numel():
             self._workspace = torch.empty(ws, dtype=torch.uint8, device=self.device)
         self.builds += 1
@@ -1064,12 +1071,7 @@ class CuDNNFP8Kernel:
             named["stats"] = st
         for uid, t in enumerate(named.values(), start=1):
             t.set_uid(uid)
-        g.validate()
-        g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        g.build_plans()
-        ws = int(g.get_workspace_size())
+        ws = _build_plans(cudnn, g)
         if ws > self._workspace.numel():
             self._workspace = torch.empty(ws, dtype=torch.uint8, device=self.device)
         self.builds += 1
