@@ -181,7 +181,7 @@ def resolve_backend(name: str, device: torch.device, dtype):
                                "'auto') on the CPU")
         if not isinstance(dtype, torch.dtype):
             dtype = parse_dtype(dtype, allow_quantized=True)
-        # the split also attends an fp8 store attended in bf16/fp16 (cuDNN's fp8 kernel)
+        # the split also attends an fp8 store attended in bf16/fp16 (`cudnn_fp8_mode`)
         split_fp8 = name == "cudnn-split" and dtype == FP8 and fi_ok_dtype
         if dtype not in (torch.bfloat16, torch.float16) and not split_fp8:
             raise KVCacheError(f"the cuDNN attention backend supports bf16 and fp16 KV stores only (and, as "

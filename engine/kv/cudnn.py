@@ -787,21 +787,17 @@ class CuDNNSplitBackend(_CacheRef):
         self.whole_shapes: set = set()             # (q tokens, K/V tokens) attended whole
         self.whole = cudnn_split_whole_default() if whole is None else bool(whole)
         self.a_kernel = a_kernel or (None if kernel_a is not None else cudnn_split_a_default())
-        self._fp8 = pool.kind == "fp8"
-        self.fp8_mode = cudnn_fp8_mode() if self._fp8 else None
+        self.fp8_mode = cudnn_fp8_mode() if pool.kind == "fp8" else None    # None: a native store
         self._scratch = None                       # (k, v) 16-bit scratch of the convert mode
-        self._ok = pool.kind == "native" and (
-            kernel_a is not None or cache.attn_dtype in (torch.bfloat16, torch.float16))
-        if self._fp8 and self.fp8_mode == "compute":
-            if kernel_fp8 is None and cache.attn_dtype in (torch.bfloat16, torch.float16) \
-                    and torch.device(cache.device).type == "cuda":
+        attn16 = cache.attn_dtype in (torch.bfloat16, torch.float16)
+        self._ok = pool.kind in ("native", "fp8") and (kernel_a is not None or attn16)
+        if self.fp8_mode == "compute":
+            if kernel_fp8 is None and attn16 and torch.device(cache.device).type == "cuda":
                 try:
                     kernel_fp8 = CuDNNFP8Kernel(pool.device)
                 except KVCacheError as exc:
                     self.error = str(exc)
             self._ok = kernel_fp8 is not None
-        elif self._fp8:
-            self._ok = kernel_a is not None or cache.attn_dtype in (torch.bfloat16, torch.float16)
         self._kernel_fp8 = kernel_fp8
         if kernel_a is None and self._ok and self.fp8_mode != "compute":
             if self.a_kernel == "frontend":
@@ -825,7 +821,7 @@ class CuDNNSplitBackend(_CacheRef):
         self.kernel = f"cudnn-split ({self.a_kernel or 'custom'} + flash, merge {self.merge})"
         if self.fp8_mode == "compute":
             self.kernel = f"cudnn-split fp8 compute (cuDNN e4m3 + flash over the dequantised specials, merge {self.merge})"
-        elif self._fp8:
+        elif self.fp8_mode == "convert":
             self.kernel = f"cudnn-split fp8 store ({self.a_kernel or 'custom'} + flash on 16-bit scratch, merge {self.merge})"
         if fallback is None:
             ok = (torch.device(cache.device).type == "cuda" and _flashinfer_dtype_ok(cache.precision)
@@ -913,70 +909,72 @@ class CuDNNSplitBackend(_CacheRef):
         first, n_a, b, whole = self._split
         P, H, D = pool.page_size, pool.num_heads, pool.head_dim
         q = q.contiguous()
-        if self.fp8_mode == "compute":
-            return self._attend_split_fp8(q, layer)
         n = n_a * P + b
         m = -(-n // P)
-        if self._fp8:                  # the run as 16-bit scratch; key scales into q
-            kp, vp = self._converted(layer, first, m)
+        full, part_a, part_b = self._kernel_full, self._kernel_a, self._kernel_b
+        kp, vp = self._run_views(layer, first, m)       # zero copy (e4m3 for an fp8 store)
+        if self.fp8_mode == "compute":       # the e4m3 bytes to cuDNN's fp8 kernel
+            full, part_a, part_b = self._fp8_kernels(layer)
+        elif self.fp8_mode == "convert":     # the run as 16-bit scratch; key scales into q
+            kp, vp = self._converted(kp, vp)
             ks, vs = pool.scales[layer, 0], pool.scales[layer, 1]
             q = (q.float() * ks.view(1, H, 1)).to(q.dtype)
-        else:                          # zero-copy views of the pool
-            kp = pool.k[layer, first:first + m].view(m * P, H, D)
-            vp = pool.v[layer, first:first + m].view(m * P, H, D)
         if whole:                      # one fixed-length run: no statistics, no merge
-            out = self._kernel_full(q, kp[:n], vp[:n])
+            out = full(q, kp[:n], vp[:n])
         else:
-            out, lse_a = self._kernel_a(q, kp[:n_a * P], vp[:n_a * P])    # constant shape
+            out, lse_a = part_a(q, kp[:n_a * P], vp[:n_a * P])    # constant shape
             if b:
-                out_b, lse_b = self._kernel_b(q, kp[n_a * P:n], vp[n_a * P:n])
+                out_b, lse_b = part_b(q, kp[n_a * P:n], vp[n_a * P:n])
                 out = self._merge(out, lse_a, out_b, lse_b)
-        if self._fp8:                  # attention is linear in V: the value scales last
+        if self.fp8_mode == "convert":       # attention is linear in V: the value scales last
             out = (out.float() * vs.view(1, H, 1)).to(q.dtype)
         return out
 
-    def _converted(self, layer: int, first: int, m: int):
-        """Pages first .. first + m - 1 of the layer's fp8 keys / values read into the 16-bit
-        scratch pair as stored (e4m3 -> bf16/fp16 is exact), [m * page_size, H, D] views. The
-        scratch holds the pool's capacity and is allocated once (one layer at a time uses it)."""
+    def _run_views(self, layer: int, first: int, m: int):
+        """The layer's keys / values of pages first .. first + m - 1 as [m * page_size, H, D] views
+        of the pool (read as e4m3 for an fp8 store)."""
         pool = self.cache.pool
-        P, H, D = pool.page_size, pool.num_heads, pool.head_dim
+        k, v = pool.k[layer, first:first + m], pool.v[layer, first:first + m]
+        if self.fp8_mode is not None:
+            k, v = k.view(FP8), v.view(FP8)
+        shape = (m * pool.page_size, pool.num_heads, pool.head_dim)
+        return k.view(shape), v.view(shape)
+
+    def _converted(self, k8: torch.Tensor, v8: torch.Tensor):
+        """e4m3 run views read into the 16-bit scratch pair as stored (e4m3 -> bf16/fp16 is
+        exact), same-shaped views. The scratch holds the pool's capacity and is allocated once
+        (one layer at a time uses it)."""
+        pool = self.cache.pool
         if self._scratch is None:
-            shape = (pool.num_pages * P, H, D)
+            shape = (pool.num_pages * pool.page_size, pool.num_heads, pool.head_dim)
             self._scratch = tuple(torch.empty(shape, dtype=self.cache.attn_dtype, device=pool.device)
                                   for _ in range(2))
-        sk, sv = self._scratch
-        n = m * P
-        sk[:n].copy_(pool.k[layer, first:first + m].view(FP8).view(n, H, D))
-        sv[:n].copy_(pool.v[layer, first:first + m].view(FP8).view(n, H, D))
-        return sk[:n], sv[:n]
+        n = k8.shape[0]
+        sk, sv = (x[:n] for x in self._scratch)
+        sk.copy_(k8)
+        sv.copy_(v8)
+        return sk, sv
 
-    def _attend_split_fp8(self, q: torch.Tensor, layer: int) -> torch.Tensor:
-        """`_attend_split` over an fp8 store: the same views, the bytes read as e4m3, the layer's
-        per-head scales handed to the fp8 kernel (one output-scale slot per layer and kind)."""
+    def _fp8_kernels(self, layer: int):
+        """The compute mode's kernels for `_attend_split`: the whole-step and part-A calls of
+        `kernel_fp8` with the layer's per-head scales (one output-scale slot per layer and kind),
+        and part B (the special tokens, a few thousand) dequantised to the compute dtype for
+        `kernel_b`."""
         pool = self.cache.pool
-        first, n_a, b, whole = self._split
-        P, H, D = pool.page_size, pool.num_heads, pool.head_dim
+        H = pool.num_heads
         ks, vs = pool.scales[layer, 0], pool.scales[layer, 1]
-        k8 = pool.k[layer].view(FP8)
-        v8 = pool.v[layer].view(FP8)
-        if whole:
-            n = n_a * P + b
-            m = -(-n // P)
-            return self._kernel_fp8(q, k8[first:first + m].view(m * P, H, D)[:n],
-                                    v8[first:first + m].view(m * P, H, D)[:n], ks, vs, slot=(layer, "whole"))
-        out_a, lse_a = self._kernel_fp8(q, k8[first:first + n_a].view(n_a * P, H, D),
-                                        v8[first:first + n_a].view(n_a * P, H, D), ks, vs,
-                                        slot=(layer, "split"), stats=True)
-        if b == 0:
-            return out_a
-        m_b = -(-b // P)
-        kb = k8[first + n_a:first + n_a + m_b].view(m_b * P, H, D)[:b]
-        vb = v8[first + n_a:first + n_a + m_b].view(m_b * P, H, D)[:b]
-        kb = (kb.float() * ks.view(1, H, 1)).to(q.dtype)        # a few thousand tokens: cheap
-        vb = (vb.float() * vs.view(1, H, 1)).to(q.dtype)
-        out_b, lse_b = self._kernel_b(q, kb, vb)
-        return self._merge(out_a, lse_a, out_b, lse_b)
+        fp8 = self._kernel_fp8
+
+        def full(q_, k, v):
+            return fp8(q_, k, v, ks, vs, slot=(layer, "whole"))
+
+        def part_a(q_, k, v):
+            return fp8(q_, k, v, ks, vs, slot=(layer, "split"), stats=True)
+
+        def part_b(q_, k, v):
+            return self._kernel_b(q_, (k.float() * ks.view(1, H, 1)).to(q_.dtype),
+                                  (v.float() * vs.view(1, H, 1)).to(q_.dtype))
+        return full, part_a, part_b
 
 
 # ------------------------------------------------------------------------------ cuDNN fp8 attention
