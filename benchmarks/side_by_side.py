@@ -296,6 +296,27 @@ def _ours_stream(model, frames, dtype: str, interval: int, device: str, keep: bo
     return outs, times, n_scale, peak, total, backend
 
 
+@contextlib.contextmanager
+def _environ(env: dict):
+    """Environment variables `env` set for the block, the previous values (or their absence) back after."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def _restore_bf16(model, sd: dict, residual_fp32: bool = True) -> None:
+    """The model back to the fp32 weights `sd`, then in bf16 (each precision variant starts equal)."""
+    import torch
+    model.float()
+    model.load_state_dict(sd)
+    model.residual_fp32 = residual_fp32
+    model.set_dtype(torch.bfloat16)
+
+
 def cmd_ours(args) -> None:
     import torch
     dev = args.device
@@ -313,34 +334,22 @@ def cmd_ours(args) -> None:
             np.savez(args.npz, **ref)
     fid_runs = (("bf16", True),) + ((("bf16_residual_bf16", False),) if args.residual_ablation else ())
     for label, res32 in (() if args.no_fidelity else fid_runs):
-        model.float()
-        model.load_state_dict(sd)
-        model.residual_fp32 = res32
-        model.set_dtype(torch.bfloat16)
+        _restore_bf16(model, sd, residual_fp32=res32)
         got, *_ = _ours_stream(model, fid, "bf16", 1, dev, keep=True)
         result[f"fidelity_{label}"] = errors(got, ref)
         print(f"  ours {label} vs fp32: {result[f'fidelity_{label}']}", flush=True)
-    model.residual_fp32 = True
     for label in ([] if args.no_fidelity else [x for x in args.fid_variants.split(",") if x]):
         kw, env = dict(_VARIANTS[label][0]), _VARIANTS[label][1]
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
         try:
-            model.float()
-            model.load_state_dict(sd)
-            model.set_dtype(torch.bfloat16)
-            got, *_ = _ours_stream(model, fid, "bf16", 1, dev, keep=True, **kw)
+            with _environ(env):
+                _restore_bf16(model, sd)
+                got, *_ = _ours_stream(model, fid, "bf16", 1, dev, keep=True, **kw)
             result[f"fidelity_{label}"] = errors(got, ref)
             print(f"  ours {label} vs fp32: {result[f'fidelity_{label}']}", flush=True)
         except Exception as exc:        # report and go on
             print(f"  ours {label} fidelity failed: {type(exc).__name__}: {exc}", flush=True)
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    model.float()
-    model.load_state_dict(sd)
+    _restore_bf16(model, sd)
     del sd
-    model.set_dtype(torch.bfloat16)
     if dev.startswith("cuda"):
         base = torch.cuda.memory_allocated()
     runs = [("default", 1), ("default", 2)]
@@ -353,12 +362,12 @@ def cmd_ours(args) -> None:
         kw, env = dict(_VARIANTS.get(label, ({}, {}))[0]), _VARIANTS.get(label, ({}, {}))[1]
         model.aggregator.graph_scope = kw.pop("graph_scope", scope0)
         dense = kw.pop("dense", False)
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        restore = _dense_flashinfer() if dense else None
+        restore = None
         try:
-            _, times, n_scale, peak, total, backend = _ours_stream(model, frames[:args.frames], "bf16", interval, dev,
-                                                                   keep=False, **kw)
+            with _environ(env):
+                restore = _dense_flashinfer() if dense else None
+                _, times, n_scale, peak, total, backend = _ours_stream(model, frames[:args.frames], "bf16", interval,
+                                                                       dev, keep=False, **kw)
         except Exception as exc:        # report and go on with the other runs
             print(f"  ours {label} kf{interval} failed: {type(exc).__name__}: {exc}", flush=True)
             result.setdefault("errors", []).append(f"{label} kf{interval}: {type(exc).__name__}: {exc}"[:800])
@@ -367,8 +376,6 @@ def cmd_ours(args) -> None:
             model.aggregator.graph_scope = scope0
             if restore is not None:
                 restore()
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         row = speed_summary(times, n_scale, peak, total, f"ours {label} kf{interval}", interval)
         row.update(interval=interval, variant=label, backend=backend)
         if dev.startswith("cuda"):
