@@ -707,36 +707,14 @@ class LoopCloser:
         return S, int(inl.sum())
 
     def _refine(self, S, Pq, Pc, uq, uc, thr):
-        """Sim(3) that minimises the two-way reprojection errors (Huber), from S."""
-        from scipy.optimize import least_squares
-        K = self.K
-
-        def proj(X):
-            z = np.maximum(X[:, 2], 1e-6)
-            return np.stack([K[0, 0] * X[:, 0] / z + K[0, 2], K[1, 1] * X[:, 1] / z + K[1, 2]], 1)
-
-        def res(x):
-            s, R, t = sim3_split(S @ sim3_exp(x))
-            X = s * Pq @ R.T + t
-            Y = (Pc - t) @ R / s
-            # depth ratios: when the two cameras nearly coincide the reprojections do not see the
-            # scale at all; the points' depths do (a 5 % depth disagreement weighs like 1 px)
-            zr = np.log(np.maximum(X[:, 2], 1e-9) / np.maximum(Pc[:, 2], 1e-9)) * (1.0 / self.p.depth_sigma)
-            return np.concatenate([(proj(X) - uc).ravel(), (proj(Y) - uq).ravel(), zr])
-
-        sol = least_squares(res, np.zeros(7), loss="huber", f_scale=thr / 2, max_nfev=30, method="trf")
-        return S @ sim3_exp(sol.x)
+        """Sim(3) that minimises the two-way reprojection errors (Huber), from S: `_refine_sets`
+        with the same matched points in all three sets."""
+        return self._refine_sets(S, Pc, uq, Pq, uc, Pq, Pc, thr, self.K)
 
     def _two_way(self, s, R, t, Pq, Pc, uq, uc, thr):
         X = s * Pq @ R.T + t                       # query points in the candidate frame
         Y = (Pc - t) @ R / s                       # candidate points in the query frame
-        ok = (X[:, 2] > 1e-6) & (Y[:, 2] > 1e-6)
-        K = self.K
-        e1 = np.hypot(K[0, 0] * X[:, 0] / np.maximum(X[:, 2], 1e-6) + K[0, 2] - uc[:, 0],
-                      K[1, 1] * X[:, 1] / np.maximum(X[:, 2], 1e-6) + K[1, 2] - uc[:, 1])
-        e2 = np.hypot(K[0, 0] * Y[:, 0] / np.maximum(Y[:, 2], 1e-6) + K[0, 2] - uq[:, 0],
-                      K[1, 1] * Y[:, 1] / np.maximum(Y[:, 2], 1e-6) + K[1, 2] - uq[:, 1])
-        return ok & (e1 < thr) & (e2 < thr)
+        return _reprojects(X, uc, thr, self.K) & _reprojects(Y, uq, thr, self.K)
 
 
     # --- image verification by optical flow -------------------------------------------------------
@@ -768,9 +746,10 @@ class LoopCloser:
         quv, cuv = q.m_uv * f, c.m_uv * f
         best = None
         for H in self._alignments(q, c):
-            r = self._flow_pnp(gq, gc, D @ H @ np.linalg.inv(D), cuv, c.m_P, thr, K)
+            Hs = D @ H @ np.linalg.inv(D)               # the alignment at the flow's image size
+            r = self._flow_pnp(gq, gc, Hs, cuv, c.m_P, thr, K)
             if r is not None and (best is None or r[0] > best[0]):
-                best = r + (D @ H @ np.linalg.inv(D),)
+                best = r + (Hs,)
         if best is None or best[0] < p.flow_min_inliers:
             return None
         _, rvec, tvec, idx_a, uq_a, n_followed, H = best
@@ -903,30 +882,33 @@ class LoopCloser:
 
         def res(x):
             s, R, t = sim3_split(S @ sim3_exp(x))
-            Y = (Pc_a - t) @ R / s
             X = s * Pq_b @ R.T + t
+            Y = (Pc_a - t) @ R / s
             Xd = s * Pq_d @ R.T + t
+            # depth ratios: when the two cameras nearly coincide the reprojections do not see the
+            # scale at all; the points' depths do (a 5 % depth disagreement weighs like 1 px)
             zr = np.log(np.maximum(Xd[:, 2], 1e-9) / np.maximum(Pc_d[:, 2], 1e-9)) * (1.0 / self.p.depth_sigma)
-            return np.concatenate([(proj(Y) - uq_a).ravel(), (proj(X) - uc_b).ravel(), zr])
+            return np.concatenate([(proj(X) - uc_b).ravel(), (proj(Y) - uq_a).ravel(), zr])
 
         sol = least_squares(res, np.zeros(7), loss="huber", f_scale=thr / 2, max_nfev=30, method="trf")
         return S @ sim3_exp(sol.x)
 
     def _inliers_sets(self, S, Pc_a, uq_a, Pq_b, uc_b, Pq_d, Pc_d, thr, K):
         s, R, t = sim3_split(S)
-
-        def err(X, u):
-            z = X[:, 2]
-            zz = np.maximum(z, 1e-6)
-            e = np.hypot(K[0, 0] * X[:, 0] / zz + K[0, 2] - u[:, 0], K[1, 1] * X[:, 1] / zz + K[1, 2] - u[:, 1])
-            return (z > 1e-6) & (e < thr)
-
-        ia = err((Pc_a - t) @ R / s, uq_a)
-        ib = err(s * Pq_b @ R.T + t, uc_b)
+        ia = _reprojects((Pc_a - t) @ R / s, uq_a, thr, K)
+        ib = _reprojects(s * Pq_b @ R.T + t, uc_b, thr, K)
         Xd = s * Pq_d @ R.T + t
         idd = (Xd[:, 2] > 1e-9) & (np.abs(np.log(np.maximum(Xd[:, 2], 1e-9) / np.maximum(Pc_d[:, 2], 1e-9)))
                                     < 3.0 * self.p.depth_sigma)
         return ia, ib, idd
+
+
+def _reprojects(X: np.ndarray, u: np.ndarray, thr: float, K: np.ndarray) -> np.ndarray:
+    """Which camera-frame points X (in front of the camera) project within `thr` pixels of u."""
+    z = X[:, 2]
+    zz = np.maximum(z, 1e-6)
+    e = np.hypot(K[0, 0] * X[:, 0] / zz + K[0, 2] - u[:, 0], K[1, 1] * X[:, 1] / zz + K[1, 2] - u[:, 1])
+    return (z > 1e-6) & (e < thr)
 
 
 def _nearest(uv: np.ndarray, u: np.ndarray, r: float) -> int:
