@@ -1,9 +1,19 @@
-"""Helpers of the geometric-engine loop tests: artificial scale drift (after every keyframe the map
-is rescaled by `factor` about the current camera, so loop closure has drift to correct) and a
-replay of a sequence's frames in a given order through one session."""
+"""Helpers of the geometric-engine tests: a shared sequence's frames as RGB, artificial scale drift
+(after every keyframe the map is rescaled by `factor` about the current camera, so loop closure has
+drift to correct) and a replay of a sequence's frames in a given order through one session."""
 import numpy as np
 
 from engine.api import SessionConfig, open_session
+
+
+def rgb_sequence(name: str, n=None):
+    """(the sequence of ../shared/data/`name`, its first `n` frames (all by default) as RGB arrays)."""
+    import cv2
+
+    from engine.evaluate import load_sequence
+    from tests.conftest import DATA
+    seq = load_sequence(DATA / name)
+    return seq, [cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in seq.frames[:n]]
 
 
 def replay(seq, frames, order, extra=None, **settings):

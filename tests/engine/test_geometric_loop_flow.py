@@ -10,15 +10,12 @@ import pytest
 from engine.align import sim3_split, so3_log
 from engine.evaluate import load_sequence
 from engine.geometric.loop import LoopCloser
-from tests.engine.geometric_drift import replay
+from tests.engine.geometric_drift import replay, rgb_sequence
 
 
 @pytest.fixture(scope="module")
 def icl():
-    from tests.conftest import DATA
-    seq = load_sequence(DATA / "icl_livingroom_kt3")
-    frames = [cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in seq.frames]
-    return seq, frames
+    return rgb_sequence("icl_livingroom_kt3")
 
 
 def _gray(rgb):

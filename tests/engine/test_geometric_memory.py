@@ -2,24 +2,19 @@
 pose graphs and correction state stop growing when the camera keeps revisiting the same places
 (issue #8 / #7). Real frames: the ICL clip replayed in a loop (each replay starts with a jump back,
 i.e. a new segment that relocalises into the first one)."""
-import cv2
 import numpy as np
 import pytest
 
 from engine.api import EngineError, SessionConfig, open_session
-from engine.evaluate import load_sequence
 from engine.geometric.loop import Forget, LoopCloser, LoopParams
 from engine.geometry import apply_realignments
 from engine.metrics import ate
-from tests.engine.geometric_drift import inject_scale_drift, replay
+from tests.engine.geometric_drift import inject_scale_drift, replay, rgb_sequence
 
 
 @pytest.fixture(scope="module")
 def icl():
-    from tests.conftest import DATA
-    seq = load_sequence(DATA / "icl_livingroom_kt3")
-    frames = [cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in seq.frames]
-    return seq, frames
+    return rgb_sequence("icl_livingroom_kt3")
 
 
 def test_looped_replay_stops_growing(icl):

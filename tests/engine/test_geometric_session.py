@@ -1,20 +1,16 @@
 """The geometric engine through the session contract: real frames, bad input, segment breaks."""
-import cv2
 import numpy as np
 import pytest
 
 from engine.api import EngineError, SessionConfig, available_engines, engine_capabilities, open_session
-from engine.evaluate import load_sequence
+from tests.engine.geometric_drift import rgb_sequence
 from engine.metrics import ate
 
 
 @pytest.fixture(scope="module")
 def icl():
-    from tests.conftest import DATA
-    seq = load_sequence(DATA / "icl_livingroom_kt3")
     # the camera barely moves for the first ~35 frames: tracking starts around frame 38
-    frames = [cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in seq.frames[:110]]
-    return seq, frames
+    return rgb_sequence("icl_livingroom_kt3", 110)
 
 
 def _session(seq, **extra):

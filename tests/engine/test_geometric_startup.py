@@ -6,15 +6,12 @@ import pytest
 
 from app.cli import main
 from engine.api import EngineError, SessionConfig, open_session
-from engine.evaluate import load_sequence
+from tests.engine.geometric_drift import rgb_sequence
 
 
 @pytest.fixture(scope="module")
 def icl():
-    from tests.conftest import DATA
-    seq = load_sequence(DATA / "icl_livingroom_kt3")
-    frames = [cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in seq.frames[:90]]
-    return seq, frames
+    return rgb_sequence("icl_livingroom_kt3", 90)
 
 
 def _run(seq, frames, **kw):
