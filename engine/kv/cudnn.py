@@ -704,6 +704,29 @@ def torch_flash_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return res[0][0].transpose(0, 1), res[1].reshape(H, -1)[:, :n].float()
 
 
+def torch_flash_varlen_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                           cu_k: torch.Tensor):
+    """PyTorch's flash attention (varlen) of q [n, H, D] over the FIRST cu_k[1] keys of the fixed
+    view k / v [cap, H, D] -> (out [n, H, D], lse [H, n] float32). The length is read by the kernel
+    from the int32 device tensor cu_k = [0, length] (cu_q = [0, n]), so nothing depends on it on
+    the host: one CUDA graph serves every length (the split's static steps)."""
+    n, H, _ = q.shape
+    res = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, n, k.shape[0], 0.0, False, False)
+    return res[0], res[1].reshape(H, -1)[:, :n].float()
+
+
+def masked_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor):
+    """`torch_flash_varlen_lse` in plain float32 math (the CPU and tests): the keys at or past
+    cu_k[1] masked on the device, no host read of the length."""
+    qf, kf, vf = (x.float().transpose(0, 1) for x in (q, k, v))                  # [H, ., D]
+    s = (qf @ kf.transpose(1, 2)) * q.shape[-1] ** -0.5
+    hidden = torch.arange(k.shape[0], device=k.device) >= cu_k[1]
+    s = s.masked_fill(hidden, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)                                               # [H, n]
+    out = torch.softmax(s, dim=-1) @ vf
+    return out.transpose(0, 1).to(q.dtype), lse
+
+
 def merge_lse(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """Attention over the union of two disjoint key sets from each set's result and log-sum-exp:
     (out_a e^lse_a + out_b e^lse_b) / (e^lse_a + e^lse_b) = out_a + (out_b - out_a) sigmoid(lse_b - lse_a),
@@ -753,7 +776,7 @@ class CuDNNSplitBackend(_CacheRef):
 
     def __init__(self, cache, kernel_a=None, kernel_b=None, fallback=None, max_shapes: int = 4,
                  a_kernel: Optional[str] = None, merge: Optional[str] = None, wave_sms: Optional[int] = -1,
-                 kernel_full=None, whole: Optional[bool] = None, kernel_fp8=None):
+                 kernel_full=None, whole: Optional[bool] = None, kernel_fp8=None, kernel_b_static=None):
         """kernel_a / kernel_b: (q, k, v) -> (out [n, H, D], lse [H, n] float32, natural log); by
         default `torch_cudnn_lse` (or the frontend's `attend_lse`, `a_kernel`/RECONSTUDIO_CUDNN_SPLIT_A)
         and `torch_flash_lse`. fallback: a backend instance for the other steps (tests pass one).
@@ -766,6 +789,9 @@ class CuDNNSplitBackend(_CacheRef):
         attends exactly as a native store; "compute" hands the e4m3 bytes to `kernel_fp8`
         ((q, k8, v8, ks, vs, slot=, stats=) -> out [, lse], default `CuDNNFP8Kernel`: cuDNN's fp8
         kernel, q and P in e4m3).
+        kernel_b_static: (q, k, v, cu_q, cu_k) -> (out, lse) over the first cu_k[1] keys of a fixed
+        view, the length read on the device (default `torch_flash_varlen_lse` on CUDA, else
+        `masked_lse`): part B of a static step (`static`, below).
         wave_sms: the split runs only while its cuDNN call fits ONE wave of work tiles,
         ceil(q tokens / Q_TILE) x heads <= wave_sms; -1 = the GPU's SM count (no limit on the CPU),
         None = no limit. Measured on the H200 (132 SMs), 16 heads, 74k keys: q = 1,005 tokens (8
@@ -829,6 +855,14 @@ class CuDNNSplitBackend(_CacheRef):
             fallback = FlashInferBackend.create(cache) if ok else SDPABackend.create(cache)
         self._fallback = fallback
         self._split = None          # (first page, A pages, B tokens, whole) of the step, or None
+        # Static steps (set by the session for whole-step CUDA graphs, engine/lingbot/model.py):
+        # part B attends a FIXED view -- the special zone, from the end of the patch run to the
+        # end of the pool -- whose visible length is an int32 device tensor written in `plan`, so
+        # a split step's shapes and pointers depend only on its kind (`static_key`).
+        self.static = False
+        cuda = torch.device(cache.device).type == "cuda"
+        self._kernel_b_static = kernel_b_static or (torch_flash_varlen_lse if cuda else masked_lse)
+        self._cu_q = self._cu_k = None      # int32 [2] device tensors [0, q tokens], [0, B tokens]
 
     @classmethod
     def create(cls, cache):
@@ -887,6 +921,24 @@ class CuDNNSplitBackend(_CacheRef):
         self._split = split
         if split is None:
             self._fallback.plan(step)
+        elif self.static and not split[3]:
+            if self._cu_q is None:
+                self._cu_q = torch.zeros(2, dtype=torch.int32, device=self.cache.device)
+                self._cu_k = torch.zeros(2, dtype=torch.int32, device=self.cache.device)
+            self._cu_q[1:].fill_(step.q_tokens)      # kernels with the values as arguments:
+            self._cu_k[1:].fill_(split[2])           # no host sync, stream-ordered
+
+    def static_key(self):
+        """For a planned step attended with fixed shapes and pointers (`static`, split or whole):
+        a key that is equal exactly when two steps launch the same kernels on the same buffers --
+        what a whole-step CUDA graph can be keyed by; None otherwise (fallback steps, cuDNN's fp8
+        kernel with its host-side output scales, `static` off, after an error)."""
+        if not self.static or self._split is None or self.error is not None or self.fp8_mode == "compute":
+            return None
+        first, n_a, b, whole = self._split
+        if whole:
+            return ("whole", first, n_a * self.cache.pool.page_size + b)
+        return ("split", first, n_a)
 
     def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
         if self._split is not None and slots_t is None and self.error is None:
@@ -911,6 +963,9 @@ class CuDNNSplitBackend(_CacheRef):
         q = q.contiguous()
         n = n_a * P + b
         m = -(-n // P)
+        static_b = self.static and not whole and self.fp8_mode != "compute"
+        if static_b:                   # the run to the end of the pool: B's view is fixed
+            m = pool.num_pages - first
         full, part_a, part_b = self._kernel_full, self._kernel_a, self._kernel_b
         kp, vp = self._run_views(layer, first, m)       # zero copy (e4m3 for an fp8 store)
         if self.fp8_mode == "compute":       # the e4m3 bytes to cuDNN's fp8 kernel
@@ -923,7 +978,10 @@ class CuDNNSplitBackend(_CacheRef):
             out = full(q, kp[:n], vp[:n])
         else:
             out, lse_a = part_a(q, kp[:n_a * P], vp[:n_a * P])    # constant shape
-            if b:
+            if static_b:               # B's length from the device (cu_k), not from the host
+                out_b, lse_b = self._kernel_b_static(q, kp[n_a * P:], vp[n_a * P:], self._cu_q, self._cu_k)
+                out = self._merge(out, lse_a, out_b, lse_b)
+            elif b:
                 out_b, lse_b = part_b(q, kp[n_a * P:n], vp[n_a * P:n])
                 out = self._merge(out, lse_a, out_b, lse_b)
         if self.fp8_mode == "convert":       # attention is linear in V: the value scales last

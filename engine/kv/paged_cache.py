@@ -204,6 +204,25 @@ class PagedKVCache:
             out = self._attn.attend(step, qa, layer, slots_t=slots_t)
         return out.reshape(want).to(q.dtype)
 
+    def enable_static_steps(self) -> bool:
+        """Ask the backend to attend with fixed shapes and pointers where it can (whole-step CUDA
+        graphs, engine/lingbot/model.py); False when it has no such mode."""
+        if not hasattr(self._attn, "static_key"):
+            return False
+        self._attn.static = True
+        return True
+
+    def static_key(self):
+        """For the step in progress: a key equal exactly when two steps launch the same kernels on
+        the same buffers (every index the step writes or reads lives in a persistent device
+        buffer), so one captured graph replays all of them; None when the step is not static
+        (the backend's fallback steps, compressed or block-sparse windows, another backend)."""
+        step = self.table.step
+        fn = getattr(self._attn, "static_key", None)
+        if step is None or fn is None or step.slots_t is not None or step.window_range is not None:
+            return None
+        return fn()
+
     def _sparse_slots(self, layer: int, step: StepTable, q: torch.Tensor) -> torch.Tensor:
         """block_sparse: the visible slots of this layer: scale, the window blocks the compressor
         picks from the stored block means (no gather of the window's keys), own and specials."""

@@ -38,6 +38,7 @@ class KVPool:
         self.precision = precision
         self.device = torch.device(device)
         self.kind = precision.name if precision.quantized else "native"
+        self._index_bufs: dict = {}         # (name, length) -> persistent device index buffer
         store = {"fp8": torch.uint8, "int8": torch.int8}.get(self.kind, precision.storage)
         shape = (num_layers, num_pages, page_size, num_heads, head_dim)
         try:
@@ -94,8 +95,10 @@ class KVPool:
         step.device = dev
         # through pinned memory, non-blocking: a blocking upload would wait for the previous
         # step's GPU work (engine/host_copy.py `upload`)
-        step.new_pages_t = upload(step.new_pages, dev, torch.int64)
-        step.special_flat_t = upload(step.special_flat, dev, torch.int64)
+        # the write indices go into buffers kept per length: the same device addresses every
+        # step, so a captured CUDA graph of a whole step writes where the current step says
+        step.new_pages_t = self._index("new_pages", step.new_pages)
+        step.special_flat_t = self._index("special_flat", step.special_flat)
         step.pages_t = upload(step.pages, dev, torch.int64)
         if step.slots is not None:
             step.slots_t = upload(step.slots, dev, torch.int64)
@@ -105,6 +108,20 @@ class KVPool:
             step.slots_t = upload((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens], dev, torch.int64)
         step.written = [False] * self.num_layers
         return step
+
+    def _index(self, name: str, data) -> torch.Tensor:
+        """int64 `data` on the device in the persistent buffer of (`name`, its length), filled by
+        a non-blocking copy (stream-ordered after the previous step's reads of it)."""
+        t = torch.as_tensor(np.asarray(data, dtype=np.int64))
+        key = (name, t.numel())
+        buf = self._index_bufs.get(key)
+        if buf is None:
+            buf = self._index_bufs[key] = torch.empty(t.numel(), dtype=torch.int64, device=self.device)
+        if self.device.type == "cuda":
+            buf.copy_(t.pin_memory(), non_blocking=True)
+        else:
+            buf.copy_(t)
+        return buf
 
     # ------------------------------------------------------------------ quantization
     def quantize(self, layer: int, which: int, x: torch.Tensor):

@@ -16,6 +16,13 @@ Sections: "patch_embed", each "frame_blocks" and "global_blocks" call (24 each),
 "depth_head" are named sections (engine/models/sections.py): profiler ranges, and timed by the
 timer a benchmark installs with `sections.timing(timer)` (nothing is set on the model).
 
+CUDA graphs (`aggregator.graph_scope`): "step" (the default) replays the patch embed, each frame
+block and the depth head as graphs, and, when the KV backend has static steps (the cuDNN split:
+`kv.static_key()`), the whole streamed step as ONE graph per step kind (`_graphed_step`; measured
+on the H200: latency p95 33.8 ms against 49.5 for FlashInfer with part graphs over 3,000 frames,
+docs/benchmarks.md "Whole-step graphs"); "fixed" only the parts; "all" also each global block's
+halves around eager attention and the camera head.
+
 Dtypes: `set_dtype(torch.bfloat16)` converts the aggregator's matmul weights (Linear, Conv2d) and
 its qk-norms; the residual stream, its LayerNorms and LayerScales, the special tokens and the
 position embedding stay float32 (as under upstream's bf16 autocast, where only matmuls run in
@@ -23,6 +30,7 @@ bf16). The camera and depth heads always stay float32 and read float32 features,
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -33,6 +41,7 @@ from ..models.camera_head import CameraCache, CameraHead
 from ..models.dpt_head import DPTHead
 from ..models.layers import global_attend
 from ..models.rope import Rope2D, Rotation, VideoRope3D
+from ..models.sections import timer_installed
 from ..models.trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkConfig, TrunkModel, build_preset
 
 
@@ -67,13 +76,17 @@ class Aggregator(Trunk):
         # each global block (around the eager attention) and the camera head (static-shape cache)
         # -- measured on the H200 (docs/benchmarks.md): 21.9 vs 22.7 FPS steady and +0.55 GiB
         # peak, so not the default; kept for the GPU-bound regime it was meant for.
-        self.graph_scope = "fixed"
+        # "step" (the default): as "fixed", and a streamed step whose KV backend attends with
+        # fixed shapes and pointers (`kv.static_key()`, the cuDNN split) runs as ONE graph: the
+        # whole network, KV writes and attention included (LingBotMap.forward_step).
+        self.graph_scope = "step"
         self.graph_batch = 1    # steps of up to this many frames use the graphs (engine/scheduler.py raises it)
+        self._in_step_graph = False     # capturing a whole step: its parts run unwrapped
 
     def _graphed(self, name, fn, *inputs):
         """fn(*inputs), through a CUDA graph when graphs are on and the step holds at most
         `graph_batch` frames (one graph per batch size; a scale phase stays eager)."""
-        if self.graphs is None or inputs[0].shape[0] > self.graph_batch:
+        if self.graphs is None or self._in_step_graph or inputs[0].shape[0] > self.graph_batch:
             return fn(*inputs)
         return self.graphs.run(name, fn, *inputs)
 
@@ -90,9 +103,10 @@ class Aggregator(Trunk):
         return torch.cat((cam, reg, scale), dim=1)
 
     def forward(self, images: torch.Tensor, time_index: Sequence[int], first_frame: bool, scale_phase: bool,
-                kv=None) -> list[torch.Tensor]:
+                kv=None, rot3d: Optional[Rotation] = None) -> list[torch.Tensor]:
         """images [S, 3, H, W] in [0, 1] -> the 4 feature maps [S, T, 2C] the heads read
-        (T = 6 specials + patches; each = frame-block output ‖ global-block output)."""
+        (T = 6 specials + patches; each = frame-block output ‖ global-block output).
+        rot3d: the 3D-RoPE rotation of `time_index` when the caller built it (a graph input)."""
         cfg = self.cfg
         S, _, H, W = images.shape
         gh, gw = H // cfg.patch_size, W // cfg.patch_size
@@ -102,7 +116,8 @@ class Aggregator(Trunk):
         # GPU work of this step is queued, through pinned memory without a host sync (a blocking
         # copy mid-step stalled the CPU until the patch embed finished, measured on the H200).
         rot2d = self.rope2d.rotation(gh, gw, n_sp, images.device, dtype)
-        rot3d = self.rope3d.rotation(list(time_index), gh, gw, n_sp, images.device, dtype)
+        if rot3d is None:
+            rot3d = self.rope3d.rotation(list(time_index), gh, gw, n_sp, images.device, dtype)
         x = (images.float() - self._mean.float()) / self._std.float()
         with self._section("patch_embed"):
             patches = self._graphed("patch_embed", self.patch_embed, x)
@@ -115,7 +130,8 @@ class Aggregator(Trunk):
 
         def global_step(i, x):
             blk = self.global_blocks[i]
-            if self.graphs is not None and S == 1 and kv is not None and self.graph_scope == "all":
+            if (self.graphs is not None and S == 1 and kv is not None and self.graph_scope == "all"
+                    and not self._in_step_graph):
                 # fixed-shape halves as CUDA graphs; the cache write + attention over the
                 # growing KV set run eagerly in between
                 q, k, v = self.graphs.run(("global_pre", i), lambda t, c, s: blk.attn_pre(
@@ -135,6 +151,9 @@ class LingBotMap(TrunkModel, nn.Module):
         self.camera_head = CameraHead(2 * cfg.embed_dim, cfg.camera_depth, cfg.camera_heads, cfg.mlp_ratio)
         self.depth_head = DPTHead(2 * cfg.embed_dim, cfg.patch_size, cfg.dpt_features, tuple(cfg.dpt_out_channels))
         self.residual_fp32 = True       # set_dtype's default precision policy (see there)
+        self.step_graph_error = None    # why whole-step graphs stopped (`_graphed_step`)
+        self.step_graph_replays = 0     # streamed steps run as one graph (benchmarks, tests)
+        self._step_keys_run: set = set()    # step kinds that ran eagerly once (`_graphed_step`)
         self.eval()
 
     # -- configuration (device: TrunkModel) ----------------------------------------------------
@@ -186,6 +205,11 @@ class LingBotMap(TrunkModel, nn.Module):
         S, C3, H, W = images.shape
         if C3 != 3 or H % cfg.patch_size or W % cfg.patch_size:
             raise ValueError(f"images must be [S, 3, H, W] with H, W multiples of {cfg.patch_size}; got {tuple(images.shape)}")
+        key = None if (extras or first_frame or scale_phase) else self._step_graph_key(S, kv, camera_cache, iterations)
+        if key is not None:
+            out = self._graphed_step(key, images, time_index, kv, camera_cache, iterations)
+            if out is not None:
+                return out
         feats = self.aggregator(images, time_index, first_frame, scale_phase, kv=kv)
         feats32 = [f.float() for f in feats]
         graphs = self.aggregator.graphs
@@ -201,13 +225,74 @@ class LingBotMap(TrunkModel, nn.Module):
         with self.aggregator._section("depth_head"):
             # one frame at a time outside graphs too: 8 full-resolution frames at once in float32
             # were the peak of a session's GPU memory (the scale phase)
-            depth, conf = self.aggregator._graphed(
-                "depth_head", lambda *f: self.depth_head(list(f), (H, W), cfg.num_special, chunk=1), *feats32)
+            depth, conf = self.aggregator._graphed("depth_head", lambda *f: self._depth(list(f), (H, W)), *feats32)
         out = {"pose_enc": poses[-1], "depth": depth, "conf": conf}
         if extras:
             out.update(pose_enc_list=torch.stack(poses, dim=1),
                        camera_features=torch.stack([f[:, 0] for f in feats32], dim=1))
         return out
+
+    def _depth(self, feats32: list, hw: tuple) -> tuple:
+        """The depth head, one frame at a time: float32 as upstream, or under bf16 autocast when
+        RECONSTUDIO_DEPTH_HEAD=bf16 (a measurement knob, CUDA only)."""
+        if feats32[0].is_cuda and os.environ.get("RECONSTUDIO_DEPTH_HEAD", "fp32") == "bf16":
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                depth, conf = self.depth_head(feats32, hw, self.config.num_special, chunk=1)
+            return depth.float(), conf.float()
+        return self.depth_head(feats32, hw, self.config.num_special, chunk=1)
+
+    # -- one streamed step as one CUDA graph ---------------------------------------------------
+    def _step_graph_key(self, S: int, kv, camera_cache, iterations: int):
+        """The graph key of a streamed one-frame step that can run as one captured graph (graphs
+        on, scope "step", a KV backend with static steps, no section timer installed), else None."""
+        agg = self.aggregator
+        if (agg.graphs is None or agg.graph_scope != "step" or S != 1 or kv is None or camera_cache is None
+                or self.step_graph_error is not None or timer_installed()):
+            return None
+        fn = getattr(kv, "static_key", None)
+        key = fn() if fn is not None else None
+        return None if key is None else ("step", key, iterations, id(camera_cache))
+
+    def _graphed_step(self, key, images, time_index, kv, camera_cache, iterations: int) -> Optional[dict]:
+        """The whole streamed step -- aggregator with KV writes and attention, the camera head over
+        its fixed-capacity cache, the depth head -- captured once per `key` and replayed: one launch
+        instead of ~2,000. Inputs copied into the graph: the image and the step's 3D-RoPE tables;
+        every index it writes or reads is a persistent device buffer its caches update before the
+        replay (kv `static_key`, camera cache `_at`). The warm-up and capture runs repeat the
+        step's writes with the same values, so caches end as after one eager step. A failed
+        capture is recorded in `step_graph_error` and the step (and every later one) runs eagerly:
+        None is returned."""
+        agg, cfg = self.aggregator, self.config
+        _, _, H, W = images.shape
+        rot = agg.rope3d.rotation(list(time_index), H // cfg.patch_size, W // cfg.patch_size, cfg.num_special,
+                                  images.device, self.compute_dtype)
+
+        def step(img, cos, sin):
+            r = Rotation(cos, sin, rot.interleaved, rot.chunks)
+            feats32 = [f.float() for f in agg(img, time_index, False, False, kv=kv, rot3d=r)]
+            poses = self.camera_head(feats32[-1][:, 0], iterations, camera_cache, static=True)
+            depth, conf = self._depth(feats32, (H, W))
+            return poses[-1], depth, conf
+
+        if key not in self._step_keys_run:
+            # the first step of a kind runs eagerly: a kernel that fails there sends the backend
+            # to its fallback (no static key) before anything is captured
+            self._step_keys_run.add(key)
+            return None
+        agg._in_step_graph = True
+        try:
+            pose, depth, conf = agg.graphs.run(key, step, images, rot.cos, rot.sin)
+        except Exception as exc:        # e.g. a kernel that cannot be captured: eager from now on
+            self.step_graph_error = f"{type(exc).__name__}: {exc}"[:500]
+            return None
+        finally:
+            agg._in_step_graph = False
+        if kv.static_key() != key[1]:   # the backend left its static path while capturing
+            self.step_graph_error = f"the attention backend left its static path during capture ({kv.static_key()})"
+            agg.graphs.discard(key)
+            return None                 # the step again, eagerly (its cache writes are idempotent)
+        self.step_graph_replays += 1
+        return {"pose_enc": pose, "depth": depth, "conf": conf}
 
     def forward(self, images: torch.Tensor, iterations: int = 4) -> dict:
         """One bidirectional batch (no caches): frame 0 is the reference, all frames are scale frames."""

@@ -134,6 +134,7 @@ class LingBotMapSession(SessionTiming):
                       and getattr(self.model, "weight_dtype", None) is None)   # quantized: eager
         from ..models.graphs import GraphCache
         self.model.aggregator.graphs = GraphCache() if use_graphs else None
+        self.model.step_graph_error = None      # a fresh graph cache tries whole-step graphs again
         # opt-in (setting compile_blocks, or RECONSTUDIO_COMPILE_BLOCKS=1): the blocks' norm/residual
         # halves under torch.compile (engine/models/compile.py; faster on the H200, GPU-tested; off by
         # default for its compile time at the first frames)
@@ -188,6 +189,8 @@ class LingBotMapSession(SessionTiming):
             "segments": 1,
             **(self._cache_stats() if self.kv is not None else self._closed_cache_stats),
             "time_index": self._time,
+            # streamed steps replayed as one CUDA graph, and why they stopped if they did
+            "step_graph": {"replays": self.model.step_graph_replays, "error": self.model.step_graph_error},
             "pending_scale_frames": len(self._pending),
             "resolution": (self._hw[1], self._hw[0]) if self._hw else None,
         }
@@ -311,6 +314,11 @@ class LingBotMapSession(SessionTiming):
                                backend=resolve_backend(cfg.backend, self.device, self.kv_precision),
                                compression=make_compressor(cfg.kv_compression, cfg.kv_keep_ratio,
                                                            cfg.kv_block_size, cfg.kv_seed))
+        agg = self.model.aggregator
+        if agg.graphs is not None and agg.graph_scope == "step":
+            # streamed steps as one CUDA graph where the backend attends with fixed shapes
+            # (the cuDNN split; engine/lingbot/model.py `_graphed_step`)
+            self.kv.enable_static_steps()
         self.camera_cache = self.model.new_camera_cache(cfg.camera_iterations, cfg.scale_frames, cfg.special_cap)
         self.caches = StreamCaches(self.kv, self.camera_cache)     # stepped together
 
@@ -372,6 +380,12 @@ class _KVAdapter:
 
     def attend(self, layer, q):
         return self.kv.attend(layer, q)
+
+    def static_key(self):
+        """The cache's key for a step with fixed shapes and pointers (with the cache's identity:
+        sessions sharing a model share its graphs), or None."""
+        key = self.kv.static_key()
+        return None if key is None else (id(self.kv), *key)
 
 
 # ---------------------------------------------------------------------- one step, several sessions

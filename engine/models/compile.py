@@ -28,9 +28,14 @@ def compile_blocks_requested() -> bool:
     return os.environ.get("RECONSTUDIO_COMPILE_BLOCKS", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _blocks(model):
+def _blocks(model, camera: bool = None):
+    """The trunk's blocks; with `camera` (default RECONSTUDIO_COMPILE_CAMERA=1, a measurement knob)
+    also the camera head's trunk blocks (one token a frame: launch-bound small kernels)."""
     agg = model.aggregator
-    return (*agg.patch_embed.blocks, *agg.frame_blocks, *agg.global_blocks)
+    if camera is None:
+        camera = os.environ.get("RECONSTUDIO_COMPILE_CAMERA", "0") == "1"
+    cam = tuple(getattr(getattr(model, "camera_head", None), "trunk", ())) if camera else ()
+    return (*agg.patch_embed.blocks, *agg.frame_blocks, *agg.global_blocks, *cam)
 
 
 def compile_blocks(model, backend: str = "inductor") -> int:
@@ -51,10 +56,10 @@ def compile_blocks(model, backend: str = "inductor") -> int:
 
 def uncompile_blocks(model) -> None:
     """Back to the plain methods."""
-    for blk in _blocks(model):
+    for blk in _blocks(model, camera=True):
         for name in _ATTRS:
             vars(blk).pop(name, None)
 
 
 def blocks_compiled(model) -> bool:
-    return any(name in vars(blk) for blk in _blocks(model) for name in _ATTRS)
+    return any(name in vars(blk) for blk in _blocks(model, camera=True) for name in _ATTRS)

@@ -5,7 +5,9 @@ the H200 host) exceeds the GPU time (~32 ms), so the GPU waits (docs/benchmarks.
 embed, each frame block and the depth head see the same shapes every streamed frame, so each is
 captured once into a CUDA graph and replayed: one launch instead of dozens. The global blocks
 (their KV length changes as the special stream grows) and the camera head (its cache grows) stay
-eager.
+eager -- unless the KV backend attends with fixed shapes and pointers (the cuDNN split in static
+mode): then the model captures the WHOLE streamed step, keyed by its kind, through this cache
+(engine/lingbot/model.py `_graphed_step`), and the parts above run inside it unwrapped.
 
 `GraphCache.run(key, fn, *inputs)` captures `fn` the first time a key is seen (inputs copied into
 static buffers, a side-stream warm-up first, as CUDA graphs require) and replays it afterwards.
@@ -63,6 +65,11 @@ class GraphCache:
                 self._pool = torch.cuda.graph_pool_handle()
             g = self._graphs[key] = _Captured(fn, inputs, self._pool)
         return g(inputs)
+
+    def discard(self, name: Hashable) -> None:
+        """Forget the graphs captured under `name` (any input shapes)."""
+        for key in [k for k in self._graphs if k[0] == name]:
+            del self._graphs[key]
 
     def clear(self) -> None:
         self._graphs.clear()

@@ -46,6 +46,12 @@ def section(name: str):
     return torch.profiler.record_function(name) if ranged else contextlib.nullcontext()
 
 
+def timer_installed() -> bool:
+    """A caller's section timer is installed on this thread (a captured CUDA graph would not
+    time its sections: callers keep such steps eager)."""
+    return _TIMER.get() is not None
+
+
 @contextlib.contextmanager
 def timing(timer: Optional[Callable]) -> Iterator[None]:
     """Sections entered on this thread inside the block are timed by `timer` (None: untimed)."""

@@ -1,0 +1,50 @@
+"""GPU checks of whole-step CUDA graphs (engine/lingbot/model.py `_graphed_step`): a full-size
+bf16 LingBot-Map session on the cuDNN split whose streamed steps are captured and replayed as one
+graph each equals the same session run eagerly step by step (graph scope "fixed": the parts
+graphed, attention eager) through window filling, eviction, keyframe rollbacks and the special
+ring's wrap (split and whole steps); the graphs are few (one per step kind) and no capture failed.
+Skipped without CUDA. CPU checks of what makes a step capturable: test_step_graph.py."""
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _run(model, scope, frames):
+    from engine import SessionConfig, open_session
+    model.aggregator.graph_scope = scope
+    s = open_session(SessionConfig(engine="lingbot-map", device="cuda", dtype="bf16", backend="cudnn-split",
+                                   scale_frames=2, window=4, keyframe_interval=2, special_cap=8), model=model)
+    res = [r for f in frames for r in s.push(f)] + s.flush()
+    stats = s.stats()
+    keys = [k for k in s.model.aggregator.graphs._graphs if k[0][0] == "step"]
+    paths = s.kv._attn.path_stats()
+    s.close()
+    return res, stats, keys, paths
+
+
+@needs_cuda
+def test_step_graphs_equal_the_eager_steps():
+    from engine.bench import BenchConfig, build_bench_model
+    from tests.engine.backend_sessions import rel
+    model = build_bench_model(BenchConfig(device="cuda"))
+    gen = torch.Generator().manual_seed(3)
+    frames = [torch.rand(3, 378, 518, generator=gen) for _ in range(30)]
+    try:
+        before = model.step_graph_replays
+        eager, _, eager_keys, _ = _run(model, "fixed", frames)
+        assert not eager_keys and model.step_graph_replays == before
+        graphed, stats, keys, paths = _run(model, "step", frames)
+    finally:
+        model.aggregator.graph_scope = "step"
+    assert stats["step_graph"]["error"] is None, stats["step_graph"]["error"]
+    assert paths["error"] is None and paths["calls"]["split"] > 0 and paths["calls"]["whole"] > 0
+    assert 2 <= len(keys) <= 4                          # one graph per step kind
+    assert stats["step_graph"]["replays"] - before >= 10
+    assert len(graphed) == len(eager) == len(frames)
+    pose = rel(np.stack([r.pose_enc for r in graphed]), np.stack([r.pose_enc for r in eager]))
+    depth = rel(np.stack([r.depth for r in graphed]), np.stack([r.depth for r in eager]))
+    print(f"step graphs vs eager steps: pose_enc {pose:.2e}, depth {depth:.2e}, graphs {len(keys)}")
+    assert pose < 1e-2 and depth < 1e-2
