@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import fused
+
 # attend(q, k, v) -> out, all [B, N, H, D] (out may have any strides)
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -84,7 +86,11 @@ class Attention(nn.Module):
     def qkv_rotated(self, x: torch.Tensor, rope=None):
         """q, k, v [B, N, H, D] (q, k normed and rotated): everything before the softmax part."""
         B, N, C = x.shape
-        q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).unbind(2)
+        qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)
+        if self.q_norm is not None and fused.qk_usable(qkv, self.q_norm, rope):
+            q, k = fused.qk_norm_rope(qkv, self.q_norm, self.k_norm, rope)      # one kernel
+            return q, k, qkv[:, :, 2]
+        q, k, v = qkv.unbind(2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
@@ -121,12 +127,21 @@ class Block(nn.Module):
 
     # The two halves around the softmax part, so a caller can run them as fixed-shape CUDA graphs
     # while attention over a growing KV cache runs in between (engine/models/graphs.py).
+    # On CUDA the norms, casts and the first residual run as fused Triton kernels
+    # (engine/models/fused.py): the same arithmetic in fewer passes.
     def attn_pre(self, x: torch.Tensor, rope=None):
         """norm1, qkv, qk-norm, RoPE -> q, k, v [B, N, H, D]."""
-        return self.attn.qkv_rotated(self.norm1(x).to(self.attn.qkv.weight.dtype), rope)
+        dt = self.attn.qkv.weight.dtype
+        h = fused.layer_norm_cast(x, self.norm1, dt) if fused.usable(x, self) else self.norm1(x).to(dt)
+        return self.attn.qkv_rotated(h, rope)
 
     def attn_post(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """Output projection + LayerScale residual, then the MLP residual."""
         dt = self.attn.qkv.weight.dtype
-        x = torch.addcmul(x, self.attn.proj(self.attn._merge(attn_out.to(dt))), self.ls1.gamma)
-        return torch.addcmul(x, self.mlp(self.norm2(x).to(dt)), self.ls2.gamma)
+        proj = self.attn.proj(self.attn._merge(attn_out.to(dt)))
+        if fused.usable(x, self):
+            x, h = fused.residual_layer_norm(x, proj, self.ls1.gamma, self.norm2, dt)
+        else:
+            x = torch.addcmul(x, proj, self.ls1.gamma)
+            h = self.norm2(x).to(dt)
+        return torch.addcmul(x, self.mlp(h), self.ls2.gamma)

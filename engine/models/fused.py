@@ -1,0 +1,207 @@
+"""Fused elementwise kernels of the transformer blocks (Triton; CUDA only).
+
+A streamed LingBot-Map frame runs 72 ViT-L blocks (24 patch-embed, 24 frame, 24 global) on ~1,000
+tokens. Around their matmuls each block launched ~18 small elementwise kernels (LayerNorm, dtype
+casts, qk-norm, the RoPE products, the LayerScale residuals), each a full pass over its tensor
+-- ~4 ms of GPU time a frame on the H200 (docs/benchmarks.md), which `torch.compile` fuses
+only after a compile of tens of seconds (engine/models/compile.py). These three kernels fuse the
+same chains by hand and compile in about a second on first use:
+
+- `layer_norm_cast`: LayerNorm of the float32 residual stream, written in the matmul dtype
+  (norm1, and norm2 inside the next one);
+- `residual_layer_norm`: x + y * gamma (the LayerScale residual, float32) and LayerNorm of the
+  result in the matmul dtype, one pass (attn_post's first residual + norm2);
+- `qk_norm_rope`: qk-norm (LayerNorm over the head dim) and the rotary embedding of q and k
+  together, read from the fused qkv projection's strided views, written contiguous.
+
+All arithmetic is float32 with one rounding at the store, so results equal the unfused path to
+the matmul dtype's rounding (the unfused path rounds after each op). `Block.attn_pre` /
+`attn_post` (engine/models/layers.py) take these when `usable` says so: CUDA tensors, Triton
+importable, float32 residual stream, not inside a torch.compile trace, and
+RECONSTUDIO_FUSED_BLOCKS not "0". Tests: tests/engine/test_fused_gpu.py (GPU), test_fused.py.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:                                    # the CPU build of PyTorch ships no Triton
+    import triton
+    import triton.language as tl
+except ImportError:                     # pragma: no cover - depends on the install
+    triton = None
+
+
+def fused_requested() -> bool:
+    """RECONSTUDIO_FUSED_BLOCKS (default on; "0" = the unfused PyTorch ops, for comparisons)."""
+    return os.environ.get("RECONSTUDIO_FUSED_BLOCKS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def usable(x: torch.Tensor, block) -> bool:
+    """The fused kernels apply to this block call: see the module docstring."""
+    if triton is None or not x.is_cuda or x.dtype != torch.float32 or not fused_requested():
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    w = block.attn.qkv.weight
+    return (w.dtype in (torch.bfloat16, torch.float16) and block.norm1.weight.dtype == torch.float32
+            and block.norm2.weight.dtype == torch.float32 and block.ls1.gamma.dtype == torch.float32
+            and x.shape[-1] <= 8192)
+
+
+if triton is not None:
+    @triton.jit
+    def _ln_cast_kernel(X, W, B, Y, C, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        m = cols < C
+        x = tl.load(X + row * C + cols, mask=m, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=0) / C
+        d = tl.where(m, x - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / C + eps)
+        w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(Y + row * C + cols, (d * rstd * w + b).to(Y.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _residual_ln_kernel(X, R, G, W, B, XO, Y, C, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        m = cols < C
+        x = tl.load(X + row * C + cols, mask=m, other=0.0)
+        r = tl.load(R + row * C + cols, mask=m, other=0.0).to(tl.float32)
+        g = tl.load(G + cols, mask=m, other=0.0)
+        x = x + r * g
+        tl.store(XO + row * C + cols, x, mask=m)
+        mean = tl.sum(x, axis=0) / C
+        d = tl.where(m, x - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / C + eps)
+        w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(Y + row * C + cols, (d * rstd * w + b).to(Y.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _qk_norm_rope_kernel(QKV, WQ, BQ, WK, BK, COS, SIN, OQ, OK,
+                             N, s_b, s_n, s_which, cos_b, eps,
+                             H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
+                             INTERLEAVED: tl.constexpr, HALF: tl.constexpr):
+        # one program per (frame b, token n, q or k): its H x D block
+        pid = tl.program_id(0).to(tl.int64)
+        which = tl.program_id(1)
+        b = pid // N
+        n = pid % N
+        h = tl.arange(0, H)[:, None]
+        d = tl.arange(0, D)[None, :]
+        base = QKV + b * s_b + n * s_n + which * s_which
+        x = tl.load(base + h * D + d).to(tl.float32)
+        if which == 0:
+            w = tl.load(WQ + d).to(tl.float32)
+            bb = tl.load(BQ + d).to(tl.float32)
+        else:
+            w = tl.load(WK + d).to(tl.float32)
+            bb = tl.load(BK + d).to(tl.float32)
+        mean = tl.sum(x, axis=1)[:, None] / D
+        xc = x - mean
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1)[:, None] / D + eps)
+        y = xc * rstd * w + bb
+        if ROPE:
+            # the pair partner of feature d: d ^ 1 (interleaved), else the other half of its chunk
+            if INTERLEAVED:
+                p = d ^ 1
+            else:
+                p = (d // (2 * HALF)) * (2 * HALF) + (d % (2 * HALF) + HALF) % (2 * HALF)
+            xp = tl.load(base + h * D + p).to(tl.float32)
+            if which == 0:
+                wp = tl.load(WQ + p).to(tl.float32)
+                bp = tl.load(BQ + p).to(tl.float32)
+            else:
+                wp = tl.load(WK + p).to(tl.float32)
+                bp = tl.load(BK + p).to(tl.float32)
+            yp = (xp - mean) * rstd * wp + bp
+            trow = (b * cos_b + n) * D
+            c = tl.load(COS + trow + d).to(tl.float32)
+            s = tl.load(SIN + trow + d).to(tl.float32)
+            y = y * c + yp * s
+        if which == 0:
+            tl.store(OQ + pid * (H * D) + h * D + d, y.to(OQ.dtype.element_ty))
+        else:
+            tl.store(OK + pid * (H * D) + h * D + d, y.to(OK.dtype.element_ty))
+
+
+def _block(c: int) -> int:
+    return triton.next_power_of_2(c)
+
+
+def _warps(block: int) -> int:
+    return 4 if block <= 2048 else 8
+
+
+def layer_norm_cast(x: torch.Tensor, norm: torch.nn.LayerNorm, dtype: torch.dtype) -> torch.Tensor:
+    """`norm(x).to(dtype)` for a contiguous float32 x [..., C], one pass."""
+    C = x.shape[-1]
+    x = x.contiguous()
+    y = torch.empty(x.shape, dtype=dtype, device=x.device)
+    rows = x.numel() // C
+    bl = _block(C)
+    _ln_cast_kernel[(rows,)](x, norm.weight, norm.bias, y, C, norm.eps, BLOCK=bl, num_warps=_warps(bl))
+    return y
+
+
+def residual_layer_norm(x: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor, norm: torch.nn.LayerNorm,
+                        dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + r * gamma, norm(x + r * gamma).to(dtype)) for float32 x [..., C], r of x's shape in
+    any float dtype, gamma [C] float32 -- `torch.addcmul(x, r, gamma)` and the norm in one pass."""
+    C = x.shape[-1]
+    x, r = x.contiguous(), r.contiguous()
+    xo = torch.empty_like(x)
+    y = torch.empty(x.shape, dtype=dtype, device=x.device)
+    bl = _block(C)
+    _residual_ln_kernel[(x.numel() // C,)](x, r, gamma, norm.weight, norm.bias, xo, y, C, norm.eps,
+                                           BLOCK=bl, num_warps=_warps(bl))
+    return xo, y
+
+
+def qk_usable(qkv: torch.Tensor, q_norm, rope) -> bool:
+    """`qk_norm_rope` applies to this call (CUDA, Triton, a 16-bit projection, layouts as
+    `qk_norm_rope_ok`, not inside a torch.compile trace, not switched off)."""
+    return (triton is not None and qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16)
+            and fused_requested() and not torch.compiler.is_compiling() and q_norm.weight is not None
+            and qk_norm_rope_ok(qkv, rope))
+
+
+def qk_norm_rope_ok(qkv: torch.Tensor, rope) -> bool:
+    """The fused qk path applies: qkv [B, N, 3, H, D] with D and H powers of two and the innermost
+    (H, D) block dense; a rotation (engine/models/rope.py `Rotation`) with cos/sin [1 | B, N, 1, D]."""
+    B, N, three, H, D = qkv.shape
+    pow2 = lambda v: v & (v - 1) == 0      # noqa: E731
+    if three != 3 or not (pow2(H) and pow2(D)) or qkv.stride(-1) != 1 or qkv.stride(-2) != D:
+        return False
+    if qkv.stride(2) != H * D:
+        return False
+    if rope is None:
+        return True
+    cos, sin = rope.cos, rope.sin
+    return (cos.shape[1:] == (N, 1, D) and cos.shape[0] in (1, B) and sin.shape == cos.shape
+            and cos.is_contiguous() and sin.is_contiguous() and (rope.interleaved or D % (2 * rope.chunks) == 0))
+
+
+def qk_norm_rope(qkv: torch.Tensor, q_norm, k_norm, rope) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k = rope(q_norm(q)), rope(k_norm(k)) from the fused projection qkv [B, N, 3, H, D] (its
+    q and k parts), both contiguous [B, N, H, D] in qkv's dtype; one launch for both."""
+    B, N, _, H, D = qkv.shape
+    oq = torch.empty((B, N, H, D), dtype=qkv.dtype, device=qkv.device)
+    ok = torch.empty_like(oq)
+    if rope is None:
+        cos = sin = oq          # unused
+        cos_b, interleaved, half = 0, True, 1
+    else:
+        cos, sin = rope.cos, rope.sin
+        cos_b = N if cos.shape[0] > 1 else 0
+        interleaved = bool(rope.interleaved)
+        half = 1 if interleaved else D // (2 * rope.chunks)
+    _qk_norm_rope_kernel[(B * N, 2)](qkv, q_norm.weight, q_norm.bias, k_norm.weight, k_norm.bias, cos, sin, oq, ok,
+                                     N, qkv.stride(0), qkv.stride(1), qkv.stride(2), cos_b, q_norm.eps,
+                                     H=H, D=D, ROPE=rope is not None, INTERLEAVED=interleaved, HALF=half,
+                                     num_warps=4)
+    return oq, ok
