@@ -35,9 +35,17 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
 * ``cudnn``: cuDNN attention in three forms (bias row, sequence length, split): see
   `engine.kv.cudnn`.
 * ``cudnn-split``: `CuDNNSplitBackend` by name (the same as ``cudnn`` with
-  RECONSTUDIO_CUDNN_MODE=split): the fastest attention measured on the H200, opt-in.
-* ``auto``: flashinfer when it imports, the device is CUDA and the dtype is bf16/fp16 (or fp8
-  attended in bf16/fp16); else sdpa. Not cudnn's bias / padding forms: measured on the H200
+  RECONSTUDIO_CUDNN_MODE=split): the fastest attention measured on the H200.
+* ``auto``: on CUDA with a native bf16/fp16 store the split (`CuDNNSplitBackend`, FlashInfer or
+  SDPA for the steps it does not split; RECONSTUDIO_AUTO_SPLIT=0 turns this off); else flashinfer
+  when it imports, the device is CUDA and the dtype is bf16/fp16 (or fp8 attended in bf16/fp16);
+  else sdpa. Since 2026-12-02 the split's streamed steps run as one CUDA graph each
+  (engine/lingbot/model.py `_graphed_step`), and the blocks' elementwise chains are fused
+  (engine/models/fused.py): one H200 call, 3,000 frames, `reconstudio bench`: 30.3 FPS steady
+  with the split against 26.4 with FlashInfer, p95 33.8 against 49.5 ms; bf16-vs-fp32 pose error
+  5.80e-3 against 5.78e-3 (docs/benchmarks.md "Whole-step graphs"). The history below is why it
+  was not the default before.
+  Not cudnn's bias / padding forms: measured on the H200
   neither is faster than FlashInfer dense in the model (bias 1.25 ms a layer, padding mask 0.86
   vs 0.85 ms). The split (`CuDNNSplitBackend`) IS faster (0.76-0.78 vs 0.85 ms a layer; whole
   model eager +0.5..1.8 FPS at keyframe interval 1 and 2, two runs) and equal to SDPA within the
@@ -116,8 +124,8 @@ def flashinfer_kernel(device: Any) -> str:
 def auto_split_default() -> bool:
     """Whether backend "auto" takes `CuDNNSplitBackend` (FlashInfer kept for the steps it does
     not split) instead of FlashInfer for a native bf16/fp16 store on CUDA;
-    RECONSTUDIO_AUTO_SPLIT=0|1 (default 0: see the module docstring for the measurements)."""
-    val = os.environ.get("RECONSTUDIO_AUTO_SPLIT", "0").strip().lower()
+    RECONSTUDIO_AUTO_SPLIT=0|1 (default 1: see the module docstring for the measurements)."""
+    val = os.environ.get("RECONSTUDIO_AUTO_SPLIT", "1").strip().lower()
     if val not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
         raise KVCacheError(f"RECONSTUDIO_AUTO_SPLIT must be 0 or 1 (got {val!r})")
     return val in ("1", "true", "yes", "on")
@@ -154,10 +162,10 @@ def resolve_backend(name: str, device: torch.device, dtype):
     if isinstance(dtype, KVPrecision):
         dtype = dtype.storage
     if name == "auto":
+        if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and auto_split_default():
+            from .cudnn import CuDNNSplitBackend      # (imports this module)
+            return CuDNNSplitBackend          # native 16-bit store; FlashInfer (else SDPA) for the other steps
         if device.type == "cuda" and fi_ok_dtype and flashinfer_available():
-            if auto_split_default() and dtype in (torch.bfloat16, torch.float16):
-                from .cudnn import CuDNNSplitBackend      # (imports this module)
-                return CuDNNSplitBackend          # native 16-bit store; FlashInfer for the other steps
             return FlashInferBackend
         return SDPABackend
     if name == "sdpa":

@@ -161,12 +161,18 @@ def test_mode_split_is_selected_by_the_env_knob(monkeypatch):
         CuDNNSplitBackend(cu)
 
 
-def test_auto_takes_the_split_only_when_asked(monkeypatch):
+def test_auto_takes_the_split_for_native_16_bit_stores_unless_switched_off(monkeypatch):
     from engine.kv import backends, kv_precision
     monkeypatch.setattr(backends, "_import_flashinfer", lambda: (object(), None))
     cuda = torch.device("cuda")
-    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is backends.FlashInferBackend   # default
-    monkeypatch.setenv("RECONSTUDIO_AUTO_SPLIT", "1")
+    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend   # default
+    monkeypatch.setenv("RECONSTUDIO_AUTO_SPLIT", "0")
+    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is backends.FlashInferBackend
+    monkeypatch.setattr(backends, "_import_flashinfer", lambda: (None, "not installed"))
+    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is SDPABackend
+    monkeypatch.setenv("RECONSTUDIO_AUTO_SPLIT", "1")      # the split without FlashInfer too
+    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend
+    monkeypatch.setattr(backends, "_import_flashinfer", lambda: (object(), None))
     assert backends.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend
     assert backends.resolve_backend("auto", cuda, kv_precision("fp16", "auto")) is CuDNNSplitBackend
     # quantized stores and the CPU keep their backends

@@ -57,8 +57,13 @@ def test_flashinfer_matches_sdpa_on_the_same_steps(dtype):
 
 
 @needs_fi
-def test_auto_picks_flashinfer_on_cuda_for_bf16_and_sdpa_for_fp32():
+def test_auto_picks_the_split_on_cuda_for_bf16_and_sdpa_for_fp32(monkeypatch):
+    from engine.kv.backends import FlashInferBackend
+    from engine.kv.cudnn import CuDNNSplitBackend
     kw = dict(scale_frames=1, window=2, special_cap=8, device="cuda", backend="auto")
+    c = PagedKVCache(1, H, D, P, dtype="bf16", **kw)
+    assert isinstance(c._attn, CuDNNSplitBackend) and isinstance(c._attn._fallback, FlashInferBackend)
+    monkeypatch.setenv("RECONSTUDIO_AUTO_SPLIT", "0")
     c = PagedKVCache(1, H, D, P, dtype="bf16", **kw)
     assert c.backend.name == "flashinfer"
     c = PagedKVCache(1, H, D, P, dtype="fp32", **kw)
