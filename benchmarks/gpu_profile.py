@@ -4,7 +4,7 @@ Streams synthetic frames through a bf16 session to the steady state, then (1) ti
 kernel choices on the same session, (2) prints a torch.profiler table of a few frames, (3) times
 SDPA alone on the pool views the session attends to. Run on the GPU machine:
     python3 benchmarks/gpu_profile.py [--backend sdpa|flashinfer|cudnn|cudnn-split] [--frames 80] [--variants]
-        [--compile-blocks] [--special-cap N]
+        [--compile-blocks] [--special-cap N] [--graph-scope fixed|all|step]
 (`bash benchmarks/gpu_bench.sh` runs it after sourcing benchmarks/gpu_env.sh)
 """
 import argparse
@@ -34,9 +34,13 @@ def main():
     ap.add_argument("--compile-blocks", action="store_true", help="the opt-in compiled blocks")
     ap.add_argument("--special-cap", type=int, default=1024,
                     help="a small cap reaches the full special ring (fixed-length steps) sooner")
+    ap.add_argument("--graph-scope", default=None, choices=("fixed", "all", "step"),
+                    help="the model's CUDA-graph scope (default: the model's); 'step' hides the sections")
     a = ap.parse_args()
     cfg = BenchConfig(backend=a.backend)
     model = build_bench_model(cfg)
+    if a.graph_scope:
+        model.aggregator.graph_scope = a.graph_scope
     s = open_session(SessionConfig(engine="lingbot-map", device="cuda", dtype="bf16", backend=a.backend,
                                    image_width=518, scale_frames=8, window=64, special_cap=a.special_cap,
                                    compile_blocks=a.compile_blocks), model=model)
@@ -67,6 +71,12 @@ def main():
         torch.cuda.synchronize()
     ka = prof.key_averages()
     print(ka.table(sort_by="self_cuda_time_total", row_limit=22, max_name_column_width=60))
+    # GPU time per named section (engine/models/sections.py), kernels of graph replays included
+    sections = ("patch_embed", "frame_blocks", "global_blocks", "global_attention", "camera_head", "depth_head")
+    incl = {e.key: getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)) / 3e3
+            for e in ka if e.key in sections}
+    print(f"[{a.backend}] GPU time per frame by section (inclusive): " +
+          ", ".join(f"{k} {incl[k]:.2f} ms" for k in sections if k in incl))
     cpu_total = sum(e.self_cpu_time_total for e in ka) / 3e3
     dev = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))  # noqa: E731
     cuda_total = sum(dev(e) for e in ka) / 3e3

@@ -161,6 +161,9 @@ _VARIANTS = {
     # results copied to the host with one sync per frame (no hand-out a step later)
     "sync": ({"defer_results": False}, {}),
     "eager": ({"cuda_graphs": False}, {}),
+    # the blocks' norms, casts and residuals as plain PyTorch ops instead of the fused Triton
+    # kernels (engine/models/fused.py)
+    "unfused": ({}, {"RECONSTUDIO_FUSED_BLOCKS": "0"}),
     "fixed-graphs": ({"graph_scope": "fixed"}, {}),
     "all-graphs": ({"graph_scope": "all"}, {}),
     # the blocks' two halves under torch.compile inside our CUDA graphs (engine/models/compile.py)
@@ -203,6 +206,22 @@ _VARIANTS = {
     "fp8-cudnn-split": ({"backend": "cudnn-split", "kv_dtype": "fp8"}, {}),
     "fp8-cudnn-split-compiled": ({"backend": "cudnn-split", "kv_dtype": "fp8"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
     "cudnn-split-compiled-b": ({"backend": "cudnn-split"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
+    # the split's streamed steps without whole-step graphs (graph scope "fixed": the parts graphed,
+    # attention eager) -- what "cudnn-split" ran before whole-step graphs; -compiled: with the
+    # compiled blocks
+    "cudnn-split-fixed": ({"backend": "cudnn-split", "graph_scope": "fixed"}, {}),
+    "cudnn-split-compiled-fixed": ({"backend": "cudnn-split", "graph_scope": "fixed"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
+    # heads: the depth head under bf16 autocast (-dbf16), the camera head's trunk blocks compiled
+    # too (-cam), both (-fast); with and without whole-step graphs
+    "cudnn-split-compiled-dbf16-fixed": ({"backend": "cudnn-split", "graph_scope": "fixed"},
+                                         {"RECONSTUDIO_COMPILE_BLOCKS": "1", "RECONSTUDIO_DEPTH_HEAD": "bf16"}),
+    "cudnn-split-compiled-cam-fixed": ({"backend": "cudnn-split", "graph_scope": "fixed"},
+                                       {"RECONSTUDIO_COMPILE_BLOCKS": "1", "RECONSTUDIO_COMPILE_CAMERA": "1"}),
+    "cudnn-split-compiled-fast-fixed": ({"backend": "cudnn-split", "graph_scope": "fixed"},
+                                        {"RECONSTUDIO_COMPILE_BLOCKS": "1", "RECONSTUDIO_COMPILE_CAMERA": "1",
+                                         "RECONSTUDIO_DEPTH_HEAD": "bf16"}),
+    "cudnn-split-compiled-fast": ({"backend": "cudnn-split"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1", "RECONSTUDIO_COMPILE_CAMERA": "1",
+                                                              "RECONSTUDIO_DEPTH_HEAD": "bf16"}),
 }
 
 
@@ -263,6 +282,7 @@ def _ours_stream(model, frames, dtype: str, interval: int, device: str, keep: bo
     if defer is not None:
         s.defer_results = defer
     res, times = [], []
+    replays0 = model.step_graph_replays
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()
@@ -288,6 +308,10 @@ def _ours_stream(model, frames, dtype: str, interval: int, device: str, keep: bo
         backend += f" {getattr(attn, 'mode', '')} {attn.calls}" + (f" error: {attn.error}" if attn.error else "")
         if getattr(attn, "frontend_error", None):
             backend += f" (bias form: {attn.frontend_error})"
+    if backend is not None:             # streamed steps run as one CUDA graph (engine/lingbot/model.py)
+        backend += f" step-graph replays {model.step_graph_replays - replays0}"
+        if model.step_graph_error:
+            backend += f" (step graphs stopped: {model.step_graph_error})"
     s.close()
     outs = None
     if keep:
@@ -340,14 +364,18 @@ def cmd_ours(args) -> None:
         print(f"  ours {label} vs fp32: {result[f'fidelity_{label}']}", flush=True)
     for label in ([] if args.no_fidelity else [x for x in args.fid_variants.split(",") if x]):
         kw, env = dict(_VARIANTS[label][0]), _VARIANTS[label][1]
+        scope0 = model.aggregator.graph_scope
         try:
             with _environ(env):
                 _restore_bf16(model, sd)
+                model.aggregator.graph_scope = kw.pop("graph_scope", scope0)
                 got, *_ = _ours_stream(model, fid, "bf16", 1, dev, keep=True, **kw)
             result[f"fidelity_{label}"] = errors(got, ref)
             print(f"  ours {label} vs fp32: {result[f'fidelity_{label}']}", flush=True)
         except Exception as exc:        # report and go on
             print(f"  ours {label} fidelity failed: {type(exc).__name__}: {exc}", flush=True)
+        finally:
+            model.aggregator.graph_scope = scope0
     _restore_bf16(model, sd)
     del sd
     if dev.startswith("cuda"):
