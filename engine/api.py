@@ -97,10 +97,12 @@ class SessionConfig:
                                    "kernel with a bias mask; CUDA, bf16/fp16; exact, not faster than flashinfer "
                                    "on an H200), cudnn-split (steady-state window through plain cuDNN, the rest "
                                    "through flash / flashinfer, merged exactly: ~9 % less attention time on an "
-                                   "H200, bf16 error within target); auto picks flashinfer when it can.")
+                                   "H200, bf16 error within target; with it each streamed step replays as one CUDA graph); "
+                                   "auto picks cudnn-split on CUDA for bf16/fp16, else flashinfer when it can, else sdpa.")
     cuda_graphs: bool = setting(True, label="CUDA graphs", group="Engine", engines=_NEURAL,
                                 tooltip="On CUDA, replay the fixed-shape parts of a frame (patch embed, frame "
-                                        "blocks, depth head) as CUDA graphs: faster, same outputs. Ignored on CPU.")
+                                        "blocks, depth head) as CUDA graphs, and with cudnn-split the whole "
+                                        "streamed step as one graph: faster, same outputs. Ignored on CPU.")
     compile_blocks: bool = setting(False, label="Compile blocks", group="Engine", engines=_NEURAL,
                                    tooltip="On CUDA, run the blocks' norm / residual halves through "
                                            "torch.compile: ~10 % faster on an H200 (same outputs within bf16 "
