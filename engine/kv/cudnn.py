@@ -762,6 +762,9 @@ class CuDNNSplitBackend(_CacheRef):
     go to the fallback backend: FlashInfer (dense / paged) where it runs, else SDPA.
     Native bf16/fp16 stores, and fp8 stores attended in bf16/fp16 (`cudnn_fp8_mode`: read into
     16-bit scratch, or cuDNN's fp8 kernel `CuDNNFP8Kernel`); int8 always falls back.
+    `static` (set for whole-step CUDA graphs): part B attends the fixed special zone with its
+    length read on the device, so a split step's kernels and buffers depend only on its kind
+    (`static_key`); the model then replays each streamed step as one graph.
     Measured on the H200 (docs/benchmarks.md "cuDNN split"): 0.775 ms a layer (0.755 with the
     merge compiled) against FlashInfer's 0.853 at the steady shape -- not plain cuDNN's 0.63,
     because cuDNN with its softmax statistics runs ~0.1 ms slower than without; whole model +0.5

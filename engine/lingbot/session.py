@@ -135,6 +135,7 @@ class LingBotMapSession(SessionTiming):
         from ..models.graphs import GraphCache
         self.model.aggregator.graphs = GraphCache() if use_graphs else None
         self.model.step_graph_error = None      # a fresh graph cache tries whole-step graphs again
+        self.model._step_keys_run.clear()       # (keys hold cache ids, which a new session may reuse)
         # opt-in (setting compile_blocks, or RECONSTUDIO_COMPILE_BLOCKS=1): the blocks' norm/residual
         # halves under torch.compile (engine/models/compile.py; faster on the H200, GPU-tested; off by
         # default for its compile time at the first frames)

@@ -33,6 +33,26 @@ except ImportError:                     # pragma: no cover - depends on the inst
     triton = None
 
 
+error = None     # why the kernels stopped (a failed first compile or launch): plain ops from then on
+
+
+def _guarded(fn):
+    """A kernel wrapper that returns None instead of raising -- and switches the kernels off for
+    the process, recording `error` -- so a Triton that cannot build them costs speed, not the
+    session. Inside a CUDA-graph capture the exception propagates (the capture has failed anyway)."""
+    def call(*args, **kwargs):
+        global error
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            return None
+    call.__name__, call.__doc__ = fn.__name__, fn.__doc__
+    return call
+
+
 def fused_requested() -> bool:
     """RECONSTUDIO_FUSED_BLOCKS (default on; "0" = the unfused PyTorch ops, for comparisons)."""
     return os.environ.get("RECONSTUDIO_FUSED_BLOCKS", "1").strip().lower() not in ("0", "false", "no", "off")
@@ -40,11 +60,13 @@ def fused_requested() -> bool:
 
 def usable(x: torch.Tensor, block) -> bool:
     """The fused kernels apply to this block call: see the module docstring."""
-    if triton is None or not x.is_cuda or x.dtype != torch.float32 or not fused_requested():
+    if triton is None or error is not None or not x.is_cuda or x.dtype != torch.float32 or not fused_requested():
         return False
     if torch.compiler.is_compiling():
         return False
     w = block.attn.qkv.weight
+    if any(t is None for t in (block.norm1.weight, block.norm1.bias, block.norm2.weight, block.norm2.bias)):
+        return False
     return (w.dtype in (torch.bfloat16, torch.float16) and block.norm1.weight.dtype == torch.float32
             and block.norm2.weight.dtype == torch.float32 and block.ls1.gamma.dtype == torch.float32
             and x.shape[-1] <= 8192)
@@ -52,17 +74,22 @@ def usable(x: torch.Tensor, block) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _ln_cast_kernel(X, W, B, Y, C, eps, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        m = cols < C
-        x = tl.load(X + row * C + cols, mask=m, other=0.0).to(tl.float32)
+    def _ln_row(x, m, W, B, cols, C, eps):
+        """LayerNorm of one row x (float32, lanes past C masked by m) with weight W, bias B."""
         mean = tl.sum(x, axis=0) / C
         d = tl.where(m, x - mean, 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / C + eps)
         w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
         b = tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
-        tl.store(Y + row * C + cols, (d * rstd * w + b).to(Y.dtype.element_ty), mask=m)
+        return d * rstd * w + b
+
+    @triton.jit
+    def _ln_cast_kernel(X, W, B, Y, C, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        m = cols < C
+        x = tl.load(X + row * C + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(Y + row * C + cols, _ln_row(x, m, W, B, cols, C, eps).to(Y.dtype.element_ty), mask=m)
 
     @triton.jit
     def _residual_ln_kernel(X, R, G, W, B, XO, Y, C, eps, BLOCK: tl.constexpr):
@@ -74,12 +101,7 @@ if triton is not None:
         g = tl.load(G + cols, mask=m, other=0.0)
         x = x + r * g
         tl.store(XO + row * C + cols, x, mask=m)
-        mean = tl.sum(x, axis=0) / C
-        d = tl.where(m, x - mean, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / C + eps)
-        w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
-        b = tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
-        tl.store(Y + row * C + cols, (d * rstd * w + b).to(Y.dtype.element_ty), mask=m)
+        tl.store(Y + row * C + cols, _ln_row(x, m, W, B, cols, C, eps).to(Y.dtype.element_ty), mask=m)
 
     @triton.jit
     def _qk_norm_rope_kernel(QKV, WQ, BQ, WK, BK, COS, SIN, OQ, OK,
@@ -137,8 +159,9 @@ def _warps(block: int) -> int:
     return 4 if block <= 2048 else 8
 
 
+@_guarded
 def layer_norm_cast(x: torch.Tensor, norm: torch.nn.LayerNorm, dtype: torch.dtype) -> torch.Tensor:
-    """`norm(x).to(dtype)` for a contiguous float32 x [..., C], one pass."""
+    """`norm(x).to(dtype)` for a contiguous float32 x [..., C], one pass (None: see `_guarded`)."""
     C = x.shape[-1]
     x = x.contiguous()
     y = torch.empty(x.shape, dtype=dtype, device=x.device)
@@ -148,10 +171,12 @@ def layer_norm_cast(x: torch.Tensor, norm: torch.nn.LayerNorm, dtype: torch.dtyp
     return y
 
 
+@_guarded
 def residual_layer_norm(x: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor, norm: torch.nn.LayerNorm,
                         dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r * gamma, norm(x + r * gamma).to(dtype)) for float32 x [..., C], r of x's shape in
-    any float dtype, gamma [C] float32 -- `torch.addcmul(x, r, gamma)` and the norm in one pass."""
+    any float dtype, gamma [C] float32 -- `torch.addcmul(x, r, gamma)` and the norm in one pass
+    (None: see `_guarded`)."""
     C = x.shape[-1]
     x, r = x.contiguous(), r.contiguous()
     xo = torch.empty_like(x)
@@ -165,8 +190,9 @@ def residual_layer_norm(x: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor, n
 def qk_usable(qkv: torch.Tensor, q_norm, rope) -> bool:
     """`qk_norm_rope` applies to this call (CUDA, Triton, a 16-bit projection, layouts as
     `qk_norm_rope_ok`, not inside a torch.compile trace, not switched off)."""
-    return (triton is not None and qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16)
+    return (triton is not None and error is None and qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16)
             and fused_requested() and not torch.compiler.is_compiling() and q_norm.weight is not None
+            and q_norm.bias is not None
             and qk_norm_rope_ok(qkv, rope))
 
 
@@ -186,9 +212,11 @@ def qk_norm_rope_ok(qkv: torch.Tensor, rope) -> bool:
             and cos.is_contiguous() and sin.is_contiguous() and (rope.interleaved or D % (2 * rope.chunks) == 0))
 
 
+@_guarded
 def qk_norm_rope(qkv: torch.Tensor, q_norm, k_norm, rope) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k = rope(q_norm(q)), rope(k_norm(k)) from the fused projection qkv [B, N, 3, H, D] (its
-    q and k parts), both contiguous [B, N, H, D] in qkv's dtype; one launch for both."""
+    q and k parts), both contiguous [B, N, H, D] in qkv's dtype; one launch for both (None: see
+    `_guarded`)."""
     B, N, _, H, D = qkv.shape
     oq = torch.empty((B, N, H, D), dtype=qkv.dtype, device=qkv.device)
     ok = torch.empty_like(oq)

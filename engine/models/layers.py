@@ -88,8 +88,9 @@ class Attention(nn.Module):
         B, N, C = x.shape
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)
         if self.q_norm is not None and fused.qk_usable(qkv, self.q_norm, rope):
-            q, k = fused.qk_norm_rope(qkv, self.q_norm, self.k_norm, rope)      # one kernel
-            return q, k, qkv[:, :, 2]
+            qk = fused.qk_norm_rope(qkv, self.q_norm, self.k_norm, rope)         # one kernel
+            if qk is not None:
+                return (*qk, qkv[:, :, 2])
         q, k, v = qkv.unbind(2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -132,16 +133,17 @@ class Block(nn.Module):
     def attn_pre(self, x: torch.Tensor, rope=None):
         """norm1, qkv, qk-norm, RoPE -> q, k, v [B, N, H, D]."""
         dt = self.attn.qkv.weight.dtype
-        h = fused.layer_norm_cast(x, self.norm1, dt) if fused.usable(x, self) else self.norm1(x).to(dt)
-        return self.attn.qkv_rotated(h, rope)
+        h = fused.layer_norm_cast(x, self.norm1, dt) if fused.usable(x, self) else None
+        return self.attn.qkv_rotated(self.norm1(x).to(dt) if h is None else h, rope)
 
     def attn_post(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """Output projection + LayerScale residual, then the MLP residual."""
         dt = self.attn.qkv.weight.dtype
         proj = self.attn.proj(self.attn._merge(attn_out.to(dt)))
-        if fused.usable(x, self):
-            x, h = fused.residual_layer_norm(x, proj, self.ls1.gamma, self.norm2, dt)
-        else:
+        res = fused.residual_layer_norm(x, proj, self.ls1.gamma, self.norm2, dt) if fused.usable(x, self) else None
+        if res is None:
             x = torch.addcmul(x, proj, self.ls1.gamma)
             h = self.norm2(x).to(dt)
+        else:
+            x, h = res
         return torch.addcmul(x, self.mlp(h), self.ls2.gamma)

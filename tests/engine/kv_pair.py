@@ -47,11 +47,14 @@ def drive_paths(a, b, pattern, seed=0, dtype=torch.float32):
         yield oa, ob, st, path
 
 
-def tiny_sessions_against_sdpa(monkeypatch, make_backend):
-    """The tiny LingBot-Map model (CPU, fp32) over the same 14 random frames twice -- scale 2,
-    window 3, special cap 5, keyframe interval 2 (eviction, rollback, ring wrap) -- with SDPA and
-    with backend "cudnn" resolved to `make_backend(cache)` (a stand-in under test); checks the two
-    runs' results equal (1e-5 / 1e-4) and returns the backend made, for the caller's checks."""
+def tiny_sessions_against_sdpa(monkeypatch, make_backend, frames: int = 14, special_cap: int = 5,
+                               seed: int = 4, opened=None, closing=None):
+    """The tiny LingBot-Map model (CPU, fp32) over the same `frames` random frames twice -- scale 2,
+    window 3, special cap `special_cap`, keyframe interval 2 (eviction, rollback, ring wrap) -- with
+    SDPA and with backend "cudnn" resolved to `make_backend(cache)` (a stand-in under test); checks
+    the two runs' results equal (1e-5 / 1e-4) and returns the backend made, for the caller's checks.
+    `opened(session)` / `closing(session)`: called for the "cudnn" session after it opens and
+    before it closes."""
     import numpy as np
 
     from engine import SessionConfig, open_session
@@ -71,14 +74,18 @@ def tiny_sessions_against_sdpa(monkeypatch, make_backend):
     monkeypatch.setattr(kv_mod, "resolve_backend",
                         lambda name, dev, prec: StandInCuDNN if name == "cudnn" else real(name, dev, prec))
     model = fill_recipe(build_model("lingbot-map-tiny"))
-    rng = np.random.default_rng(4)
-    frames = [rng.integers(0, 256, (60, 80, 3), dtype=np.uint8) for _ in range(14)]
+    rng = np.random.default_rng(seed)
+    frames = [rng.integers(0, 256, (60, 80, 3), dtype=np.uint8) for _ in range(frames)]
     outs = {}
     for backend in ("sdpa", "cudnn"):
         s = open_session(SessionConfig(engine="lingbot-map", model="lingbot-map-tiny", image_width=70,
-                                       scale_frames=2, window=3, special_cap=5, keyframe_interval=2,
+                                       scale_frames=2, window=3, special_cap=special_cap, keyframe_interval=2,
                                        camera_iterations=2, backend=backend), model=model)
+        if backend == "cudnn" and opened is not None:
+            opened(s)
         outs[backend] = [r for f in frames for r in s.push(f)] + s.flush()
+        if backend == "cudnn" and closing is not None:
+            closing(s)
         s.close()
     a, b = outs["cudnn"], outs["sdpa"]
     assert len(a) == len(b) == len(frames)

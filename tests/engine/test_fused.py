@@ -1,5 +1,8 @@
 """CPU checks of when the fused block kernels apply (engine/models/fused.py): never on the CPU or
 when switched off, and only for the qkv / RoPE layouts the kernel reads. Numerics: test_fused_gpu.py."""
+import os
+
+import pytest
 import torch
 
 from engine.models import fused
@@ -32,3 +35,47 @@ def test_layouts_the_qk_kernel_accepts():
     assert not fused.qk_norm_rope_ok(odd, None)
     r3b = VideoRope3D(D).rotation([5, 6, 7], gh, gw, 6, "cpu")         # 3 frames of tables for 2
     assert not fused.qk_norm_rope_ok(qkv, r3b)
+
+
+def test_a_failing_kernel_switches_the_kernels_off_and_returns_none(monkeypatch):
+    monkeypatch.setattr(fused, "error", None)
+
+    @fused._guarded
+    def broken(x):
+        raise RuntimeError("no Triton backend for this GPU (stand-in)")
+    assert broken(1) is None
+    assert "stand-in" in fused.error
+
+
+interpreted = pytest.mark.skipif(fused.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="needs Triton with TRITON_INTERPRET=1 (CPU tensors)")
+
+
+@interpreted
+def test_kernels_in_the_triton_interpreter():
+    """The kernels' arithmetic on the CPU through Triton's interpreter (not in CI: no Triton there;
+    e.g. pip install --target /tmp/t triton; TRITON_INTERPRET=1 PYTHONPATH=/tmp/t:. pytest this)."""
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(64, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    x = torch.randn(2, 9, 64) * 3 + 1
+    torch.testing.assert_close(fused.layer_norm_cast(x, norm, torch.bfloat16).float(), norm(x), atol=4e-2, rtol=1e-2)
+    r, g = torch.randn(2, 9, 64).to(torch.bfloat16), torch.rand(64)
+    xo, h = fused.residual_layer_norm(x, r, g, norm, torch.bfloat16)
+    torch.testing.assert_close(xo, torch.addcmul(x, r, g))
+    torch.testing.assert_close(h.float(), norm(xo), atol=4e-2, rtol=1e-2)
+    from engine.models.layers import Attention
+    attn = Attention(64, 4, qk_norm=True).to(torch.bfloat16)
+    for rope in (Rope2D(16).rotation(3, 4, 6, "cpu", torch.bfloat16),
+                 VideoRope3D(16).rotation([3, 4], 3, 4, 6, "cpu", torch.bfloat16), None):
+        xx = torch.randn(2, 18, 64, dtype=torch.bfloat16)
+        with torch.no_grad():
+            qkv = attn.qkv(xx).view(2, 18, 3, 4, 16)
+            q, k = fused.qk_norm_rope(qkv, attn.q_norm, attn.k_norm, rope)
+            q0, k0 = attn.q_norm(qkv[:, :, 0]), attn.k_norm(qkv[:, :, 1])
+            if rope is not None:
+                q0, k0 = rope(q0), rope(k0)
+        torch.testing.assert_close(q.float(), q0.float(), atol=6e-2, rtol=2e-2)
+        torch.testing.assert_close(k.float(), k0.float(), atol=6e-2, rtol=2e-2)
