@@ -104,6 +104,15 @@ if triton is not None:
         tl.store(Y + row * C + cols, _ln_row(x, m, W, B, cols, C, eps).to(Y.dtype.element_ty), mask=m)
 
     @triton.jit
+    def _pick(A, B, which, idx):
+        """A[idx] for q (which 0), B[idx] for k, as float32."""
+        if which == 0:
+            v = tl.load(A + idx)
+        else:
+            v = tl.load(B + idx)
+        return v.to(tl.float32)
+
+    @triton.jit
     def _qk_norm_rope_kernel(QKV, WQ, BQ, WK, BK, COS, SIN, OQ, OK,
                              N, s_b, s_n, s_which, cos_b, eps,
                              H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
@@ -117,12 +126,8 @@ if triton is not None:
         d = tl.arange(0, D)[None, :]
         base = QKV + b * s_b + n * s_n + which * s_which
         x = tl.load(base + h * D + d).to(tl.float32)
-        if which == 0:
-            w = tl.load(WQ + d).to(tl.float32)
-            bb = tl.load(BQ + d).to(tl.float32)
-        else:
-            w = tl.load(WK + d).to(tl.float32)
-            bb = tl.load(BK + d).to(tl.float32)
+        w = _pick(WQ, WK, which, d)
+        bb = _pick(BQ, BK, which, d)
         mean = tl.sum(x, axis=1)[:, None] / D
         xc = x - mean
         rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1)[:, None] / D + eps)
@@ -134,13 +139,7 @@ if triton is not None:
             else:
                 p = (d // (2 * HALF)) * (2 * HALF) + (d % (2 * HALF) + HALF) % (2 * HALF)
             xp = tl.load(base + h * D + p).to(tl.float32)
-            if which == 0:
-                wp = tl.load(WQ + p).to(tl.float32)
-                bp = tl.load(BQ + p).to(tl.float32)
-            else:
-                wp = tl.load(WK + p).to(tl.float32)
-                bp = tl.load(BK + p).to(tl.float32)
-            yp = (xp - mean) * rstd * wp + bp
+            yp = (xp - mean) * rstd * _pick(WQ, WK, which, p) + _pick(BQ, BK, which, p)
             trow = (b * cos_b + n) * D
             c = tl.load(COS + trow + d).to(tl.float32)
             s = tl.load(SIN + trow + d).to(tl.float32)
