@@ -20,7 +20,7 @@ CUDA graphs (`aggregator.graph_scope`): "step" (the default) replays the patch e
 block and the depth head as graphs, and, when the KV backend has static steps (the cuDNN split:
 `kv.static_key()`), the whole streamed step as ONE graph per step kind (`_graphed_step`; measured
 on the H200: latency p95 33.8 ms against 49.5 for FlashInfer with part graphs over 3,000 frames,
-docs/benchmarks.md "Whole-step graphs"); "fixed" only the parts; "all" also each global block's
+docs/benchmarks.md "Latest (2026-12-02)"); "fixed" only the parts; "all" also each global block's
 halves around eager attention and the camera head.
 
 Dtypes: `set_dtype(torch.bfloat16)` converts the aggregator's matmul weights (Linear, Conv2d) and
@@ -72,7 +72,7 @@ class Aggregator(Trunk):
         self.rope2d = Rope2D(head_dim, cfg.rope_freq)
         self.rope3d = VideoRope3D(head_dim, cfg.rope3d_theta, cfg.rope3d_split)
         self.graphs = None      # engine.models.graphs.GraphCache: replay fixed-shape parts (CUDA)
-        # "fixed" (default): patch embed, frame blocks, depth head. "all": also both halves of
+        # "fixed": patch embed, frame blocks, depth head. "all": also both halves of
         # each global block (around the eager attention) and the camera head (static-shape cache)
         # -- measured on the H200 (docs/benchmarks.md): 21.9 vs 22.7 FPS steady and +0.55 GiB
         # peak, so not the default; kept for the GPU-bound regime it was meant for.
