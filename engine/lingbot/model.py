@@ -281,7 +281,9 @@ class LingBotMap(TrunkModel, nn.Module):
             return None
         agg._in_step_graph = True
         try:
-            pose, depth, conf = agg.graphs.run(key, step, images, rot.cos, rot.sin)
+            # the longest capture of a session, while the app's reader and store threads run:
+            # their CUDA calls must not invalidate it (a failure would only cost speed, below)
+            pose, depth, conf = agg.graphs.run(key, step, images, rot.cos, rot.sin, error_mode="thread_local")
         except Exception as exc:        # e.g. a kernel that cannot be captured: eager from now on
             self.step_graph_error = f"{type(exc).__name__}: {exc}"[:500]
             return None

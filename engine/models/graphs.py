@@ -23,7 +23,7 @@ import torch
 
 
 class _Captured:
-    def __init__(self, fn: Callable, inputs: tuple, pool):
+    def __init__(self, fn: Callable, inputs: tuple, pool, error_mode: str = "global"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         self.static_in = tuple(x.clone() for x in inputs)
         # the flash / mem-efficient SDPA kernels capture cleanly; cuDNN's per-shape graph build
@@ -37,7 +37,7 @@ class _Captured:
                     fn(*self.static_in)
             torch.cuda.current_stream().wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
+            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode=error_mode):
                 self.static_out = fn(*self.static_in)
 
     def __call__(self, inputs: tuple):
@@ -57,13 +57,16 @@ class GraphCache:
     def __len__(self) -> int:
         return len(self._graphs)
 
-    def run(self, name: Hashable, fn: Callable, *inputs: torch.Tensor):
+    def run(self, name: Hashable, fn: Callable, *inputs: torch.Tensor, error_mode: str = "global"):
+        """fn(*inputs) through the graph of (`name`, the inputs' shapes and dtypes), captured on
+        first use. error_mode: CUDA's stream-capture mode ("thread_local": CUDA calls of OTHER
+        threads -- a reader thread pinning the next frame -- do not invalidate the capture)."""
         key = (name,) + tuple((tuple(x.shape), x.dtype) for x in inputs)
         g = self._graphs.get(key)
         if g is None:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            g = self._graphs[key] = _Captured(fn, inputs, self._pool)
+            g = self._graphs[key] = _Captured(fn, inputs, self._pool, error_mode)
         return g(inputs)
 
     def discard(self, name: Hashable) -> None:
