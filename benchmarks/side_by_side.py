@@ -332,6 +332,21 @@ def _environ(env: dict):
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
+@contextlib.contextmanager
+def _variant(model, spec: tuple):
+    """A variant's (session options, environment) `spec` for the block: its environment set and
+    the model's graph scope its "graph_scope" option (else unchanged), both back after; yields the
+    remaining session options."""
+    kw, env = dict(spec[0]), spec[1]
+    scope0 = model.aggregator.graph_scope
+    model.aggregator.graph_scope = kw.pop("graph_scope", scope0)
+    try:
+        with _environ(env):
+            yield kw
+    finally:
+        model.aggregator.graph_scope = scope0
+
+
 def _restore_bf16(model, sd: dict, residual_fp32: bool = True) -> None:
     """The model back to the fp32 weights `sd`, then in bf16 (each precision variant starts equal)."""
     import torch
@@ -363,19 +378,14 @@ def cmd_ours(args) -> None:
         result[f"fidelity_{label}"] = errors(got, ref)
         print(f"  ours {label} vs fp32: {result[f'fidelity_{label}']}", flush=True)
     for label in ([] if args.no_fidelity else [x for x in args.fid_variants.split(",") if x]):
-        kw, env = dict(_VARIANTS[label][0]), _VARIANTS[label][1]
-        scope0 = model.aggregator.graph_scope
         try:
-            with _environ(env):
+            with _variant(model, _VARIANTS[label]) as kw:
                 _restore_bf16(model, sd)
-                model.aggregator.graph_scope = kw.pop("graph_scope", scope0)
                 got, *_ = _ours_stream(model, fid, "bf16", 1, dev, keep=True, **kw)
             result[f"fidelity_{label}"] = errors(got, ref)
             print(f"  ours {label} vs fp32: {result[f'fidelity_{label}']}", flush=True)
         except Exception as exc:        # report and go on
             print(f"  ours {label} fidelity failed: {type(exc).__name__}: {exc}", flush=True)
-        finally:
-            model.aggregator.graph_scope = scope0
     _restore_bf16(model, sd)
     del sd
     if dev.startswith("cuda"):
@@ -385,15 +395,11 @@ def cmd_ours(args) -> None:
         if v:
             name, _, iv = v.partition(":")
             runs.append((name, int(iv or 1)))
-    scope0 = model.aggregator.graph_scope
     for label, interval in runs:
-        kw, env = dict(_VARIANTS.get(label, ({}, {}))[0]), _VARIANTS.get(label, ({}, {}))[1]
-        model.aggregator.graph_scope = kw.pop("graph_scope", scope0)
-        dense = kw.pop("dense", False)
         restore = None
         try:
-            with _environ(env):
-                restore = _dense_flashinfer() if dense else None
+            with _variant(model, _VARIANTS.get(label, ({}, {}))) as kw:
+                restore = _dense_flashinfer() if kw.pop("dense", False) else None
                 _, times, n_scale, peak, total, backend = _ours_stream(model, frames[:args.frames], "bf16", interval,
                                                                        dev, keep=False, **kw)
         except Exception as exc:        # report and go on with the other runs
@@ -401,7 +407,6 @@ def cmd_ours(args) -> None:
             result.setdefault("errors", []).append(f"{label} kf{interval}: {type(exc).__name__}: {exc}"[:800])
             continue
         finally:
-            model.aggregator.graph_scope = scope0
             if restore is not None:
                 restore()
         row = speed_summary(times, n_scale, peak, total, f"ours {label} kf{interval}", interval)
