@@ -111,14 +111,17 @@ class HostCopies:
 
 
 
-def upload(data, device, dtype=None) -> torch.Tensor:
+def upload(data, device, dtype=None, out: torch.Tensor = None) -> torch.Tensor:
     """Host data (a list, numpy array or CPU tensor) on `device` without a host synchronisation:
     `torch.tensor(data, device="cuda")` and a blocking `.to("cuda")` wait for the whole stream
     before copying, i.e. for the previous step's GPU work. Here the data goes through pinned
     memory with a non-blocking copy; PyTorch's pinned-memory cache keeps that block until the
-    copy has run. CPU devices get a plain CPU tensor."""
+    copy has run. CPU devices get a plain CPU tensor. `out`: copied into this tensor of the data's
+    size on `device` instead (stream-ordered after earlier reads of it), which is returned."""
     t = torch.as_tensor(data, dtype=dtype)
     dev = torch.device(device)
     if dev.type != "cuda":
-        return t.to(dev)
+        return t.to(dev) if out is None else out.copy_(t)
+    if out is not None:
+        return out.copy_(t.pin_memory(), non_blocking=True)
     return t.pin_memory().to(dev, non_blocking=True)

@@ -110,18 +110,14 @@ class KVPool:
         return step
 
     def _index(self, name: str, data) -> torch.Tensor:
-        """int64 `data` on the device in the persistent buffer of (`name`, its length), filled by
-        a non-blocking copy (stream-ordered after the previous step's reads of it)."""
-        t = torch.as_tensor(np.asarray(data, dtype=np.int64))
-        key = (name, t.numel())
+        """int64 `data` on the device in the persistent buffer of (`name`, its length), through
+        `upload` (no host sync; stream-ordered after the previous step's reads of the buffer)."""
+        data = np.asarray(data, dtype=np.int64)
+        key = (name, data.size)
         buf = self._index_bufs.get(key)
         if buf is None:
-            buf = self._index_bufs[key] = torch.empty(t.numel(), dtype=torch.int64, device=self.device)
-        if self.device.type == "cuda":
-            buf.copy_(t.pin_memory(), non_blocking=True)
-        else:
-            buf.copy_(t)
-        return buf
+            buf = self._index_bufs[key] = torch.empty(data.size, dtype=torch.int64, device=self.device)
+        return upload(data, self.device, torch.int64, out=buf)
 
     # ------------------------------------------------------------------ quantization
     def quantize(self, layer: int, which: int, x: torch.Tensor):
