@@ -981,11 +981,9 @@ class CuDNNSplitBackend(_CacheRef):
             out = full(q, kp[:n], vp[:n])
         else:
             out, lse_a = part_a(q, kp[:n_a * P], vp[:n_a * P])    # constant shape
-            if static_b:               # B's length from the device (cu_k), not from the host
-                out_b, lse_b = self._kernel_b_static(q, kp[n_a * P:], vp[n_a * P:], self._cu_q, self._cu_k)
-                out = self._merge(out, lse_a, out_b, lse_b)
-            elif b:
-                out_b, lse_b = part_b(q, kp[n_a * P:n], vp[n_a * P:n])
+            if static_b or b:          # static: B's length from the device (cu_k), not the host
+                out_b, lse_b = (self._kernel_b_static(q, kp[n_a * P:], vp[n_a * P:], self._cu_q, self._cu_k)
+                                if static_b else part_b(q, kp[n_a * P:n], vp[n_a * P:n]))
                 out = self._merge(out, lse_a, out_b, lse_b)
         if self.fp8_mode == "convert":       # attention is linear in V: the value scales last
             out = (out.float() * vs.view(1, H, 1)).to(q.dtype)
