@@ -26,6 +26,23 @@ def ms_per_frame(session, frames, n):
     return 1e3 * (time.perf_counter() - t) / n
 
 
+def replay_step_graphs(model, label: str, n: int = 20) -> None:
+    """GPU time of the captured whole-step graphs replayed back to back (no host work between
+    them): the push loop's ms/frame minus this is what the host adds per frame. Replays repeat
+    the last step's cache writes with the same values, so the session is unchanged."""
+    graphs = model.aggregator.graphs
+    for key, g in list(getattr(graphs, "_graphs", {}).items()):
+        if not (isinstance(key[0], tuple) and key[0][0] == "step"):
+            continue
+        g.graph.replay()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            g.graph.replay()
+        torch.cuda.synchronize()
+        print(f"[{label}] step graph {key[0][1]!s:.60} replayed alone: {1e3 * (time.perf_counter() - t) / n:.2f} ms")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="sdpa")
@@ -36,6 +53,10 @@ def main():
                     help="a small cap reaches the full special ring (fixed-length steps) sooner")
     ap.add_argument("--graph-scope", default=None, choices=("fixed", "all", "step"),
                     help="the model's CUDA-graph scope (default: the model's); 'step' hides the sections")
+    ap.add_argument("--profile-scope", default=None, choices=("fixed", "all", "step"),
+                    help="switch to this graph scope before the profiled frames (kernels of whole-step "
+                         "graph replays may not show in the table)")
+    ap.add_argument("--rows", type=int, default=22, help="rows of the kernel table")
     a = ap.parse_args()
     cfg = BenchConfig(backend=a.backend)
     model = build_bench_model(cfg)
@@ -48,6 +69,7 @@ def main():
     for i in range(a.frames):
         s.push(frames[i % 8])
     print(f"[{a.backend}] steady ms/frame: {ms_per_frame(s, frames, 20):.1f}")
+    replay_step_graphs(model, a.backend)
     if hasattr(s.kv._attn, "calls"):    # cuDNN backend: fixed-capacity vs exact calls, and why not
         at = s.kv._attn
         print(f"[{a.backend}] attention calls {at.calls}, capacity {at.capacity}, error {at.error}, "
@@ -64,13 +86,18 @@ def main():
             except Exception as exc:
                 print(f"[sdpa:{name}] failed: {str(exc)[:200]}")
         attn._kernels = None
+    if a.profile_scope:
+        model.aggregator.graph_scope = a.profile_scope
+        for i in range(4):            # the parts' graphs of the new scope are captured here
+            s.push(frames[i % 8])
+        print(f"[{a.backend}] steady ms/frame, scope {a.profile_scope}: {ms_per_frame(s, frames, 20):.1f}")
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(3):
             s.push(frames[i % 8])
         torch.cuda.synchronize()
     ka = prof.key_averages()
-    print(ka.table(sort_by="self_cuda_time_total", row_limit=22, max_name_column_width=60))
+    print(ka.table(sort_by="self_cuda_time_total", row_limit=a.rows, max_name_column_width=60))
     # GPU time per named section (engine/models/sections.py), kernels of graph replays included
     sections = ("patch_embed", "frame_blocks", "global_blocks", "global_attention", "camera_head", "depth_head")
     incl = {e.key: getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)) / 3e3
