@@ -205,6 +205,18 @@ _VARIANTS = {
     "fp8-fa2": ({"backend": "flashinfer", "kv_dtype": "fp8"}, {"RECONSTUDIO_FLASHINFER_FP8": "kv"}),
     "fp8-cudnn-split": ({"backend": "cudnn-split", "kv_dtype": "fp8"}, {}),
     "fp8-cudnn-split-compiled": ({"backend": "cudnn-split", "kv_dtype": "fp8"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
+    # defaults since 2026-12-02, each switched off: fc1 + GELU in the matmul epilogue, the camera
+    # head on a side stream beside the depth head, the depth head's convolutions channels-last;
+    # "knobs3-off": all three off (the default before them); the fused residual / merge kernels
+    # go with RECONSTUDIO_FUSED_BLOCKS ("unfused")
+    "gelu-epi-off": ({}, {"RECONSTUDIO_GELU_EPILOGUE": "0"}),
+    "heads-par-off": ({}, {"RECONSTUDIO_HEADS_PARALLEL": "0"}),
+    "depth-cl-off": ({}, {"RECONSTUDIO_DEPTH_CHANNELS_LAST": "0"}),
+    "knobs3-off": ({}, {"RECONSTUDIO_GELU_EPILOGUE": "0", "RECONSTUDIO_HEADS_PARALLEL": "0",
+                        "RECONSTUDIO_DEPTH_CHANNELS_LAST": "0"}),
+    # PyTorch's SDPA order (flash first) for the per-frame attention of the patch-embed and frame
+    # blocks, instead of cuDNN first (the default since 2026-12-02)
+    "frame-flash": ({}, {"RECONSTUDIO_FRAME_SDPA": "flash"}),
     "cudnn-split-compiled-b": ({"backend": "cudnn-split"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
     # the split's streamed steps without whole-step graphs (graph scope "fixed": the parts graphed,
     # attention eager) -- what "cudnn-split" ran before whole-step graphs; -compiled: with the
@@ -340,6 +352,10 @@ def _variant(model, spec: tuple):
     kw, env = dict(spec[0]), spec[1]
     scope0 = model.aggregator.graph_scope
     model.aggregator.graph_scope = kw.pop("graph_scope", scope0)
+    if env.get("RECONSTUDIO_DEPTH_CHANNELS_LAST") == "0" and getattr(model, "_depth_cl", False):
+        import torch
+        model.depth_head.to(memory_format=torch.contiguous_format)   # as before; the default converts again
+        model._depth_cl = False
     try:
         with _environ(env):
             yield kw

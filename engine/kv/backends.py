@@ -43,7 +43,7 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
   (engine/lingbot/model.py `_graphed_step`), and the blocks' elementwise chains are fused
   (engine/models/fused.py): one H200 call, 3,000 frames, `reconstudio bench`: 30.3 FPS steady
   with the split against 26.4 with FlashInfer, p95 33.8 against 49.5 ms; bf16-vs-fp32 pose error
-  5.80e-3 against 5.78e-3 (docs/benchmarks.md "Latest (2026-12-02)"). The history below is why it
+  5.80e-3 against 5.78e-3 (docs/benchmarks.md "2026-12-02, 00:50-01:40 UTC"). The history below is why it
   was not the default before.
   Not cudnn's bias / padding forms: measured on the H200
   neither is faster than FlashInfer dense in the model (bias 1.25 ms a layer, padding mask 0.86

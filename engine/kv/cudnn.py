@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from .backends import (FlashInferBackend, SDPABackend, _CacheRef, _flashinfer_dtype_ok,
                        flashinfer_available)
 from .dtypes import FP8
+from ..models import fused
+from ..models.layers import CUDNN_Q_TILE, cudnn_one_wave
 from .page_table import KVCacheError, StepTable
 
 
@@ -731,6 +733,10 @@ def merge_lse(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse
     """Attention over the union of two disjoint key sets from each set's result and log-sum-exp:
     (out_a e^lse_a + out_b e^lse_b) / (e^lse_a + e^lse_b) = out_a + (out_b - out_a) sigmoid(lse_b - lse_a),
     in float32, cast back to out_a's dtype. Exact up to rounding; out_* [n, H, D], lse_* [H, n]."""
+    if fused.merge_usable(out_a, lse_a):
+        out = fused.merge_lse(out_a, lse_a, out_b, lse_b)              # one Triton pass on CUDA
+        if out is not None:
+            return out
     w = torch.sigmoid(lse_b - lse_a).t().unsqueeze(-1)                 # [n, H, 1]
     return torch.lerp(out_a.float(), out_b.float(), w).to(out_a.dtype)
 
@@ -775,7 +781,7 @@ class CuDNNSplitBackend(_CacheRef):
     frontend_error = None
 
     # q rows per cuDNN work tile (its SM90 forward kernels): ceil(q / 128) x heads CTAs a call
-    Q_TILE = 128
+    Q_TILE = CUDNN_Q_TILE
 
     def __init__(self, cache, kernel_a=None, kernel_b=None, fallback=None, max_shapes: int = 4,
                  a_kernel: Optional[str] = None, merge: Optional[str] = None, wave_sms: Optional[int] = -1,
@@ -903,7 +909,7 @@ class CuDNNSplitBackend(_CacheRef):
         """The cuDNN call's work tiles for `q_tokens` queries fit one wave of the GPU (see __init__)."""
         if self.wave_sms is None:
             return True
-        return -(-q_tokens // self.Q_TILE) * self.cache.pool.num_heads <= self.wave_sms
+        return cudnn_one_wave(1, q_tokens, self.cache.pool.num_heads, self.wave_sms)
 
     def plan(self, step: StepTable) -> None:
         split = self.split_point(step) if self._ok and self.error is None else None

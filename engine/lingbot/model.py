@@ -20,8 +20,9 @@ CUDA graphs (`aggregator.graph_scope`): "step" (the default) replays the patch e
 block and the depth head as graphs, and, when the KV backend has static steps (the cuDNN split:
 `kv.static_key()`), the whole streamed step as ONE graph per step kind (`_graphed_step`; measured
 on the H200: latency p95 33.8 ms against 49.5 for FlashInfer with part graphs over 3,000 frames,
-docs/benchmarks.md "Latest (2026-12-02)"); "fixed" only the parts; "all" also each global block's
-halves around eager attention and the camera head.
+docs/benchmarks.md); inside that graph the camera head runs on a side stream beside the depth head
+(`_heads_stream`). "fixed" only the parts; "all" also each global block's halves around eager
+attention and the camera head.
 
 Dtypes: `set_dtype(torch.bfloat16)` converts the aggregator's matmul weights (Linear, Conv2d) and
 its qk-norms; the residual stream, its LayerNorms and LayerScales, the special tokens and the
@@ -43,6 +44,11 @@ from ..models.layers import global_attend
 from ..models.rope import Rope2D, Rotation, VideoRope3D
 from ..models.sections import timer_installed
 from ..models.trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkConfig, TrunkModel, build_preset
+
+
+def _flag(name: str) -> bool:
+    """An on-by-default switch of the environment ("0", "false", "no", "off": off)."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass
@@ -235,6 +241,12 @@ class LingBotMap(TrunkModel, nn.Module):
     def _depth(self, feats32: list, hw: tuple) -> tuple:
         """The depth head, one frame at a time: float32 as upstream, or under bf16 autocast when
         RECONSTUDIO_DEPTH_HEAD=bf16 (a measurement knob, CUDA only)."""
+        if feats32[0].is_cuda and not getattr(self, "_depth_cl", False) and _flag("RECONSTUDIO_DEPTH_CHANNELS_LAST"):
+            # convolution weights in channels-last: every conv of the head then runs NHWC end to end
+            # (cuDNN transposed NCHW activations before and after each conv: 2.9 -> 2.3 ms a frame
+            # on the H200)
+            self.depth_head.to(memory_format=torch.channels_last)
+            self._depth_cl = True
         if feats32[0].is_cuda and os.environ.get("RECONSTUDIO_DEPTH_HEAD", "fp32") == "bf16":
             with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
                 depth, conf = self.depth_head(feats32, hw, self.config.num_special, chunk=1)
@@ -267,11 +279,23 @@ class LingBotMap(TrunkModel, nn.Module):
         rot = agg.rope3d.rotation(list(time_index), H // cfg.patch_size, W // cfg.patch_size, cfg.num_special,
                                   images.device, self.compute_dtype)
 
+        side = self._heads_stream(images.device)
+
         def step(img, cos, sin):
             r = Rotation(cos, sin, rot.interleaved, rot.chunks)
             feats32 = [f.float() for f in agg(img, time_index, False, False, kv=kv, rot3d=r)]
-            poses = self.camera_head(feats32[-1][:, 0], iterations, camera_cache, static=True)
+            if side is None:
+                poses = self.camera_head(feats32[-1][:, 0], iterations, camera_cache, static=True)
+                depth, conf = self._depth(feats32, (H, W))
+                return poses[-1], depth, conf
+            # the camera head (a chain of matrix-vector products, memory-bound) on a side stream
+            # beside the depth head (convolutions, compute-bound); both read only the trunk's output
+            main = torch.cuda.current_stream()
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                poses = self.camera_head(feats32[-1][:, 0], iterations, camera_cache, static=True)
             depth, conf = self._depth(feats32, (H, W))
+            main.wait_stream(side)
             return poses[-1], depth, conf
 
         if key not in self._step_keys_run:
@@ -295,6 +319,15 @@ class LingBotMap(TrunkModel, nn.Module):
             return None                 # the step again, eagerly (its cache writes are idempotent)
         self.step_graph_replays += 1
         return {"pose_enc": pose, "depth": depth, "conf": conf}
+
+    def _heads_stream(self, device):
+        """The side stream of the camera head inside whole-step graphs (CUDA; None when
+        RECONSTUDIO_HEADS_PARALLEL=0)."""
+        if device.type != "cuda" or not _flag("RECONSTUDIO_HEADS_PARALLEL"):
+            return None
+        if getattr(self, "_side_stream", None) is None:
+            self._side_stream = torch.cuda.Stream(device)
+        return self._side_stream
 
     def forward(self, images: torch.Tensor, iterations: int = 4) -> dict:
         """One bidirectional batch (no caches): frame 0 is the reference, all frames are scale frames."""

@@ -4,15 +4,20 @@ A streamed LingBot-Map frame runs 72 ViT-L blocks (24 patch-embed, 24 frame, 24 
 tokens. Around their matmuls each block launched ~18 small elementwise kernels (LayerNorm, dtype
 casts, qk-norm, the RoPE products, the LayerScale residuals), each a full pass over its tensor
 -- ~4 ms of GPU time a frame on the H200 (docs/benchmarks.md), which `torch.compile` fuses
-only after a compile of tens of seconds (engine/models/compile.py). These three kernels fuse the
-same chains by hand and compile in about a second on first use:
+only after a compile of tens of seconds (engine/models/compile.py). These kernels fuse the same
+chains by hand and compile in about a second on first use:
 
 - `layer_norm_cast`: LayerNorm of the float32 residual stream, written in the matmul dtype
   (norm1, and norm2 inside the next one);
 - `residual_layer_norm`: x + y * gamma (the LayerScale residual, float32) and LayerNorm of the
   result in the matmul dtype, one pass (attn_post's first residual + norm2);
 - `qk_norm_rope`: qk-norm (LayerNorm over the head dim) and the rotary embedding of q and k
-  together, read from the fused qkv projection's strided views, written contiguous.
+  together, read from the fused qkv projection's strided views, written contiguous;
+- `residual`: the block's last LayerScale residual (float32 x + bf16 y * gamma), which PyTorch
+  runs through its slow mixed-dtype loop;
+- `merge_lse`: the cuDNN split's merge of two attention partials by their log-sum-exp
+  (engine/kv/cudnn.py), one pass instead of six kernels.
+`gelu_epilogue_usable` decides the MLP's fc1 + GELU in cuBLASLt's epilogue (engine/models/layers.py).
 
 All arithmetic is float32 with one rounding at the store, so results equal the unfused path to
 the matmul dtype's rounding (the unfused path rounds after each op). `Block.attn_pre` /
@@ -56,6 +61,16 @@ def _guarded(fn):
 def fused_requested() -> bool:
     """RECONSTUDIO_FUSED_BLOCKS (default on; "0" = the unfused PyTorch ops, for comparisons)."""
     return os.environ.get("RECONSTUDIO_FUSED_BLOCKS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def gelu_epilogue_usable(x: torch.Tensor, fc1) -> bool:
+    """A CUDA bf16/fp16 MLP input with a biased fc1 of the same dtype takes cuBLASLt's fused
+    matmul + bias + GELU epilogue (its GELU is the tanh form: the bf16 pose error against fp32
+    moved from 5.80e-3 to 6.04e-3 on 130 real frames, docs/benchmarks.md). Float32 (the
+    conformance path) keeps the exact GELU; RECONSTUDIO_GELU_EPILOGUE=0 switches it off."""
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and fc1.bias is not None
+            and fc1.weight.dtype == x.dtype
+            and os.environ.get("RECONSTUDIO_GELU_EPILOGUE", "1").strip().lower() not in ("0", "false", "no", "off"))
 
 
 def usable(x: torch.Tensor, block) -> bool:
@@ -102,6 +117,29 @@ if triton is not None:
         x = x + r * g
         tl.store(XO + row * C + cols, x, mask=m)
         tl.store(Y + row * C + cols, _ln_row(x, m, W, B, cols, C, eps).to(Y.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _residual_kernel(X, R, G, XO, C, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        m = cols < C
+        x = tl.load(X + row * C + cols, mask=m, other=0.0)
+        r = tl.load(R + row * C + cols, mask=m, other=0.0).to(tl.float32)
+        g = tl.load(G + cols, mask=m, other=0.0)
+        tl.store(XO + row * C + cols, x + r * g, mask=m)
+
+    @triton.jit
+    def _merge_lse_kernel(OA, LA, OB, LB, O, sa_n, sa_h, sb_n, sb_h, la_h, lb_h,
+                          H: tl.constexpr, D: tl.constexpr):
+        # one program per query token: its H x D block of both partial results
+        i = tl.program_id(0).to(tl.int64)
+        h = tl.arange(0, H)
+        d = tl.arange(0, D)[None, :]
+        hh = h[:, None]
+        a = tl.load(OA + i * sa_n + hh * sa_h + d).to(tl.float32)
+        b = tl.load(OB + i * sb_n + hh * sb_h + d).to(tl.float32)
+        w = tl.sigmoid(tl.load(LB + h * lb_h + i) - tl.load(LA + h * la_h + i))[:, None]
+        tl.store(O + i * (H * D) + hh * D + d, (a + (b - a) * w).to(O.dtype.element_ty))
 
     @triton.jit
     def _pick(A, B, which, idx):
@@ -184,6 +222,45 @@ def residual_layer_norm(x: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor, n
     _residual_ln_kernel[(x.numel() // C,)](x, r, gamma, norm.weight, norm.bias, xo, y, C, norm.eps,
                                            BLOCK=bl, num_warps=_warps(bl))
     return xo, y
+
+
+@_guarded
+def residual(x: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """`torch.addcmul(x, r, gamma)` for float32 x [..., C], r of x's shape in a 16-bit dtype,
+    gamma [C] float32, one vectorised pass (PyTorch's mixed-dtype addcmul takes its slow strided
+    loop: 7.9 us a block at 1,005 x 1,024 on the H200; None: see `_guarded`)."""
+    C = x.shape[-1]
+    x, r = x.contiguous(), r.contiguous()
+    xo = torch.empty_like(x)
+    bl = _block(C)
+    _residual_kernel[(x.numel() // C,)](x, r, gamma, xo, C, BLOCK=bl, num_warps=_warps(bl))
+    return xo
+
+
+def merge_usable(out_a: torch.Tensor, lse_a: torch.Tensor) -> bool:
+    """`merge_lse` applies: CUDA, Triton, not switched off, out [n, H, D] with H, D powers of two
+    and D dense, lse [H, n] float32 with its token axis dense."""
+    if triton is None or error is not None or not out_a.is_cuda or not fused_requested():
+        return False
+    n, H, D = out_a.shape
+    pow2 = lambda v: v & (v - 1) == 0      # noqa: E731
+    return (pow2(H) and pow2(D) and H * D <= 8192 and out_a.stride(-1) == 1 and lse_a.dtype == torch.float32
+            and lse_a.stride(-1) == 1 and not torch.compiler.is_compiling())
+
+
+@_guarded
+def merge_lse(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """out_a + (out_b - out_a) * sigmoid(lse_b - lse_a) in float32, written contiguous in out_a's
+    dtype: two attention partials over disjoint key sets merged by their log-sum-exp
+    (engine/kv/cudnn.py `merge_lse`) in one pass instead of six kernels (None: see `_guarded`)."""
+    n, H, D = out_a.shape
+    if out_b.stride(-1) != 1 or lse_b.stride(-1) != 1:
+        out_b, lse_b = out_b.contiguous(), lse_b.contiguous()
+    out = torch.empty((n, H, D), dtype=out_a.dtype, device=out_a.device)
+    _merge_lse_kernel[(n,)](out_a, lse_a, out_b, lse_b, out, out_a.stride(0), out_a.stride(1),
+                            out_b.stride(0), out_b.stride(1), lse_a.stride(0), lse_b.stride(0),
+                            H=H, D=D, num_warps=4)
+    return out
 
 
 def qk_usable(qkv: torch.Tensor, q_norm, rope) -> bool:

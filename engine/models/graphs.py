@@ -27,7 +27,8 @@ class _Captured:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         self.static_in = tuple(x.clone() for x in inputs)
         # the flash / mem-efficient SDPA kernels capture cleanly; cuDNN's per-shape graph build
-        # is kept out of the capture
+        # is kept out of the capture (calls that ask for cuDNN first -- layers.sdpa_bnhd, the
+        # split -- build it in the eager warm-up below, so the capture only launches it)
         kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         with sdpa_kernel(kernels, set_priority=True):
             side = torch.cuda.Stream()

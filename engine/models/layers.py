@@ -10,6 +10,7 @@ LayerNorm over D; RoPE rotates q and k before `attend`, so caches store rotated 
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 import torch
@@ -22,10 +23,51 @@ from . import fused
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+_CUDNN_FIRST = None         # SDPA priority list with cuDNN first (built on first use)
+cudnn_sdpa_error = None     # why cuDNN-first SDPA was given up (a failed call): PyTorch's order since
+_SMS: dict = {}             # CUDA device index -> SM count
+CUDNN_Q_TILE = 128          # q rows per work tile of cuDNN's SM90 attention kernels
+
+
+def cudnn_one_wave(batch: int, q_tokens: int, heads: int, sms: int) -> bool:
+    """cuDNN's attention over `batch` x `heads` x ceil(q_tokens / 128) work tiles fits one wave of
+    `sms` SMs. Measured on the H200 (132 SMs, 16 heads, 74k keys): 1,005 queries (128 tiles)
+    0.63 ms, 1,042 (144 tiles: a second, nearly empty wave) 1.48 ms."""
+    return batch * heads * -(-q_tokens // CUDNN_Q_TILE) <= sms
+
+
+def _cudnn_first(q: torch.Tensor) -> bool:
+    """cuDNN's attention kernel first for the blocks' own (unmasked) attention of q [B, N, H, D]
+    in 16-bit on CUDA: at 1,005 tokens it beat PyTorch's default flash kernel by ~0.7 ms a frame
+    over the 48 patch-embed and frame blocks (H200, docs/benchmarks.md). Only while its work
+    tiles fit one wave of the GPU's SMs (`cudnn_one_wave`). RECONSTUDIO_FRAME_SDPA=flash keeps
+    PyTorch's order."""
+    if cudnn_sdpa_error is not None or os.environ.get("RECONSTUDIO_FRAME_SDPA", "cudnn").strip().lower() != "cudnn":
+        return False
+    B, N, H, _ = q.shape
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if dev not in _SMS:
+        _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return cudnn_one_wave(B, N, H, _SMS[dev])
+
+
 def sdpa_bnhd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Full (unmasked) attention on [B, N, H, D] tensors; returns [B, N, H, D]."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    return out.transpose(1, 2)
+    global _CUDNN_FIRST, cudnn_sdpa_error
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _cudnn_first(q):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        if _CUDNN_FIRST is None:
+            _CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                            SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        try:
+            with sdpa_kernel(_CUDNN_FIRST, set_priority=True):
+                return F.scaled_dot_product_attention(qh, kh, vh).transpose(1, 2)
+        except RuntimeError as exc:     # a shape cuDNN rejects at run time: PyTorch's order from now on
+            if torch.cuda.is_current_stream_capturing():
+                raise
+            cudnn_sdpa_error = f"{type(exc).__name__}: {exc}"[:300]
+    return F.scaled_dot_product_attention(qh, kh, vh).transpose(1, 2)
 
 
 def global_attend(layer: int, kv) -> AttendFn:
@@ -62,6 +104,12 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden, out or dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused.gelu_epilogue_usable(x, self.fc1):
+            # fc1's bias and GELU in cuBLASLt's matmul epilogue: no separate pass over the
+            # 4x-wide hidden tensor (the tanh GELU; see fused.gelu_epilogue_usable)
+            h = torch._addmm_activation(self.fc1.bias, x.reshape(-1, x.shape[-1]), self.fc1.weight.t(),
+                                        use_gelu=True)
+            return self.fc2(h.view(*x.shape[:-1], h.shape[-1]))
         return self.fc2(self.act(self.fc1(x)))
 
 
@@ -146,4 +194,6 @@ class Block(nn.Module):
             h = self.norm2(x).to(dt)
         else:
             x, h = res
-        return torch.addcmul(x, self.mlp(h), self.ls2.gamma)
+        m = self.mlp(h)
+        out = fused.residual(x, m, self.ls2.gamma) if res is not None else None
+        return torch.addcmul(x, m, self.ls2.gamma) if out is None else out

@@ -16,6 +16,9 @@ def test_not_used_on_the_cpu_or_when_switched_off(monkeypatch):
     assert not fused.usable(x, blk)
     qkv = torch.randn(1, 10, 3, 4, 16, dtype=torch.bfloat16)
     assert not fused.qk_usable(qkv, blk.attn.q_norm, None)
+    xb = x.to(torch.bfloat16)
+    assert not fused.gelu_epilogue_usable(xb, blk.mlp.to(torch.bfloat16).fc1)      # CUDA only
+    assert not fused.merge_usable(torch.randn(10, 4, 16), torch.randn(4, 10))
     monkeypatch.setenv("RECONSTUDIO_FUSED_BLOCKS", "0")
     assert not fused.fused_requested()
     monkeypatch.setenv("RECONSTUDIO_FUSED_BLOCKS", "1")
@@ -66,6 +69,11 @@ def test_kernels_in_the_triton_interpreter():
     xo, h = fused.residual_layer_norm(x, r, g, norm, torch.bfloat16)
     torch.testing.assert_close(xo, torch.addcmul(x, r, g))
     torch.testing.assert_close(h.float(), norm(xo), atol=4e-2, rtol=1e-2)
+    torch.testing.assert_close(fused.residual(x, r, g), torch.addcmul(x, r, g))
+    oa, ob = torch.randn(5, 4, 16).to(torch.bfloat16), torch.randn(4, 5, 16).to(torch.bfloat16).transpose(0, 1)
+    la, lb = torch.randn(4, 7)[:, :5], torch.randn(4, 5)
+    ref = torch.lerp(oa.float(), ob.float(), torch.sigmoid(lb - la).t().unsqueeze(-1))
+    torch.testing.assert_close(fused.merge_lse(oa, la, ob, lb).float(), ref, atol=1e-2, rtol=1e-2)
     from engine.models.layers import Attention
     attn = Attention(64, 4, qk_norm=True).to(torch.bfloat16)
     for rope in (Rope2D(16).rotation(3, 4, 6, "cpu", torch.bfloat16),
@@ -79,3 +87,19 @@ def test_kernels_in_the_triton_interpreter():
                 q0, k0 = rope(q0), rope(k0)
         torch.testing.assert_close(q.float(), q0.float(), atol=6e-2, rtol=2e-2)
         torch.testing.assert_close(k.float(), k0.float(), atol=6e-2, rtol=2e-2)
+
+
+def test_cudnn_first_only_while_its_tiles_fit_one_wave(monkeypatch):
+    from engine.models import layers
+    # the H200's 132 SMs, 16 heads: one frame of 1,005 tokens is 8 x 16 = 128 tiles, one of 1,042
+    # (a 640x480 input at 518x392) 144 -- a second wave -- and a batch of 8 frames 1,024
+    assert layers.cudnn_one_wave(1, 1005, 16, 132)
+    assert not layers.cudnn_one_wave(1, 1042, 16, 132)
+    assert not layers.cudnn_one_wave(8, 1005, 16, 132)
+    assert layers.cudnn_one_wave(1, 1042, 8, 132)
+    # CPU tensors never ask for cuDNN: the plain SDPA result
+    q, k, v = (torch.randn(1, 10, 4, 16) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    torch.testing.assert_close(layers.sdpa_bnhd(q, k, v), ref.transpose(1, 2))
+    monkeypatch.setenv("RECONSTUDIO_FRAME_SDPA", "flash")
+    assert not layers._cudnn_first(q)

@@ -1,6 +1,7 @@
 """GPU checks of the fused Triton kernels of the transformer blocks (engine/models/fused.py) against
 the unfused PyTorch ops they replace, to bf16 rounding: LayerNorm + cast, LayerScale residual +
-LayerNorm + cast, qk-norm + RoPE (the frame blocks' 2D RoPE, the global blocks' 3D RoPE, none),
+LayerNorm + cast, the last LayerScale residual, the split attention's log-sum-exp merge, the
+GELU matmul epilogue, qk-norm + RoPE (the frame blocks' 2D RoPE, the global blocks' 3D RoPE, none),
 whole blocks, and a full-size LingBot-Map session against the same session with
 RECONSTUDIO_FUSED_BLOCKS=0. Skipped without CUDA and Triton. CPU checks: test_fused.py."""
 import numpy as np
@@ -35,6 +36,54 @@ def test_layer_norm_kernels_equal_pytorch():
     ref = torch.addcmul(x, r, gamma)
     torch.testing.assert_close(xo, ref, atol=1e-5, rtol=1e-5)        # float32 both ways
     _close(h, norm(ref).to(torch.bfloat16))
+
+
+@needs
+def test_residual_and_merge_kernels_equal_pytorch():
+    from engine.kv import cudnn
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(1, 1005, 1024, device="cuda", generator=g)
+    r = torch.randn(1, 1005, 1024, device="cuda", generator=g).to(torch.bfloat16)
+    gamma = torch.rand(1024, device="cuda", generator=g)
+    torch.testing.assert_close(fused.residual(x, r, gamma), torch.addcmul(x, r, gamma), atol=1e-5, rtol=1e-5)
+    # two attention partials in the layouts the split hands over: out [n, H, D] (B's a strided
+    # view), lse [H, n] views of wider rows
+    n, H, D = 1005, 16, 64
+    oa = torch.randn(n, H, D, device="cuda", generator=g).to(torch.bfloat16)
+    ob = torch.randn(H, n, D, device="cuda", generator=g).to(torch.bfloat16).transpose(0, 1)
+    la = torch.randn(H, n + 11, device="cuda", generator=g)[:, :n] * 4
+    lb = torch.randn(H, n + 3, device="cuda", generator=g)[:, :n] * 4
+    assert fused.merge_usable(oa, la)
+    got = cudnn.merge_lse(oa, la, ob, lb)
+    w = torch.sigmoid(lb - la).t().unsqueeze(-1)
+    ref = torch.lerp(oa.float(), ob.float(), w)
+    assert got.dtype == torch.bfloat16 and got.is_contiguous()
+    _close(got, ref, tol=1e-2)
+    # exact union: attention over keys [K_a; K_b] equals the merge of the two partials
+    q, k, v = (torch.randn(64, H, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
+    k2, v2 = (torch.randn(200, H, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    o1, l1 = cudnn.torch_flash_lse(q, k, v)
+    o2, l2 = cudnn.torch_flash_lse(q, k2, v2)
+    full = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, torch.cat((k, k2)), torch.cat((v, v2)))))
+    _close(cudnn.merge_lse(o1, l1, o2, l2), full.transpose(0, 1), tol=2e-2)
+
+
+@needs
+def test_gelu_epilogue_equals_the_two_step_mlp(monkeypatch):
+    from engine.models.layers import Mlp
+    torch.manual_seed(2)
+    mlp = Mlp(1024, 4096).cuda().to(torch.bfloat16)
+    x = torch.randn(1, 1005, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert fused.gelu_epilogue_usable(x, mlp.fc1)
+        got = mlp(x)
+        ref = mlp.fc2(F.gelu(mlp.fc1(x), approximate="tanh"))
+        exact = mlp.fc2(F.gelu(mlp.fc1(x)))
+        monkeypatch.setenv("RECONSTUDIO_GELU_EPILOGUE", "0")
+        assert not fused.gelu_epilogue_usable(x, mlp.fc1)
+        torch.testing.assert_close(mlp(x), exact)                     # switched off: the exact GELU
+    _close(got, ref, tol=1e-2)
+    _close(got, exact, tol=2e-2)
 
 
 @needs
