@@ -12,7 +12,8 @@
 # .cache/frames/icl_kt3.mp4 (cp ../shared/data/icl_livingroom_kt3/video.mp4), optionally
 # .cache/flashinfer_jit.tar.xz.part* from an earlier call.
 # Device: carry .whl .cache;  bash benchmarks/h200_end_to_end.sh 2>&1 | tee $OUT/run.log; grep ^RESULT $OUT/run.log
-# Knobs: N (frames, 400), VARIANTS ("name=--flag,--flag,value ..."; commas become spaces; default
+# Knobs: N (frames, 400), VARIANTS ("name=--flag,--flag,value ..." or "name=ENV=1,ENV2=0:--flag,...";
+# commas become spaces, an "ENV=V:" prefix sets environment variables for that variant; default
 # "default="), REPEATS (1), PREFETCH0=1 (also a run with the reader thread off), GPU_TESTS
 # ("tests/engine/x.py ..."), SPY_FIRST (1), NO_BENCH=1 (runs only: a long soak of the user's path).
 set -uo pipefail
@@ -53,12 +54,18 @@ run() {   # run NAME SETTINGS PREFETCH [spy]
 }
 first=${SPY_FIRST:-1}
 for v in ${VARIANTS:-default=}; do
-  name=${v%%=*}; settings=${v#*=}; settings=${settings//,/ }
-  for r in $(seq 1 "${REPEATS:-1}"); do
-    [ -z "${NO_BENCH:-}" ] && bench "${name}_$r" "$settings"
-    run "${name}_$r" "$settings" 3 $([ "$first" = 1 ] && echo spy); first=0
-  done
-  if [ -n "${PREFETCH0:-}" ]; then run "${name}_prefetch0" "$settings" 0; fi
+  name=${v%%=*}; rest=${v#*=}; envs=""
+  case "$rest" in *:*) envs=${rest%%:*}; rest=${rest#*:};; esac
+  settings=${rest//,/ }
+  (   # an "ENV=V,ENV2=V2:" prefix: environment variables for this variant's bench and runs only
+    for e in ${envs//,/ }; do export "$e"; done
+    for r in $(seq 1 "${REPEATS:-1}"); do
+      [ -z "${NO_BENCH:-}" ] && bench "${name}_$r" "$settings"
+      run "${name}_$r" "$settings" 3 $([ "$first" = 1 ] && echo spy); first=0
+    done
+    if [ -n "${PREFETCH0:-}" ]; then run "${name}_prefetch0" "$settings" 0; fi
+  )
+  first=0
 done
 tar -czf "$OUT/e2e_runs.tgz" -C /tmp e2e
 find "$JIT" -name '*.so' 2>/dev/null | sort > /tmp/jit_after.txt
