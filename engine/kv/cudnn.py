@@ -724,6 +724,8 @@ def masked_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Te
     s = (qf @ kf.transpose(1, 2)) * q.shape[-1] ** -0.5
     hidden = torch.arange(k.shape[0], device=k.device) >= cu_k[1]
     s = s.masked_fill(hidden, float("-inf"))
+    # the slots past the length are unwritten pool memory: a NaN there would survive 0 * NaN
+    vf = vf.masked_fill(hidden[None, :, None], 0.0)
     lse = torch.logsumexp(s, dim=-1)                                               # [H, n]
     out = torch.softmax(s, dim=-1) @ vf
     return out.transpose(0, 1).to(q.dtype), lse

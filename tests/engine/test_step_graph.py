@@ -41,6 +41,11 @@ def test_masked_lse_equals_attention_over_the_visible_prefix():
         ref, ref_lse = torch_flash_lse(q, kk[:n], vv[:n])
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+        # slots past the length hold unwritten pool memory: NaN / inf there must not leak in
+        kk[n:], vv[n:] = float("nan"), float("inf")
+        out2, lse2 = masked_lse(q, kk, vv, cu_q, torch.tensor([0, n], dtype=torch.int32))
+        torch.testing.assert_close(out2, ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse2, ref_lse, atol=1e-5, rtol=1e-5)
 
 
 def test_write_indices_are_persistent_buffers_holding_the_current_step():
