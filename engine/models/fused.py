@@ -107,26 +107,27 @@ if triton is not None:
         tl.store(Y + row * C + cols, _ln_row(x, m, W, B, cols, C, eps).to(Y.dtype.element_ty), mask=m)
 
     @triton.jit
+    def _residual_row(X, R, G, XO, row, cols, m, C):
+        """x + r * gamma of one row (float32 x, any-dtype r), stored to XO and returned."""
+        x = tl.load(X + row * C + cols, mask=m, other=0.0)
+        r = tl.load(R + row * C + cols, mask=m, other=0.0).to(tl.float32)
+        x = x + r * tl.load(G + cols, mask=m, other=0.0)
+        tl.store(XO + row * C + cols, x, mask=m)
+        return x
+
+    @triton.jit
     def _residual_ln_kernel(X, R, G, W, B, XO, Y, C, eps, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         m = cols < C
-        x = tl.load(X + row * C + cols, mask=m, other=0.0)
-        r = tl.load(R + row * C + cols, mask=m, other=0.0).to(tl.float32)
-        g = tl.load(G + cols, mask=m, other=0.0)
-        x = x + r * g
-        tl.store(XO + row * C + cols, x, mask=m)
+        x = _residual_row(X, R, G, XO, row, cols, m, C)
         tl.store(Y + row * C + cols, _ln_row(x, m, W, B, cols, C, eps).to(Y.dtype.element_ty), mask=m)
 
     @triton.jit
     def _residual_kernel(X, R, G, XO, C, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
-        m = cols < C
-        x = tl.load(X + row * C + cols, mask=m, other=0.0)
-        r = tl.load(R + row * C + cols, mask=m, other=0.0).to(tl.float32)
-        g = tl.load(G + cols, mask=m, other=0.0)
-        tl.store(XO + row * C + cols, x + r * g, mask=m)
+        _residual_row(X, R, G, XO, row, cols, cols < C, C)
 
     @triton.jit
     def _merge_lse_kernel(OA, LA, OB, LB, O, sa_n, sa_h, sb_n, sb_h, la_h, lb_h,
