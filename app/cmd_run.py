@@ -84,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--stats-csv", metavar="FILE",
                    help="write one row of run statistics per second (frames, engine_fps, rss_mb, "
                         "gpu_allocated_mb, dropped, ...)")
+    o.add_argument("--stats-json", metavar="FILE",
+                   help="write the engine's statistics at the end of the run (attention paths, CUDA "
+                        "graph replays, kernel fallbacks, timing) and the driver's per-frame times")
     o.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
 
@@ -245,6 +248,7 @@ def _run(args) -> int:
     if args.speed < 0:
         raise _BadInput(f"--speed must be 0 (as fast as possible) or positive, got {args.speed}")
     stats_csv = _check_output(args.stats_csv, "--stats-csv") if args.stats_csv else None
+    stats_json = _check_output(args.stats_json, "--stats-json") if getattr(args, "stats_json", None) else None
 
     if _is_session_folder(args.input):
         return _export_only(args, outputs)
@@ -307,6 +311,8 @@ def _run(args) -> int:
                     pass
     if driver is None:
         return EXIT_BAD_INPUT
+    if stats_json:
+        _write_stats_json(stats_json, summary.stats, driver.run_stats())
     interrupted = bool(summary.interrupted)
     folder = driver.sinks[0].store.folder
     if summary.results == 0:
@@ -334,6 +340,23 @@ def _run(args) -> int:
             print(f"{out['points']} points exported (confidence >= {args.conf_threshold:g}, "
                   f"stride {args.stride})", file=sys.stderr)
     return EXIT_INTERRUPTED if interrupted else 0
+
+
+def _write_stats_json(path: Path, stats: dict, run: dict) -> None:
+    """The session's last stats() (without the per-page map) and the driver's timing as JSON."""
+    import json
+
+    import numpy as np
+
+    def plain(v):
+        if isinstance(v, np.generic):
+            return v.item()
+        if isinstance(v, np.ndarray):
+            return v.tolist()
+        return str(v)
+    body = {"engine": {k: v for k, v in stats.items() if k != "kv_page_map"}, "driver": run}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(body, indent=1, default=plain))
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ run() {   # run NAME SETTINGS PREFETCH [spy]
   local name=$1 extra=$2 pf=$3 spy=${4:-}
   local cmd="$RS run $VIDEO --loop --max-frames $N --engine lingbot-map --checkpoint /tmp/recipe.pt --device cuda
              --dtype bf16 --prefetch $pf --trajectory /tmp/e2e/traj_$name.txt --stats-csv /tmp/e2e/stats_$name.csv
-             --session-dir /tmp/sess_$name --quiet $extra"
+             --session-dir /tmp/sess_$name --stats-json /tmp/e2e/final_$name.json --quiet $extra"
   echo "== run $name (prefetch $pf${extra:+, $extra}${spy:+, py-spy})"
   if [ -n "$spy" ] && [ -x "$SPY" ]; then
     timeout 300 "$SPY" record --threads --idle --nonblocking --format raw -r 200 -o /tmp/e2e/spy_$name.txt -- $cmd 2>&1 \
@@ -50,6 +50,8 @@ run() {   # run NAME SETTINGS PREFETCH [spy]
     timeout 300 $cmd 2>&1 | grep -v "Warning" | tail -3
   fi
   echo "poses exported: $(wc -l < /tmp/e2e/traj_$name.txt)"
+  # which attention path and graphs the run's steps took, and any kernel given up
+  python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['engine']; print('final stats:', json.dumps({k: e.get(k) for k in ('step_graph', 'kernel_errors', 'resolution')}), json.dumps((e.get('kv') or {}).get('attention_paths')))" /tmp/e2e/final_$name.json 2>&1 | head -3
   python3 benchmarks/e2e_report.py run /tmp/e2e/stats_$name.csv "$name"; el
 }
 first=${SPY_FIRST:-1}

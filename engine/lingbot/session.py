@@ -55,6 +55,7 @@ from ..pose import decode_pose
 from ..session_timing import SessionTiming, require_ints, resolve_device
 
 from ..kv.dtypes import COMPUTE_DTYPES as _DTYPES, KV_DTYPES as _KV_DTYPES  # the one dtype table
+from ..models.layers import kernel_errors
 
 
 def _config_error(msg: str) -> EngineError:
@@ -192,6 +193,8 @@ class LingBotMapSession(SessionTiming):
             "time_index": self._time,
             # streamed steps replayed as one CUDA graph, and why they stopped if they did
             "step_graph": {"replays": self.model.step_graph_replays, "error": self.model.step_graph_error},
+            # why a fast kernel was given up for the process (None: in use where it applies)
+            "kernel_errors": kernel_errors(),
             "pending_scale_frames": len(self._pending),
             "resolution": (self._hw[1], self._hw[0]) if self._hw else None,
         }

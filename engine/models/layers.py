@@ -51,6 +51,12 @@ def _cudnn_first(q: torch.Tensor) -> bool:
     return cudnn_one_wave(B, N, H, _SMS[dev])
 
 
+def kernel_errors() -> dict:
+    """Why a fast kernel path was given up for the process (None where it is in use): the fused
+    Triton kernels (`fused.error`) and cuDNN-first attention (`cudnn_sdpa_error`). Session stats."""
+    return {"fused": fused.error, "cudnn_first_sdpa": cudnn_sdpa_error}
+
+
 def sdpa_bnhd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Full (unmasked) attention on [B, N, H, D] tensors; returns [B, N, H, D]."""
     global _CUDNN_FIRST, cudnn_sdpa_error

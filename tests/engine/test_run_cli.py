@@ -50,7 +50,8 @@ class _LineEngine:
         return out
 
     def stats(self):
-        return {"frames": self.n, "fps": 123.0}
+        return {"frames": self.n, "fps": 123.0, "kv": {"pages": np.int64(4)},
+                "kv_page_map": np.zeros(8, np.int8)}
 
     def poll_events(self):
         out, self.events = self.events, []
@@ -99,6 +100,22 @@ def test_run_writes_session_and_exports(clip, tmp_path, capsys):
     v = PlyData.read(str(out / "a.ply"))["vertex"].data
     assert len(v) == 10 * per_frame
     np.testing.assert_array_equal(np.stack([v["x"], v["y"], v["z"]], 1), z["points"])
+
+
+def test_run_writes_the_engines_final_stats_as_json(clip, tmp_path, capsys):
+    import json
+    path = tmp_path / "stats.json"
+    rc = main(["run", clip, "--engine", "io-test", "--max-frames", "7", "--quiet", "--stats-json", str(path),
+               "--session-dir", str(tmp_path / "sess")])
+    assert rc == 0, capsys.readouterr().err
+    body = json.loads(path.read_text())
+    assert body["engine"]["frames"] == 7 and body["engine"]["kv"] == {"pages": 4}
+    assert "kv_page_map" not in body["engine"]                       # the per-page map stays out
+    assert body["driver"]["frames_in"] == 7 and body["driver"]["results_total"] == 7
+    assert body["driver"]["push_ms"] is not None
+    (tmp_path / "a_file").write_text("x")
+    rc = main(["run", clip, "--engine", "io-test", "--stats-json", str(tmp_path / "a_file" / "s.json")])
+    assert rc == 2 and "--stats-json" in capsys.readouterr().err       # checked before the run
 
 
 def test_reexport_a_saved_session(clip, tmp_path, capsys):

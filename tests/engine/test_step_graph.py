@@ -153,6 +153,7 @@ def test_session_step_path_equals_sdpa_session(monkeypatch):
     steps = [k for k in graphs.keys if isinstance(k, tuple) and k and k[0] == "step"]
     assert steps and seen["stats"]["step_graph"]["error"] is None
     assert seen["stats"]["step_graph"]["replays"] == len(steps)
+    assert seen["stats"]["kernel_errors"] == {"fused": None, "cudnn_first_sdpa": None}
     kinds = {k[1][1:] for k in steps}          # (path, first page, length or A pages)
     assert {k[0] for k in kinds} == {"split", "whole"} and len(kinds) <= 4
     assert set(steps) <= seen["run"]           # each kind's first step ran eagerly
