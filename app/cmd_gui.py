@@ -47,6 +47,7 @@ def main(args: argparse.Namespace) -> int:
     import os
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    _crash_tracebacks()
     from engine.memory import bound_heap
     bound_heap()                    # long runs: RSS follows what is held (engine/memory.py)
     from PySide6 import QtCore, QtWidgets
@@ -134,6 +135,18 @@ def main(args: argparse.Namespace) -> int:
     # No explicit teardown: the bool_dealloc abort at exit came from PySide6 6.12.0's refcount
     # bug (excluded in pyproject.toml; tests/ui/test_ui_refcount.py catches a relapse).
     return status["code"] or int(code)
+
+
+def _crash_tracebacks() -> None:
+    """A hard crash (a segfault in Qt, OpenGL or a driver) prints every thread's Python stack to
+    stderr instead of dying silently (a scripted GUI run in CI once exited -11 with no output)."""
+    import faulthandler
+    if faulthandler.is_enabled():
+        return
+    try:
+        faulthandler.enable(all_threads=True)
+    except (AttributeError, ValueError, OSError):      # stderr without a file descriptor (captured)
+        pass
 
 
 def _start_stats_csv(win, path: str):
