@@ -248,7 +248,7 @@ def _run(args) -> int:
     if args.speed < 0:
         raise _BadInput(f"--speed must be 0 (as fast as possible) or positive, got {args.speed}")
     stats_csv = _check_output(args.stats_csv, "--stats-csv") if args.stats_csv else None
-    stats_json = _check_output(args.stats_json, "--stats-json") if getattr(args, "stats_json", None) else None
+    stats_json = _check_output(args.stats_json, "--stats-json") if args.stats_json else None
 
     if _is_session_folder(args.input):
         return _export_only(args, outputs)

@@ -40,15 +40,11 @@ import torch.nn as nn
 
 from ..models.camera_head import CameraCache, CameraHead
 from ..models.dpt_head import DPTHead
+from ..models.fused import switched_on
 from ..models.layers import global_attend
 from ..models.rope import Rope2D, Rotation, VideoRope3D
 from ..models.sections import timer_installed
 from ..models.trunk import IMAGENET_MEAN, IMAGENET_STD, Trunk, TrunkConfig, TrunkModel, build_preset
-
-
-def _flag(name: str) -> bool:
-    """An on-by-default switch of the environment ("0", "false", "no", "off": off)."""
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass
@@ -241,7 +237,7 @@ class LingBotMap(TrunkModel, nn.Module):
     def _depth(self, feats32: list, hw: tuple) -> tuple:
         """The depth head, one frame at a time: float32 as upstream, or under bf16 autocast when
         RECONSTUDIO_DEPTH_HEAD=bf16 (a measurement knob, CUDA only)."""
-        if feats32[0].is_cuda and not getattr(self, "_depth_cl", False) and _flag("RECONSTUDIO_DEPTH_CHANNELS_LAST"):
+        if feats32[0].is_cuda and not getattr(self, "_depth_cl", False) and switched_on("RECONSTUDIO_DEPTH_CHANNELS_LAST"):
             # convolution weights in channels-last: every conv of the head then runs NHWC end to end
             # (cuDNN transposed NCHW activations before and after each conv: 2.9 -> 2.3 ms a frame
             # on the H200)
@@ -323,7 +319,7 @@ class LingBotMap(TrunkModel, nn.Module):
     def _heads_stream(self, device):
         """The side stream of the camera head inside whole-step graphs (CUDA; None when
         RECONSTUDIO_HEADS_PARALLEL=0)."""
-        if device.type != "cuda" or not _flag("RECONSTUDIO_HEADS_PARALLEL"):
+        if device.type != "cuda" or not switched_on("RECONSTUDIO_HEADS_PARALLEL"):
             return None
         if getattr(self, "_side_stream", None) is None:
             self._side_stream = torch.cuda.Stream(device)

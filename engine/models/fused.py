@@ -58,9 +58,19 @@ def _guarded(fn):
     return call
 
 
+def switched_on(name: str) -> bool:
+    """An on-by-default switch of the environment ("0", "false", "no", "off": off) -- the kernel
+    paths' comparison knobs here and in engine/lingbot/model.py."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def fused_requested() -> bool:
     """RECONSTUDIO_FUSED_BLOCKS (default on; "0" = the unfused PyTorch ops, for comparisons)."""
-    return os.environ.get("RECONSTUDIO_FUSED_BLOCKS", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on("RECONSTUDIO_FUSED_BLOCKS")
+
+
+def _pow2(v: int) -> bool:
+    return v & (v - 1) == 0
 
 
 def gelu_epilogue_usable(x: torch.Tensor, fc1) -> bool:
@@ -69,8 +79,7 @@ def gelu_epilogue_usable(x: torch.Tensor, fc1) -> bool:
     moved from 5.80e-3 to 6.04e-3 on 130 real frames, docs/benchmarks.md). Float32 (the
     conformance path) keeps the exact GELU; RECONSTUDIO_GELU_EPILOGUE=0 switches it off."""
     return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and fc1.bias is not None
-            and fc1.weight.dtype == x.dtype
-            and os.environ.get("RECONSTUDIO_GELU_EPILOGUE", "1").strip().lower() not in ("0", "false", "no", "off"))
+            and fc1.weight.dtype == x.dtype and switched_on("RECONSTUDIO_GELU_EPILOGUE"))
 
 
 def usable(x: torch.Tensor, block) -> bool:
@@ -244,8 +253,7 @@ def merge_usable(out_a: torch.Tensor, lse_a: torch.Tensor) -> bool:
     if triton is None or error is not None or not out_a.is_cuda or not fused_requested():
         return False
     n, H, D = out_a.shape
-    pow2 = lambda v: v & (v - 1) == 0      # noqa: E731
-    return (pow2(H) and pow2(D) and H * D <= 8192 and out_a.stride(-1) == 1 and lse_a.dtype == torch.float32
+    return (_pow2(H) and _pow2(D) and H * D <= 8192 and out_a.stride(-1) == 1 and lse_a.dtype == torch.float32
             and lse_a.stride(-1) == 1 and not torch.compiler.is_compiling())
 
 
@@ -277,8 +285,7 @@ def qk_norm_rope_ok(qkv: torch.Tensor, rope) -> bool:
     """The fused qk path applies: qkv [B, N, 3, H, D] with D and H powers of two and the innermost
     (H, D) block dense; a rotation (engine/models/rope.py `Rotation`) with cos/sin [1 | B, N, 1, D]."""
     B, N, three, H, D = qkv.shape
-    pow2 = lambda v: v & (v - 1) == 0      # noqa: E731
-    if three != 3 or not (pow2(H) and pow2(D)) or qkv.stride(-1) != 1 or qkv.stride(-2) != D:
+    if three != 3 or not (_pow2(H) and _pow2(D)) or qkv.stride(-1) != 1 or qkv.stride(-2) != D:
         return False
     if qkv.stride(2) != H * D:
         return False
