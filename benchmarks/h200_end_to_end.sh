@@ -15,7 +15,7 @@
 # Knobs: N (frames, 400), VARIANTS ("name=--flag,--flag,value ..." or "name=ENV=1,ENV2=0:--flag,...";
 # commas become spaces, an "ENV=V:" prefix sets environment variables for that variant; default
 # "default="), REPEATS (1), PREFETCH0=1 (also a run with the reader thread off), GPU_TESTS
-# ("tests/engine/x.py ..."), SPY_FIRST (1), NO_BENCH=1 (runs only: a long soak of the user's path).
+# ("tests/engine/x.py ...", T_TESTS 300 s, TEST_TAIL 25 lines), SPY_FIRST (1), NO_BENCH=1 (runs only: a long soak of the user's path).
 set -uo pipefail
 . benchmarks/gpu_env.sh
 VIDEO=.cache/frames/icl_kt3.mp4
@@ -27,7 +27,7 @@ find "$JIT" -name '*.so' 2>/dev/null | sort > /tmp/jit_before.txt
 timeout 200 python3 benchmarks/side_by_side.py weights /tmp/recipe.pt 2>&1 | tail -1; el
 RS="python3 -m app"; mkdir -p /tmp/e2e
 if [ -n "${GPU_TESTS:-}" ]; then
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:pytest-qt $GPU_TESTS 2>&1 | tail -8; el
+  timeout "${T_TESTS:-300}" python3 -m pytest -q --tb=short -p no:cacheprovider -p no:pytest-qt $GPU_TESTS 2>&1 | tail -${TEST_TAIL:-25}; el
 fi
 bench() {   # bench NAME SETTINGS
   echo "== bench $1 ($N frames, synthetic at 518x392${2:+, $2})"

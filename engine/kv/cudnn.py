@@ -717,6 +717,93 @@ def torch_flash_varlen_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     return res[0], res[1].reshape(H, -1)[:, :n].float()
 
 
+def tail_chunks(tail_rows: int, heads: int, sms: Optional[int], keys: int, tile: int = CUDNN_Q_TILE,
+                min_keys: int = 1024) -> int:
+    """How many key chunks the wave tail's queries are attended in (`chunked_lse`): enough that
+    chunks x heads x ceil(rows / tile) work tiles fill the SMs once, each chunk >= `min_keys`."""
+    tiles = heads * -(-tail_rows // tile)
+    n = max(1, min((sms or tiles) // tiles, keys // min_keys))
+    return -(-keys // -(-keys // n))       # runs of ceil(keys / n): none of them empty
+
+
+def even_chunks(keys: int, most: int, min_keys: int = 1024) -> int:
+    """The largest chunk count <= `most` that cuts `keys` into EQUAL runs of >= `min_keys` (what
+    `chunked_lse`'s cuDNN form needs: the chunks as one strided batch view); 1 if none."""
+    return max([n for n in range(1, max(1, most) + 1) if keys % n == 0 and keys // n >= min_keys] or [1])
+
+
+def chunked_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks: int, bounds=None,
+                kernel: str = "flash"):
+    """Attention of a few query rows q [t, H, D] over MANY keys k / v [L, H, D] -> (out, lse [H, t]
+    float32), the keys cut into `chunks` contiguous runs attended in parallel and merged by their
+    log-sum-exp. Why: t rows are one work tile a head, so a single call would run `heads` CTAs
+    through all L keys one after another (the wave tail of `CuDNNSplitBackend`); chunked, the same
+    work spreads over chunks x heads CTAs. On CUDA one varlen flash call (the q rows repeated per
+    chunk, the chunks zero-copy slices of k / v, `bounds` = (cu_q, cu_k) int32 device tensors from
+    `chunk_bounds`), or with kernel "cudnn" one batched cuDNN call (equal chunks, `even_chunks`:
+    the batch a strided view of k / v); elsewhere a loop of `torch_flash_lse` (the CPU tests)."""
+    t, H, D = q.shape
+    L = k.shape[0]
+    assert (chunks - 1) * -(-L // chunks) < L, "an empty key chunk (tail_chunks picks the count)"
+    if q.device.type == "cuda" and kernel == "cudnn":
+        assert L % chunks == 0, "the cuDNN form takes equal chunks (even_chunks picks the count)"
+        kc, vc = (x.view(chunks, L // chunks, H, D).transpose(1, 2) for x in (k, v))   # [C, H, c, D]
+        qc = q.repeat(chunks, 1, 1).view(chunks, t, H, D).transpose(1, 2)
+        res = torch.ops.aten._scaled_dot_product_cudnn_attention(qc, kc, vc, None, True)
+        out = res[0].transpose(1, 2)                                       # [chunks, t, H, D]
+        lse = res[1].reshape(chunks, H, -1)[:, :, :t].float()
+    elif q.device.type == "cuda":
+        cu_q, cu_k = bounds if bounds is not None else chunk_bounds(t, L, chunks, q.device)
+        c = -(-L // chunks)
+        res = torch.ops.aten._flash_attention_forward(q.repeat(chunks, 1, 1), k, v, cu_q, cu_k, t, c,
+                                                      0.0, False, False)
+        out = res[0].view(chunks, t, H, -1)
+        lse = res[1]
+        # PyTorch's varlen flash returns the statistics unpadded [H, chunks * t] (or padded
+        # [chunks, H, >= t] in older flash builds): both read as [chunks, H, t]
+        lse = (lse.view(H, chunks, t).transpose(0, 1) if lse.dim() == 2 else lse[:, :, :t]).float()
+    else:
+        c = -(-L // chunks)
+        parts = [torch_flash_lse(q, k[i * c:(i + 1) * c], v[i * c:(i + 1) * c]) for i in range(chunks)]
+        out = torch.stack([o for o, _ in parts])                           # [chunks, t, H, D]
+        lse = torch.stack([s for _, s in parts])                           # [chunks, H, t]
+    top = lse.amax(dim=0)                                                  # [H, t]
+    w = torch.exp(lse - top)                                               # [chunks, H, t]
+    total = w.sum(dim=0)
+    w = (w / total).transpose(1, 2).unsqueeze(-1)                          # [chunks, t, H, 1]
+    return (out.float() * w).sum(dim=0).to(q.dtype), top + torch.log(total)
+
+
+def chunk_bounds(rows: int, keys: int, chunks: int, device):
+    """(cu_q, cu_k) int32 device tensors of `chunked_lse`'s varlen call: `chunks` copies of `rows`
+    query rows, and `keys` cut into runs of ceil(keys / chunks) (the last one shorter). Built by
+    device kernels only (no host copy: safe while a CUDA graph captures)."""
+    i = torch.arange(chunks + 1, device=device, dtype=torch.int32)
+    c = -(-keys // chunks)
+    return i * rows, torch.clamp(i * c, max=keys)
+
+
+def cudnn_wave_tail_default() -> bool:
+    """Whether `CuDNNSplitBackend` takes steps whose query rows do not fit one wave of cuDNN work
+    tiles, attending the rows that do through cuDNN and the rest (the "wave tail": 18 of a 640x480
+    input's 1,042 tokens on the H200) through `chunked_lse`; RECONSTUDIO_CUDNN_WAVE_TAIL=0|1
+    (default 1; 0 sends those steps to the fallback, as before)."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_WAVE_TAIL", "1").strip()
+    if val not in ("0", "1"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_WAVE_TAIL must be 0 or 1 (got {val!r})")
+    return val == "1"
+
+
+def cudnn_tail_kernel_default() -> str:
+    """The wave tail's kernel (`chunked_lse`): "flash" (PyTorch's varlen flash, any chunking) or
+    "cudnn" (one batched cuDNN call where the keys cut into equal chunks, else flash);
+    RECONSTUDIO_CUDNN_TAIL_KERNEL."""
+    val = os.environ.get("RECONSTUDIO_CUDNN_TAIL_KERNEL", "flash").strip().lower()
+    if val not in ("flash", "cudnn"):
+        raise KVCacheError(f"RECONSTUDIO_CUDNN_TAIL_KERNEL must be 'flash' or 'cudnn' (got {val!r})")
+    return val
+
+
 def masked_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor):
     """`torch_flash_varlen_lse` in plain float32 math (the CPU and tests): the keys at or past
     cu_k[1] masked on the device, no host read of the length."""
@@ -784,10 +871,12 @@ class CuDNNSplitBackend(_CacheRef):
 
     # q rows per cuDNN work tile (its SM90 forward kernels): ceil(q / 128) x heads CTAs a call
     Q_TILE = CUDNN_Q_TILE
+    tail_min_keys = 1024           # keys per chunk of the wave tail at least (`tail_chunks`)
 
     def __init__(self, cache, kernel_a=None, kernel_b=None, fallback=None, max_shapes: int = 4,
                  a_kernel: Optional[str] = None, merge: Optional[str] = None, wave_sms: Optional[int] = -1,
-                 kernel_full=None, whole: Optional[bool] = None, kernel_fp8=None, kernel_b_static=None):
+                 kernel_full=None, whole: Optional[bool] = None, kernel_fp8=None, kernel_b_static=None,
+                 tail: Optional[bool] = None):
         """kernel_a / kernel_b: (q, k, v) -> (out [n, H, D], lse [H, n] float32, natural log); by
         default `torch_cudnn_lse` (or the frontend's `attend_lse`, `a_kernel`/RECONSTUDIO_CUDNN_SPLIT_A)
         and `torch_flash_lse`. fallback: a backend instance for the other steps (tests pass one).
@@ -807,7 +896,10 @@ class CuDNNSplitBackend(_CacheRef):
         ceil(q tokens / Q_TILE) x heads <= wave_sms; -1 = the GPU's SM count (no limit on the CPU),
         None = no limit. Measured on the H200 (132 SMs), 16 heads, 74k keys: q = 1,005 tokens (8
         tiles x 16 = 128 CTAs) 0.63 ms, q = 1,042 (a 640x480 input at 518x392: 9 x 16 = 144 CTAs, a
-        second, nearly empty wave) 1.48 ms -- slower than FlashInfer's 0.85, so those steps fall back."""
+        second, nearly empty wave) 1.48 ms -- slower than FlashInfer's 0.85. So such a step's cuDNN
+        call takes only the rows that fit one wave (`wave_rows`: 1,024 there) and the remaining
+        "wave tail" rows attend the same keys through `chunked_lse` (tail: `cudnn_wave_tail_default`;
+        off, or with cuDNN's fp8 kernel, those steps fall back to FlashInfer as before)."""
         self.cache = cache
         pool = cache.pool
         if wave_sms == -1:
@@ -815,6 +907,11 @@ class CuDNNSplitBackend(_CacheRef):
             wave_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
         self.wave_sms = wave_sms
         self.wave_declined = 0                     # steps sent to the fallback for their q size
+        self.tail = cudnn_wave_tail_default() if tail is None else bool(tail)
+        self.wave_tail_steps = 0                   # steps whose rows past one wave went to chunked_lse
+        self.tail_kernel = cudnn_tail_kernel_default()
+        self._tail = {}                            # (rows, keys) -> chunked_lse's (chunks, bounds, kernel)
+        self._rows = 0                             # the planned step's rows for the cuDNN call
         self.capacity = pool.num_pages * pool.page_size
         self.max_shapes = int(max_shapes)
         self.error = None
@@ -905,19 +1002,35 @@ class CuDNNSplitBackend(_CacheRef):
         their q size, the kernel error if any (PagedKVCache.stats "attention_paths")."""
         return {"calls": dict(self.calls), "split_shapes": len(self.a_shapes),
                 "whole_shapes": len(self.whole_shapes), "whole": self.whole,
-                "wave_declined": self.wave_declined, "error": self.error}
+                "wave_declined": self.wave_declined, "wave_tail_steps": self.wave_tail_steps,
+                "wave_tails": [f"{t} rows x {L} keys: {c} {kind} chunks"
+                               for (t, L), (c, _, kind) in sorted(self._tail.items())],
+                "error": self.error}
 
     def fits_one_wave(self, q_tokens: int) -> bool:
         """The cuDNN call's work tiles for `q_tokens` queries fit one wave of the GPU (see __init__)."""
         if self.wave_sms is None:
             return True
-        return cudnn_one_wave(1, q_tokens, self.cache.pool.num_heads, self.wave_sms)
+        return cudnn_one_wave(1, q_tokens, self.cache.pool.num_heads, self.wave_sms, self.Q_TILE)
+
+    def wave_rows(self, q_tokens: int) -> int:
+        """The query rows of a step that cuDNN attends in one wave: all of them when they fit,
+        else whole tiles for every head (0 when not even one tile a head fits)."""
+        if self.fits_one_wave(q_tokens):
+            return q_tokens
+        return (self.wave_sms // self.cache.pool.num_heads) * self.Q_TILE
 
     def plan(self, step: StepTable) -> None:
         split = self.split_point(step) if self._ok and self.error is None else None
+        self._rows = step.q_tokens
         if split is not None and not self.fits_one_wave(step.q_tokens):
-            split = None
-            self.wave_declined += 1
+            rows = self.wave_rows(step.q_tokens)
+            if self.tail and rows > 0 and self.fp8_mode != "compute":
+                self._rows = rows
+                self.wave_tail_steps += 1
+            else:
+                split = None
+                self.wave_declined += 1
         if split is not None:
             whole = self.whole and step.fixed_length
             shapes, key = ((self.whole_shapes, (step.q_tokens, step.num_kv_tokens)) if whole
@@ -986,9 +1099,9 @@ class CuDNNSplitBackend(_CacheRef):
             ks, vs = pool.scales[layer, 0], pool.scales[layer, 1]
             q = (q.float() * ks.view(1, H, 1)).to(q.dtype)
         if whole:                      # one fixed-length run: no statistics, no merge
-            out = full(q, kp[:n], vp[:n])
+            out = self._wave_tail(q, kp[:n], vp[:n], lambda *a: (full(*a), None))[0]
         else:
-            out, lse_a = part_a(q, kp[:n_a * P], vp[:n_a * P])    # constant shape
+            out, lse_a = self._wave_tail(q, kp[:n_a * P], vp[:n_a * P], part_a)   # constant shape
             if static_b or b:          # static: B's length from the device (cu_k), not the host
                 out_b, lse_b = (self._kernel_b_static(q, kp[n_a * P:], vp[n_a * P:], self._cu_q, self._cu_k)
                                 if static_b else part_b(q, kp[n_a * P:n], vp[n_a * P:n]))
@@ -996,6 +1109,28 @@ class CuDNNSplitBackend(_CacheRef):
         if self.fp8_mode == "convert":       # attention is linear in V: the value scales last
             out = (out.float() * vs.view(1, H, 1)).to(q.dtype)
         return out
+
+    def _wave_tail(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel):
+        """kernel(q, k, v) -> (out, lse) over all of q's rows, cuDNN (`kernel`) taking the rows that
+        fit one wave and `chunked_lse` the rest, the results stacked by row (disjoint queries
+        over the same keys: nothing to merge). lse is None when `kernel` returns none (whole)."""
+        r = self._rows
+        if r >= q.shape[0]:
+            return kernel(q, k, v)
+        t, L = q.shape[0] - r, k.shape[0]
+        spec = self._tail.get((t, L))
+        if spec is None:           # device kernels only: also safe inside a graph capture
+            chunks = tail_chunks(t, q.shape[1], self.wave_sms, L, self.Q_TILE, self.tail_min_keys)
+            even = even_chunks(L, chunks, self.tail_min_keys)
+            if self.tail_kernel == "cudnn" and 2 * even >= chunks:    # at least half the CTAs
+                spec = (even, None, "cudnn")
+            else:
+                spec = (chunks, chunk_bounds(t, L, chunks, q.device), "flash")
+            self._tail[(t, L)] = spec
+        out_m, lse_m = kernel(q[:r], k, v)
+        out_t, lse_t = chunked_lse(q[r:], k, v, *spec)
+        out = torch.cat([out_m, out_t])
+        return out, (None if lse_m is None else torch.cat([lse_m, lse_t], dim=1))
 
     def _run_views(self, layer: int, first: int, m: int):
         """The layer's keys / values of pages first .. first + m - 1 as [m * page_size, H, D] views

@@ -29,11 +29,11 @@ _SMS: dict = {}             # CUDA device index -> SM count
 CUDNN_Q_TILE = 128          # q rows per work tile of cuDNN's SM90 attention kernels
 
 
-def cudnn_one_wave(batch: int, q_tokens: int, heads: int, sms: int) -> bool:
-    """cuDNN's attention over `batch` x `heads` x ceil(q_tokens / 128) work tiles fits one wave of
+def cudnn_one_wave(batch: int, q_tokens: int, heads: int, sms: int, tile: int = CUDNN_Q_TILE) -> bool:
+    """cuDNN's attention over `batch` x `heads` x ceil(q_tokens / tile) work tiles fits one wave of
     `sms` SMs. Measured on the H200 (132 SMs, 16 heads, 74k keys): 1,005 queries (128 tiles)
     0.63 ms, 1,042 (144 tiles: a second, nearly empty wave) 1.48 ms."""
-    return batch * heads * -(-q_tokens // CUDNN_Q_TILE) <= sms
+    return batch * heads * -(-q_tokens // tile) <= sms
 
 
 def _cudnn_first(q: torch.Tensor) -> bool:

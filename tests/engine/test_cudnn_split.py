@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from engine.kv import PagedKVCache
 from engine.kv.backends import SDPABackend
-from engine.kv.cudnn import CuDNNBackend, CuDNNSplitBackend, merge_lse, torch_flash_lse
+from engine.kv.cudnn import (CuDNNBackend, CuDNNSplitBackend, chunked_lse, even_chunks, merge_lse,
+                              tail_chunks, torch_flash_lse)
 from tests.engine.kv_pair import KW, D, H, L, P, S6, cache_pair, drive
 
 PATTERN = "kknkkknkknknnkkkknknkk"      # fills, evicts, rolls back (interval 2), wraps the ring
@@ -122,7 +123,8 @@ def test_shape_cap_sends_new_lengths_to_the_fallback():
 @pytest.mark.parametrize("spare", [0, -1])
 def test_split_runs_only_when_its_call_fits_one_wave(spare):
     """ceil(q / 128) x heads work tiles must fit the GPU's SMs (wave_sms): with one SM short of
-    that every step goes to the fallback (same outputs), with exactly that the split runs."""
+    that (and not one whole tile a head left: no wave tail possible) every step goes to the
+    fallback (same outputs), with exactly that the split runs."""
     cu, sd, stand_in = _caches()
     be = cu._attn
     assert be.wave_sms is None                  # CPU: no wave limit by default
@@ -133,7 +135,91 @@ def test_split_runs_only_when_its_call_fits_one_wave(spare):
     if spare < 0:
         assert be.calls["split"] == 0 and stand_in.calls == 0 and be.wave_declined > 0
     else:
-        assert be.calls["split"] > 0 and be.wave_declined == 0
+        assert be.calls["split"] > 0 and be.wave_declined == 0 and be.wave_tail_steps == 0
+
+
+class RowsStandIn(FixedStandIn):
+    """FixedStandIn that also records the q rows cuDNN was handed."""
+
+    def __init__(self, cache):
+        super().__init__(cache)
+        self.rows = set()
+
+    def __call__(self, q, k, v):
+        self.rows.add(q.shape[0])
+        return super().__call__(q, k, v)
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_wave_tail_rows_attend_through_key_chunks(whole):
+    """Rows past one wave: cuDNN gets the rows that fit (whole tiles a head), the rest attend the
+    same keys in chunks merged by log-sum-exp (`chunked_lse`); every output still equals SDPA,
+    split and whole steps alike, and the tail switched off sends those steps to the fallback."""
+    cu, sd = cache_pair()
+    fixed = RowsStandIn(cu)
+    full = WholeStandIn(cu)
+    be = cu._attn = CuDNNSplitBackend(cu, kernel_a=fixed, kernel_full=full if whole else None,
+                                      fallback=SDPABackend.create(cu), whole=whole)
+    be.Q_TILE, be.tail_min_keys = 2, 2          # tiny tiles: 8 rows = 4 tiles a head
+    be.wave_sms = 7                              # 8 tiles do not fit; 3 a head do (6 rows)
+    assert be.wave_rows(P + S6) == 6 and not be.fits_one_wave(P + S6)
+    for a, b, step, split in _drive(cu, sd, PATTERN + ("nkknkk" if whole else "")):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    assert be.wave_tail_steps > 0 and be.wave_declined == 0 and be.error is None
+    assert fixed.rows == {6}                     # never more rows than one wave
+    chunks = {spec[0] for spec in be._tail.values()}
+    assert chunks and all(c > 1 for c in chunks)  # 2 tail rows x 2 heads: 3 chunks fill 7 SMs
+    if whole:
+        assert be.calls["whole"] > 0 and full.shapes and all(qs[0] == 6 for qs, _ in full.shapes)
+    # switched off: the same steps decline, as before the tail
+    cu2, sd2 = cache_pair()
+    be2 = cu2._attn = CuDNNSplitBackend(cu2, kernel_a=FixedStandIn(cu2), fallback=SDPABackend.create(cu2),
+                                        tail=False)
+    be2.Q_TILE, be2.wave_sms = 2, 7
+    for a, b, step, split in _drive(cu2, sd2, PATTERN):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    assert be2.calls["split"] == 0 and be2.wave_declined > 0 and be2.wave_tail_steps == 0
+
+
+def test_chunked_lse_equals_attention_over_all_keys():
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(5, 3, 16, generator=g) * 2
+    k, v = (torch.randn(41, 3, 16, generator=g) * 2 for _ in range(2))
+    ref_out, ref_lse = torch_flash_lse(q, k, v)
+    for chunks in (1, 2, 5, 7):
+        out, lse = chunked_lse(q, k, v, chunks)
+        torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+    # the count: chunks x heads x tiles fill the SMs, chunks >= min_keys long and none empty
+    assert tail_chunks(18, 16, 132, 74592) == 8            # the H200 at 518x392: 8 x 16 CTAs
+    assert tail_chunks(18, 16, 132, 3000) == 2             # >= 1,024 keys a chunk
+    assert tail_chunks(200, 16, 132, 74592) == 4           # 2 tiles a head
+    for keys in range(1, 60):
+        n = tail_chunks(1, 1, 8, keys, min_keys=1)
+        assert 1 <= n <= 8 and (n - 1) * -(-keys // n) < keys
+    # equal chunks for the cuDNN form: 72 and 73 patch pages of 1,036 tokens, and a whole run
+    assert even_chunks(72 * 1036, 8) == 8 and even_chunks(73 * 1036, 8) == 7
+    assert even_chunks(72 * 1036 + 6150, 8) == 6 and even_chunks(1031, 8) == 1
+    assert even_chunks(4096, 8, min_keys=1024) == 4
+
+
+def test_wave_tail_kernel_knob_picks_cudnn_only_for_equal_chunks(monkeypatch):
+    monkeypatch.setenv("RECONSTUDIO_CUDNN_TAIL_KERNEL", "cudnn")
+    cu, sd = cache_pair()
+    be = cu._attn = CuDNNSplitBackend(cu, kernel_a=FixedStandIn(cu), fallback=SDPABackend.create(cu))
+    be.Q_TILE, be.tail_min_keys, be.wave_sms = 2, 2, 7
+    for a, b, step, split in _drive(cu, sd, PATTERN):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    kinds = {L: (c, kind) for (t, L), (c, _, kind) in be._tail.items()}
+    assert kinds and all(kind == ("cudnn" if L % c == 0 else "flash") for L, (c, kind) in kinds.items())
+    assert any(kind == "cudnn" for _, kind in kinds.values())
+    assert len(be.path_stats()["wave_tails"]) == len(kinds)
+    monkeypatch.setenv("RECONSTUDIO_CUDNN_TAIL_KERNEL", "fast")
+    with pytest.raises(Exception, match="RECONSTUDIO_CUDNN_TAIL_KERNEL"):
+        CuDNNSplitBackend(cu, kernel_a=FixedStandIn(cu), fallback=SDPABackend.create(cu))
 
 
 @pytest.mark.parametrize("method", ["random_subset", "block_sparse"])

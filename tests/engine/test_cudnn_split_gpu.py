@@ -21,7 +21,8 @@ PATTERN = "kkknkkkknknkkknknkkkkknk"
 
 @needs_cuda
 @pytest.mark.parametrize("a_kernel,page,whole", [("torch", 130, True), ("torch", 999, True),
-                                                  ("frontend", 130, True), ("torch", 130, False)])
+                                                  ("frontend", 130, True), ("torch", 130, False),
+                                                  ("torch", 1036, True), ("torch", 1036, False)])
 def test_split_equals_sdpa_without_syncs(a_kernel, page, whole):
     if a_kernel == "frontend" and _import_cudnn_frontend()[0] is None:
         pytest.skip(f"cuDNN frontend missing: {_import_cudnn_frontend()[1]}")
@@ -61,6 +62,10 @@ def test_split_equals_sdpa_without_syncs(a_kernel, page, whole):
                 torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert be.error is None, be.error
+    # 1,036 patches (a 640x480 input): 1,042 rows = 9 tiles x 16 heads, past one wave of 132
+    # SMs: cuDNN takes 1,024 rows, the wave tail the other 18 (chunked_lse)
+    tail = not be.fits_one_wave(S6 + page)
+    assert (be.wave_tail_steps > 0) == tail and be.wave_declined == 0
     assert cu.stats()["special_dropped"] > 0
     assert splits >= 10 and be.calls["split"] + be.calls["whole"] == L * splits and be.calls["fallback"] > 0
     assert (be.calls["whole"] > 0) == whole
@@ -106,6 +111,30 @@ def test_split_kernels_return_natural_log_sum_exp():
     torch.testing.assert_close(eager.float(), ref, atol=2e-2, rtol=2e-2)
     compiled = torch.compile(merge_lse, dynamic=False, fullgraph=True)(oa, la, ob, lb)
     torch.testing.assert_close(compiled.float(), eager.float(), atol=1e-2, rtol=1e-2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("rows,keys", [(18, 74592), (18, 75628), (200, 9990), (7, 3000)])
+def test_chunked_lse_on_cuda_equals_float32_attention(rows, keys):
+    """The wave tail's varlen flash call over key chunks, merged: output and log-sum-exp against
+    a float32 reference, with the chunk count the H200 would pick."""
+    from engine.kv.cudnn import chunk_bounds, chunked_lse, even_chunks, tail_chunks
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    q = torch.randn(rows, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(2, keys, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    s = torch.einsum("nhd,shd->hns", q.float(), kv[0].float()) / D ** 0.5
+    ref_lse, ref = s.logsumexp(-1), torch.einsum("hns,shd->nhd", s.softmax(-1), kv[1].float())
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    chunks = tail_chunks(rows, H, sms, keys)
+    for n in sorted({1, chunks}):
+        out, lse = chunked_lse(q, kv[0], kv[1], n, chunk_bounds(rows, keys, n, q.device))
+        assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (H, rows)
+        torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    n = even_chunks(keys, chunks)                       # the cuDNN form: one batched call
+    out, lse = chunked_lse(q, kv[0], kv[1], n, kernel="cudnn")
+    torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 @needs_cuda

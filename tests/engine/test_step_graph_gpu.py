@@ -26,12 +26,15 @@ def _run(model, scope, frames):
 
 
 @needs_cuda
-def test_step_graphs_equal_the_eager_steps():
+@pytest.mark.parametrize("height", [378, 392])
+def test_step_graphs_equal_the_eager_steps(height):
+    """height 392 (a 640x480 input): 1,042 rows a frame, past one wave of cuDNN tiles on the H200,
+    so the split's steps carry a wave tail (`chunked_lse`) -- graphed too."""
     from engine.bench import BenchConfig, build_bench_model
     from tests.engine.backend_sessions import rel
     model = build_bench_model(BenchConfig(device="cuda"))
     gen = torch.Generator().manual_seed(3)
-    frames = [torch.rand(3, 378, 518, generator=gen) for _ in range(30)]
+    frames = [torch.rand(3, height, 518, generator=gen) for _ in range(30)]
     try:
         before = model.step_graph_replays
         eager, _, eager_keys, _ = _run(model, "fixed", frames)
@@ -41,6 +44,9 @@ def test_step_graphs_equal_the_eager_steps():
         model.aggregator.graph_scope = "step"
     assert stats["step_graph"]["error"] is None, stats["step_graph"]["error"]
     assert paths["error"] is None and paths["calls"]["split"] > 0 and paths["calls"]["whole"] > 0
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert (paths["wave_tail_steps"] > 0) == (16 * -(-(37 * (height // 14) + 6) // 128) > sms)
+    assert paths["wave_declined"] == 0
     assert 2 <= len(keys) <= 4                          # one graph per step kind
     assert stats["step_graph"]["replays"] - before >= 10
     assert len(graphed) == len(eager) == len(frames)
