@@ -217,6 +217,10 @@ _VARIANTS = {
     # PyTorch's SDPA order (flash first) for the per-frame attention of the patch-embed and frame
     # blocks, instead of cuDNN first (the default since 2026-12-02)
     "frame-flash": ({}, {"RECONSTUDIO_FRAME_SDPA": "flash"}),
+    # rows past one wave of cuDNN tiles (518x392: 1,042 rows): the tail through flash instead of
+    # cuDNN's batched form (the default since 2026-12-02), or no tail (those steps to FlashInfer)
+    "tail-flash": ({}, {"RECONSTUDIO_CUDNN_TAIL_KERNEL": "flash"}),
+    "no-tail": ({}, {"RECONSTUDIO_CUDNN_WAVE_TAIL": "0"}),
     "cudnn-split-compiled-b": ({"backend": "cudnn-split"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
     # the split's streamed steps without whole-step graphs (graph scope "fixed": the parts graphed,
     # attention eager) -- what "cudnn-split" ran before whole-step graphs; -compiled: with the

@@ -11,7 +11,8 @@
 #   mkdir -p .cache/frames && cp ../shared/data/icl_livingroom_kt3/video.mp4 .cache/frames/icl_kt3.mp4
 # Device: carry .whl .cache .upstream;  bash benchmarks/side_by_side.sh [FRAMES] [extra ours variants]
 # (FID_VARIANTS=a,b: those variants' bf16 outputs also compared with the fp32 reference;
-# NO_UPSTREAM=1: ours only)
+# NO_UPSTREAM=1: ours only; RES_H=392: frames at 518x392, a 640x480 camera's model size;
+# UP_FLAGS=--no-eager: upstream's compiled runs only -- its fastest)
 set -uo pipefail
 . benchmarks/gpu_env.sh
 N=${1:-300}; VARIANTS=${2:-}; FID=${FID:-48}
@@ -21,10 +22,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__)"
 T_OURS=${T_OURS:-240}; T_UP=${T_UP:-300}
 timeout 120 $SBS weights /tmp/recipe.pt; el
-timeout $T_OURS $SBS ours --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames "$FID" --variants "$VARIANTS" --fid-variants "${FID_VARIANTS:-}" \
+timeout $T_OURS $SBS ours --weights /tmp/recipe.pt --video $VIDEO --height "${RES_H:-378}" --frames "$N" --fid-frames "$FID" --variants "$VARIANTS" --fid-variants "${FID_VARIANTS:-}" \
   --json "$OUT/ours.json" --npz /tmp/ours_fp32.npz 2>&1 | grep -v Warning | tee "$OUT/ours.log"; el
 [ -n "${NO_UPSTREAM:-}" ] && exit 0
-timeout $T_UP $SBS upstream --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --fid-frames "$FID" --upstream .upstream \
+timeout $T_UP $SBS upstream --weights /tmp/recipe.pt --video $VIDEO --height "${RES_H:-378}" --frames "$N" --fid-frames "$FID" --upstream .upstream ${UP_FLAGS:-} \
   --json "$OUT/upstream.json" --npz /tmp/upstream_fp32.npz 2>&1 | grep -v "Warning\|it/s\]" | tee "$OUT/upstream.log" | tail -30; el
 $SBS report "$OUT/ours.json" "$OUT/upstream.json" --npz-ours /tmp/ours_fp32.npz --npz-upstream /tmp/upstream_fp32.npz \
   2>&1 | tee "$OUT/side_by_side.txt"
