@@ -1,6 +1,7 @@
 """I/O benchmark (figures, not tests): frame decoding, session-store writes, reload, exports.
 
     python -m engine.io.bench [--data ../shared/data] [--frames 200] [--json OUT] [--density]
+    python -m engine.io.bench --writers 1,2,3     (only: what a background store sustains)
 
 Uses the real ICL-NUIM clip and frames for decoding, and real 7-Scenes depth maps (with the
 matching colour frames) as dense engine results for the store and the exporters.
@@ -140,6 +141,26 @@ def density(data: Path, frames: int) -> dict:
     return res
 
 
+def writer_capacity(data: Path, frames: int, counts) -> dict:
+    """Frames per second a background store (default encoding) sustains with each writer count:
+    results written back to back (no engine between them), timed to the end of `close` (all on
+    disk). A run's engine can go no faster than this for long (the queue fills)."""
+    import os
+    from .store import SessionStore
+    res: dict = {"cpu_count": os.cpu_count()}
+    rs = _dense_results(data, frames, (518, 392))
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in counts:
+            store = SessionStore(Path(tmp) / f"w{n}", SessionConfig(), "bench", background=True,
+                                 queue_size=4, writers=n)
+            t0 = time.perf_counter()
+            for r in rs:
+                store.write(r)
+            store.close()
+            res[f"store_518x392_writers{n}_fps"] = round(len(rs) / (time.perf_counter() - t0), 1)
+    return res
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[3] / "shared" / "data"))
@@ -147,8 +168,15 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the figures to this JSON file")
     p.add_argument("--density", action="store_true",
                    help="only the store size vs export density table (every store layout)")
+    p.add_argument("--writers", default=None,
+                   help="only the background store's capacity with these writer counts (e.g. 1,2,3)")
     args = p.parse_args(argv)
-    res = density(Path(args.data), args.frames) if args.density else run(Path(args.data), args.frames)
+    if args.writers:
+        res = writer_capacity(Path(args.data), args.frames, [int(x) for x in args.writers.split(",")])
+    elif args.density:
+        res = density(Path(args.data), args.frames)
+    else:
+        res = run(Path(args.data), args.frames)
     for k, v in res.items():
         print(f"{k:45s} {v}")
     if args.json:

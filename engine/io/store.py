@@ -212,6 +212,20 @@ def _result_from_npz(z) -> FrameResult:
 
 # --- writer -----------------------------------------------------------------------------------
 
+def store_writers_default() -> int:
+    """Writer threads of a background store: RECONSTUDIO_STORE_WRITERS, else one per 4 CPU cores,
+    1 to 3. Why several: one frame costs ~20-30 ms of deflate + JPEG (docs/benchmarks_io.md), so
+    ONE writer caps a run near 30-40 frames/s -- below the H200's 518x378 engine (33 FPS; measured:
+    `reconstudio run` 25.8 frames/s, the driver waiting on the full queue). zlib and OpenCV release
+    the GIL, so writers overlap each other and the engine."""
+    val = os.environ.get("RECONSTUDIO_STORE_WRITERS", "").strip()
+    if val:
+        if not val.isdigit() or int(val) < 1:
+            raise StoreError(f"RECONSTUDIO_STORE_WRITERS must be a whole number >= 1 (got {val!r})")
+        return int(val)
+    return max(1, min(3, (os.cpu_count() or 1) // 4))
+
+
 class SessionStore:
     """Writes one session folder as results arrive (see the module docstring for the layout).
 
@@ -223,16 +237,18 @@ class SessionStore:
 
     By default `write` is synchronous: when it returns the frame is on disk (a few ms per
     frame, see docs/benchmarks_io.md). `background=True` moves compression and file writing to
-    one writer thread (zlib releases the GIL, so it overlaps the engine); `write` then only
-    downsamples and queues, blocking when `queue_size` frames are waiting, so a kill loses at
-    most those frames plus the one being written. Writer errors surface on the next `write` or
-    on `close`, which waits for the queue to drain.
+    `writers` threads (default `store_writers_default`; zlib releases the GIL, so they overlap
+    the engine and each other); `write` then only downsamples and queues, blocking when
+    `queue_size` frames wait for their writer, so a kill loses at most those frames (per writer)
+    plus the ones being written. A frame goes to the writer of its index (index mod writers), so a
+    re-emitted index is written after the result it replaces. Writer errors surface on the next
+    `write` or on `close`, which waits for the queues to drain.
     """
 
     def __init__(self, folder: Union[str, Path], config: SessionConfig, source_name: str,
                  max_side: int = 0, *, meta: Optional[dict] = None, fsync: bool = False,
                  compress: bool = True, background: bool = False, queue_size: int = 2,
-                 image_codec: str = "jpeg", depth_dtype: str = "float16"):
+                 image_codec: str = "jpeg", depth_dtype: str = "float16", writers: Optional[int] = None):
         self.folder = Path(folder).expanduser()
         self.frames_dir = self.folder / "frames"
         self.max_side = int(max_side or 0)
@@ -255,11 +271,16 @@ class SessionStore:
         self._created = created
         self._closed = False
         self._error: Optional[BaseException] = None
-        self._queue: Optional[queue.Queue] = None
+        self._queues: list = []            # one per writer thread (background stores)
+        self._threads: list = []
+        self._count_lock = threading.Lock()
         if background:
-            self._queue = queue.Queue(maxsize=max(1, int(queue_size)))
-            self._thread = threading.Thread(target=self._writer, name="session-store-writer", daemon=True)
-            self._thread.start()
+            n = store_writers_default() if writers is None else max(1, int(writers))
+            self._queues = [queue.Queue(maxsize=max(1, int(queue_size))) for _ in range(n)]
+            self._threads = [threading.Thread(target=self._writer, args=(q,), name=f"session-store-writer-{i}",
+                                              daemon=True) for i, q in enumerate(self._queues)]
+            for t in self._threads:
+                t.start()
 
     def _open_folder(self, config: SessionConfig, source_name: str, meta: Optional[dict]) -> None:
         try:
@@ -299,7 +320,7 @@ class SessionStore:
             raise StoreError("session store is closed")
         self._raise_writer_error()
         small = downsample_result(r, self.max_side)
-        if self._queue is None:
+        if not self._queues:
             self._store(small)
             return
         # own copies: the engine may reuse its buffers while the frame waits in the queue
@@ -307,7 +328,12 @@ class SessionStore:
             a, src = getattr(small, name), getattr(r, name)
             if a is not None and src is not None and np.shares_memory(a, np.asarray(src)):
                 setattr(small, name, a.copy())
-        self._queue.put(small)
+        self._queues[int(small.index) % len(self._queues)].put(small)
+
+    @property
+    def writers(self) -> int:
+        """Writer threads (0: a synchronous store)."""
+        return len(self._threads)
 
     def _store(self, small: FrameResult) -> None:
         try:
@@ -315,11 +341,12 @@ class SessionStore:
                 _save_npz(f, _result_arrays(small, self.image_codec, self.depth_dtype), compress=self.compress)
         except OutputError as exc:
             raise StoreError(str(exc)) from None
-        self.frames_written += 1
+        with self._count_lock:
+            self.frames_written += 1
 
-    def _writer(self) -> None:
+    def _writer(self, q: queue.Queue) -> None:
         while True:
-            item = self._queue.get()
+            item = q.get()
             try:
                 if item is None:
                     return
@@ -328,7 +355,7 @@ class SessionStore:
             except BaseException as exc:   # kept for the caller's thread; later frames are dropped
                 self._error = exc
             finally:
-                self._queue.task_done()
+                q.task_done()
 
     def _raise_writer_error(self) -> None:
         if self._error is not None:
@@ -365,9 +392,10 @@ class SessionStore:
         if self._closed:
             return
         self._closed = True
-        if self._queue is not None:
-            self._queue.put(None)
-            self._thread.join()
+        for q in self._queues:
+            q.put(None)
+        for t in self._threads:
+            t.join()
         self._events.close()
         n = len(list(self.frames_dir.glob("*.npz")))
         if discard_empty and n == 0 and self._created and self._error is None:

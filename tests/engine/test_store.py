@@ -174,8 +174,11 @@ def test_sigkill_mid_run_loses_nothing_committed(tmp_path):
     assert all(not p.startswith("skipped damaged frame") for p in s.problems)
 
 
-def test_background_writer_stores_everything_and_owns_its_copies(tmp_path):
-    store = SessionStore(tmp_path / "bg", SessionConfig(), "clip", background=True, queue_size=1)
+@pytest.mark.parametrize("writers", [1, 3])
+def test_background_writer_stores_everything_and_owns_its_copies(tmp_path, writers):
+    store = SessionStore(tmp_path / "bg", SessionConfig(), "clip", background=True, queue_size=1,
+                         writers=writers)
+    assert store.writers == writers
     buf = _result(0, h=40, w=60)              # small frames: not downsampled, so copies matter
     expected = []
     for i in range(12):
@@ -184,13 +187,44 @@ def test_background_writer_stores_everything_and_owns_its_copies(tmp_path):
         store.write(buf)
         expected.append(1.0 + i)
     store.close()
+    assert store.frames_written == 12
     s = load_session(tmp_path / "bg")
     assert s.complete and s.info["frames"] == 12
     assert [float(r.depth[0, 0]) for r in s.results] == expected
 
 
-def test_background_writer_error_surfaces(tmp_path):
-    store = SessionStore(tmp_path / "bg", SessionConfig(), "clip", background=True)
+def test_several_writers_keep_a_re_emitted_index_last(tmp_path):
+    """A result re-emitted for an index (a keyframe's refined pose, a loop closure) must end up on
+    disk over the one it replaces, however the writers interleave: one index, one writer."""
+    store = SessionStore(tmp_path / "bg", SessionConfig(), "clip", background=True, queue_size=8, writers=3)
+    for rnd in range(4):                       # every index written four times, latest = rnd 3
+        for i in range(9):
+            r = _result(i, h=48, w=64)
+            r.depth[...] = 10.0 * rnd + i
+            store.write(r)
+    store.close()
+    s = load_session(tmp_path / "bg")
+    assert s.info["frames"] == 9 and store.frames_written == 36
+    assert [float(r.depth[0, 0]) for r in s.results] == [30.0 + i for i in range(9)]
+
+
+def test_writer_count_default_and_env_knob(monkeypatch):
+    from engine.io.store import store_writers_default
+    monkeypatch.delenv("RECONSTUDIO_STORE_WRITERS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert store_writers_default() == 1        # a 2-core machine: one writer, as before
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert store_writers_default() == 3
+    monkeypatch.setenv("RECONSTUDIO_STORE_WRITERS", "2")
+    assert store_writers_default() == 2
+    monkeypatch.setenv("RECONSTUDIO_STORE_WRITERS", "0")
+    with pytest.raises(StoreError, match="RECONSTUDIO_STORE_WRITERS"):
+        store_writers_default()
+
+
+@pytest.mark.parametrize("writers", [1, 3])
+def test_background_writer_error_surfaces(tmp_path, writers):
+    store = SessionStore(tmp_path / "bg", SessionConfig(), "clip", background=True, writers=writers)
     import shutil
     shutil.rmtree(tmp_path / "bg" / "frames")
     (tmp_path / "bg" / "frames").write_text("now a file")   # every frame write fails
