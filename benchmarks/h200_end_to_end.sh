@@ -15,23 +15,24 @@
 # Knobs: N (frames, 400), VARIANTS ("name=--flag,--flag,value ..." or "name=ENV=1,ENV2=0:--flag,...";
 # commas become spaces, an "ENV=V:" prefix sets environment variables for that variant; default
 # "default="), REPEATS (1), PREFETCH0=1 (also a run with the reader thread off), GPU_TESTS
+# VIDEO / RES (another clip and the model size it runs at, e.g. a 518x378 copy: RES=518x378),
 # ("tests/engine/x.py ...", T_TESTS 300 s, TEST_TAIL 25 lines), SPY_FIRST (1), NO_BENCH=1 (runs only: a long soak of the user's path).
 set -uo pipefail
 . benchmarks/gpu_env.sh
-VIDEO=.cache/frames/icl_kt3.mp4
+VIDEO=${VIDEO:-.cache/frames/icl_kt3.mp4}; RES=${RES:-518x392}   # RES: the size the video runs at
 N=${N:-400}
 SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
 JIT=$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer
 find "$JIT" -name '*.so' 2>/dev/null | sort > /tmp/jit_before.txt
 timeout 200 python3 benchmarks/side_by_side.py weights /tmp/recipe.pt 2>&1 | tail -1; el
-RS="python3 -m app"; mkdir -p /tmp/e2e
+RS="python3 -m app"; rm -rf /tmp/e2e /tmp/sess_*; mkdir -p /tmp/e2e   # a second call on a warm machine: fresh folders
 if [ -n "${GPU_TESTS:-}" ]; then
   timeout "${T_TESTS:-300}" python3 -m pytest -q --tb=short -p no:cacheprovider -p no:pytest-qt $GPU_TESTS 2>&1 | tail -${TEST_TAIL:-25}; el
 fi
 bench() {   # bench NAME SETTINGS
-  echo "== bench $1 ($N frames, synthetic at 518x392${2:+, $2})"
-  timeout 300 $RS bench --weights /tmp/recipe.pt --resolution 518x392 --frames "$N" --json /tmp/e2e/bench_$1.json $2 2>&1 \
+  echo "== bench $1 ($N frames, synthetic at $RES${2:+, $2})"
+  timeout 300 $RS bench --weights /tmp/recipe.pt --resolution "$RES" --frames "$N" --json /tmp/e2e/bench_$1.json $2 2>&1 \
     | grep -v "Warning\|it/s\]" | grep "steady\|latency\|peak\|backend"
   python3 benchmarks/e2e_report.py bench /tmp/e2e/bench_$1.json "$1"; el
 }
