@@ -5,7 +5,9 @@ per round. Each input gets its own session folder (under --session-dir, one sub-
 or the default session root) and its own exports: an output name gets the input's name appended
 (`--ply out.ply` -> out-<name>.ply), or put `{name}` in it. An input whose caches would not fit
 is refused with the scheduler's message and the others run. Ctrl-C stops all inputs, keeps and
-exports what was done (exit 130). Engine settings are shared by every input.
+exports what was done (exit 130). Engine settings are shared by every input. `--stats-json`
+is written per input (the same name rule): that stream's last engine stats, its frame counts and
+the scheduler's round statistics; `--stats-csv` (per-frame driver rows) takes one input.
 
 Called by app/cmd_run.py when more than one INPUT is given; imports nothing heavy at module level.
 """
@@ -43,6 +45,10 @@ def run_many(args, inputs: list) -> int:
         raise base._BadInput(f"--max-frames must be at least 1, got {args.max_frames}")
     if getattr(args, "loop", False):
         raise base._BadInput("--loop runs one input; give a single INPUT")
+    if getattr(args, "stats_csv", None):
+        raise base._BadInput("--stats-csv records one input's per-frame run; give a single INPUT "
+                             "(--stats-json is written per input)")
+    stats_json = base._check_output(args.stats_json, "--stats-json") if getattr(args, "stats_json", None) else None
     flags = [f for f in ("ply", "npz", "trajectory", "glb") if getattr(args, f, None)]
 
     sources, runs = [], []
@@ -94,6 +100,15 @@ def run_many(args, inputs: list) -> int:
             raise base._BadInput("no input could be started (see the messages above)")
         log(f"{len(runs)} streams of {cfg0.engine} on {cfg0.device} ({cfg0.dtype}), batched by the scheduler")
 
+        def close(r):
+            """The stream's remaining results; its engine's final stats kept for --stats-json."""
+            results = sched.close_stream(r["stream"])
+            try:
+                r["stats"] = r["stream"].session.stats()
+            except Exception as exc:       # stats are a report: never the reason a run fails
+                r["stats"] = {"error": f"stats unavailable: {exc}"}
+            return results
+
         def deliver(stream, results):
             run = next(r for r in runs if r["stream"] is stream)
             for res in results:
@@ -114,7 +129,7 @@ def run_many(args, inputs: list) -> int:
                         frame = r["src"].read()
                     if frame is None:
                         r["done"] = True
-                        deliver(r["stream"], sched.close_stream(r["stream"]))
+                        deliver(r["stream"], close(r))
                         continue
                     sched.submit(r["stream"], frame.image, frame.timestamp)
                     r["frames_in"] += 1
@@ -124,7 +139,7 @@ def run_many(args, inputs: list) -> int:
                     if r["stream"].error and not r["done"]:
                         log(f"{r['name']}: stopped: {r['stream'].error}")
                         r["done"] = True
-                        deliver(r["stream"], sched.close_stream(r["stream"]))   # its frames done before
+                        deliver(r["stream"], close(r))   # its frames done before
         except KeyboardInterrupt:
             interrupted = True
             log("interrupted: keeping and exporting the frames done so far")
@@ -132,7 +147,7 @@ def run_many(args, inputs: list) -> int:
                 if not r["stream"].closed:
                     r["stream"].queue.clear()
                     try:
-                        deliver(r["stream"], sched.close_stream(r["stream"]))
+                        deliver(r["stream"], close(r))
                     except EngineError:
                         pass
     finally:
@@ -162,6 +177,13 @@ def run_many(args, inputs: list) -> int:
             for f in out.get("files", []):
                 log(f"wrote {f}")
     s = sched.stats() if sched is not None else {}
+    if stats_json:
+        for r in runs:
+            out = _per_input(stats_json, r["name"])
+            base._write_stats_json(out, r.get("stats") or {}, {
+                "frames_in": r["frames_in"], "results": r["results"], "elapsed_s": elapsed,
+                "stream": r["stream"].stats(), "scheduler": {k: v for k, v in s.items() if k != "streams"}})
+            log(f"wrote {out}")
     log(f"{len(runs)} streams: {total} results in {elapsed:.1f} s ({total / max(elapsed, 1e-9):.1f} results/s "
         f"together; {s.get('rounds', 0)} rounds, largest batch {s.get('largest_batch', 0)})")
     if total == 0:

@@ -48,6 +48,25 @@ def test_two_inputs_run_batched_and_match_single_runs(tmp_path, tiny_ckpt):
         np.testing.assert_allclose(multi[n], _tum(tmp_path / f"one{n}.txt"), rtol=1e-5, atol=1e-5)
 
 
+def test_stats_json_is_written_per_input_and_stats_csv_refused(tmp_path, tiny_ckpt, capsys):
+    import json
+    a, b = _folder(tmp_path, "a", 1, n=4), _folder(tmp_path, "b", 2, n=3)
+    rc = main(["run", a, b, "--checkpoint", tiny_ckpt, *ENGINE, "--session-dir", str(tmp_path / "m"),
+               "--stats-json", str(tmp_path / "st.json")])
+    assert rc == 0
+    for name, n in (("0-a", 4), ("1-b", 3)):
+        body = json.loads((tmp_path / f"st-{name}.json").read_text())
+        assert body["driver"]["frames_in"] == n and body["driver"]["results"] == n
+        assert body["driver"]["stream"]["name"] == name and body["driver"]["scheduler"]["rounds"] >= 4
+        assert body["engine"]["frames"] == n and body["engine"]["kv"]["frames_committed"] == n
+        assert "kv_page_map" not in body["engine"]
+    capsys.readouterr()
+    rc = main(["run", a, b, "--checkpoint", tiny_ckpt, *ENGINE, "--session-dir", str(tmp_path / "m2"),
+               "--stats-csv", str(tmp_path / "st.csv")])
+    assert rc == 2 and "--stats-csv records one input" in capsys.readouterr().err
+    assert not (tmp_path / "st.csv").exists() and not (tmp_path / "m2").exists()
+
+
 def test_several_inputs_need_lingbot_map(tmp_path, capsys):
     a, b = _folder(tmp_path, "a", 1, n=2), _folder(tmp_path, "b", 2, n=2)
     assert main(["run", a, b, "--engine", "geometric", "-q"]) == 2
