@@ -255,3 +255,35 @@ def test_store_encodings_and_older_layouts_read_back(tmp_path):
             np.testing.assert_array_equal(got.image, downsample_result(r, 256).image)
     with pytest.raises(StoreError, match="encoding"):
         SessionStore(tmp_path / "bad", SessionConfig(), "x", image_codec="webp")
+
+
+def test_several_writers_bound_the_frames_in_flight_and_end_their_threads(tmp_path, monkeypatch):
+    """Over a long back-to-back run the writers hold at most writers x (queue_size + 1) frames (+1
+    being queued): memory is bounded whatever the disk's speed; close() ends every writer thread
+    and every frame is on disk."""
+    import threading
+    import weakref
+
+    from engine.io import store as store_mod
+    made = []
+    real = store_mod.downsample_result
+
+    def tracked(r, max_side):
+        out = real(r, max_side)
+        made.append(weakref.ref(out))
+        return out
+    monkeypatch.setattr(store_mod, "downsample_result", tracked)
+    before = set(threading.enumerate())
+    writers, qsize = 3, 2
+    store = SessionStore(tmp_path / "bg", SessionConfig(), "clip", background=True, queue_size=qsize, writers=writers)
+    mine = [t for t in threading.enumerate() if t not in before and t.name.startswith("session-store-writer")]
+    assert len(mine) == writers
+    peak = 0
+    for i in range(240):
+        store.write(_result(i, h=96, w=128))
+        peak = max(peak, sum(ref() is not None for ref in made))
+    store.close()
+    assert peak <= writers * (qsize + 1) + 1, peak
+    assert not [t for t in mine if t.is_alive()]
+    s = load_session(tmp_path / "bg")
+    assert s.complete and s.info["frames"] == 240 and [r.index for r in s.results] == list(range(240))
