@@ -99,6 +99,28 @@ def available_backends(device: Any = "cpu", dtype: Any = None) -> list[str]:
     return out
 
 
+def env_choice(name: str, default: str, choices: tuple) -> str:
+    """A benchmark knob of the environment: `name` (stripped, lower case; `default` when unset),
+    which must be one of `choices` -- else a KVCacheError naming the knob and the choices."""
+    val = os.environ.get(name, default).strip().lower()
+    if val not in choices:
+        quoted = [repr(c) for c in choices]
+        raise KVCacheError(f"{name} must be {', '.join(quoted[:-1])} or {quoted[-1]} (got {val!r})")
+    return val
+
+
+_FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def env_flag(name: str, default: str) -> bool:
+    """An on/off knob of the environment: 0/1, true/false, yes/no, on/off (`default` when unset);
+    anything else a KVCacheError."""
+    val = os.environ.get(name, default).strip().lower()
+    if val not in _FLAG_WORDS:
+        raise KVCacheError(f"{name} must be 0 or 1 (got {val!r})")
+    return _FLAG_WORDS[val]
+
+
 def fp8_attention_kind() -> str:
     """Which FlashInfer kernel attends an fp8 store: "kv" (FA2, q in the compute dtype) or "fa3"
     (FA3 fp8 tensor cores, q quantised); RECONSTUDIO_FLASHINFER_FP8 picks (benchmarks)."""
@@ -125,19 +147,13 @@ def auto_split_default() -> bool:
     """Whether backend "auto" takes `CuDNNSplitBackend` (FlashInfer kept for the steps it does
     not split) instead of FlashInfer for a native bf16/fp16 store on CUDA;
     RECONSTUDIO_AUTO_SPLIT=0|1 (default 1: see the module docstring for the measurements)."""
-    val = os.environ.get("RECONSTUDIO_AUTO_SPLIT", "1").strip().lower()
-    if val not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
-        raise KVCacheError(f"RECONSTUDIO_AUTO_SPLIT must be 0 or 1 (got {val!r})")
-    return val in ("1", "true", "yes", "on")
+    return env_flag("RECONSTUDIO_AUTO_SPLIT", "1")
 
 
 def flashinfer_dense_default() -> bool:
     """Whether the FlashInfer backend attends a contiguous visible run through the ragged
     (dense) kernel instead of the paged one; RECONSTUDIO_FLASHINFER_DENSE=0|1 overrides."""
-    val = os.environ.get("RECONSTUDIO_FLASHINFER_DENSE", "1").strip().lower()
-    if val not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
-        raise KVCacheError(f"RECONSTUDIO_FLASHINFER_DENSE must be 0 or 1 (got {val!r})")
-    return val in ("1", "true", "yes", "on")
+    return env_flag("RECONSTUDIO_FLASHINFER_DENSE", "1")
 
 
 def _canon(dtype: Any) -> torch.dtype:

@@ -27,8 +27,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .backends import (FlashInferBackend, SDPABackend, _CacheRef, _flashinfer_dtype_ok,
-                       flashinfer_available)
+from .backends import (FlashInferBackend, SDPABackend, _CacheRef, _flashinfer_dtype_ok, env_choice,
+                       env_flag, flashinfer_available)
 from .dtypes import FP8
 from ..models import fused
 from ..models.layers import CUDNN_Q_TILE, cudnn_one_wave
@@ -64,10 +64,7 @@ def cudnn_mask_form() -> str:
     PyTorch expands over the queries with stride 0 (no copy); "full" -- the row materialised as
     [1, 1, q_tokens, capacity] once per step (fallback should cuDNN reject a stride-0 bias);
     RECONSTUDIO_CUDNN_MASK picks (benchmarks)."""
-    form = os.environ.get("RECONSTUDIO_CUDNN_MASK", "row").strip().lower()
-    if form not in ("row", "full"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_MASK must be 'row' or 'full' (got {form!r})")
-    return form
+    return env_choice("RECONSTUDIO_CUDNN_MASK", "row", ("row", "full"))
 
 
 def _cudnn_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -261,29 +258,20 @@ def cudnn_mode() -> str:
     with a bias row, `CuDNNBackend`) or "split" (the steady state's fixed patch-page run through
     plain cuDNN, the specials through flash, merged by log-sum-exp; FlashInfer for the other steps:
     `CuDNNSplitBackend`); RECONSTUDIO_CUDNN_MODE picks (benchmarks)."""
-    mode = os.environ.get("RECONSTUDIO_CUDNN_MODE", "auto").strip().lower()
-    if mode not in ("auto", "seqlen", "bias", "split"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_MODE must be 'auto', 'seqlen', 'bias' or 'split' (got {mode!r})")
-    return mode
+    return env_choice("RECONSTUDIO_CUDNN_MODE", "auto", ("auto", "seqlen", "bias", "split"))
 
 
 def cudnn_seqlen_form() -> str:
     """Which K/V layout the sequence-length form hands cuDNN: "dense" (default) -- a contiguous
     visible run as one [tokens, H, D] view of the pool from its first page, other page sets paged --
     or "paged" (every step through cuDNN's page table); RECONSTUDIO_CUDNN_FORM picks (benchmarks)."""
-    form = os.environ.get("RECONSTUDIO_CUDNN_FORM", "dense").strip().lower()
-    if form not in ("dense", "paged"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_FORM must be 'dense' or 'paged' (got {form!r})")
-    return form
+    return env_choice("RECONSTUDIO_CUDNN_FORM", "dense", ("dense", "paged"))
 
 
 def cudnn_impl_default() -> str:
     """cuDNN's SDPA implementation the frontend kernel asks for: "composite" (default), "unified"
     or "auto" (cuDNN picks); RECONSTUDIO_CUDNN_IMPL overrides (benchmarks)."""
-    impl = os.environ.get("RECONSTUDIO_CUDNN_IMPL", "composite").strip().lower()
-    if impl not in ("auto", "composite", "unified"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_IMPL must be 'auto', 'composite' or 'unified' (got {impl!r})")
-    return impl
+    return env_choice("RECONSTUDIO_CUDNN_IMPL", "composite", ("auto", "composite", "unified"))
 
 
 def cudnn_shape_default() -> str:
@@ -296,19 +284,13 @@ def cudnn_shape_default() -> str:
     A graph per length through the frontend's kernel cache was measured too and gave WRONG
     results (a kernel compiled for one length reused for another: 2e-2 relative, 0.12 absolute),
     so it is not offered. RECONSTUDIO_CUDNN_SHAPE picks (benchmarks)."""
-    val = os.environ.get("RECONSTUDIO_CUDNN_SHAPE", "padding").strip().lower()
-    if val not in ("padding", "override"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_SHAPE must be 'padding' or 'override' (got {val!r})")
-    return val
+    return env_choice("RECONSTUDIO_CUDNN_SHAPE", "padding", ("padding", "override"))
 
 
 def cudnn_tune_default() -> bool:
     """Whether the frontend kernel times every execution plan once per graph and keeps the
     fastest; RECONSTUDIO_CUDNN_TUNE=0|1 (default 0)."""
-    val = os.environ.get("RECONSTUDIO_CUDNN_TUNE", "0").strip().lower()
-    if val not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_TUNE must be 0 or 1 (got {val!r})")
-    return val in ("1", "true", "yes", "on")
+    return env_flag("RECONSTUDIO_CUDNN_TUNE", "0")
 
 
 _CUDNN_UID = {"q": 1, "k": 2, "v": 3, "o": 4, "seq_q": 5, "seq_kv": 6, "k_table": 7, "v_table": 8, "stats": 9}
@@ -638,20 +620,14 @@ def cudnn_split_a_default() -> str:
     cuDNN SDPA op with its log-sum-exp; PyTorch caches one graph per shape) or "frontend" (the
     cuDNN frontend's plain graph with softmax stats, `CuDNNFrontendKernel.attend_lse`);
     RECONSTUDIO_CUDNN_SPLIT_A picks (benchmarks)."""
-    val = os.environ.get("RECONSTUDIO_CUDNN_SPLIT_A", "torch").strip().lower()
-    if val not in ("torch", "frontend"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_SPLIT_A must be 'torch' or 'frontend' (got {val!r})")
-    return val
+    return env_choice("RECONSTUDIO_CUDNN_SPLIT_A", "torch", ("torch", "frontend"))
 
 
 def cudnn_split_merge_default() -> str:
     """How `CuDNNSplitBackend` merges its two parts: "eager" (default: `merge_lse`, ~6 small
     kernels) or "compile" (`merge_lse` under torch.compile: one fused kernel, compiled on first
     use; CUDA only); RECONSTUDIO_CUDNN_SPLIT_MERGE picks (benchmarks)."""
-    val = os.environ.get("RECONSTUDIO_CUDNN_SPLIT_MERGE", "eager").strip().lower()
-    if val not in ("eager", "compile"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_SPLIT_MERGE must be 'eager' or 'compile' (got {val!r})")
-    return val
+    return env_choice("RECONSTUDIO_CUDNN_SPLIT_MERGE", "eager", ("eager", "compile"))
 
 
 def _bhsd(x: torch.Tensor) -> torch.Tensor:
@@ -680,19 +656,13 @@ def cudnn_fp8_mode() -> str:
     fp32 like the bf16 store's 5.9e-3) or "compute" (cuDNN's fp8 kernel, q and P in e4m3: 1.1x the
     bf16 kernel on the H200 but pose error 0.18 in the model; docs/benchmarks_kv.md "fp8
     attention"); RECONSTUDIO_CUDNN_FP8 picks."""
-    val = os.environ.get("RECONSTUDIO_CUDNN_FP8", "convert").strip().lower()
-    if val not in ("convert", "compute"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_FP8 must be 'convert' or 'compute' (got {val!r})")
-    return val
+    return env_choice("RECONSTUDIO_CUDNN_FP8", "convert", ("convert", "compute"))
 
 
 def cudnn_split_whole_default() -> bool:
     """Whether `CuDNNSplitBackend` attends a fixed-length step (window and special ring full) as
     one plain cuDNN call without statistics; RECONSTUDIO_CUDNN_SPLIT_WHOLE=0|1 (default 1)."""
-    val = os.environ.get("RECONSTUDIO_CUDNN_SPLIT_WHOLE", "1").strip()
-    if val not in ("0", "1"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_SPLIT_WHOLE must be 0 or 1 (got {val!r})")
-    return val == "1"
+    return env_choice("RECONSTUDIO_CUDNN_SPLIT_WHOLE", "1", ("0", "1")) == "1"
 
 
 def torch_flash_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -744,7 +714,8 @@ def chunked_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks: int, 
     the batch a strided view of k / v); elsewhere a loop of `torch_flash_lse` (the CPU tests)."""
     t, H, D = q.shape
     L = k.shape[0]
-    assert (chunks - 1) * -(-L // chunks) < L, "an empty key chunk (tail_chunks picks the count)"
+    c = -(-L // chunks)                                                    # keys a chunk (the last: fewer)
+    assert (chunks - 1) * c < L, "an empty key chunk (tail_chunks picks the count)"
     if q.device.type == "cuda" and kernel == "cudnn":
         assert L % chunks == 0, "the cuDNN form takes equal chunks (even_chunks picks the count)"
         kc, vc = (x.view(chunks, L // chunks, H, D).transpose(1, 2) for x in (k, v))   # [C, H, c, D]
@@ -754,7 +725,6 @@ def chunked_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks: int, 
         lse = res[1].reshape(chunks, H, -1)[:, :, :t].float()
     elif q.device.type == "cuda":
         cu_q, cu_k = bounds if bounds is not None else chunk_bounds(t, L, chunks, q.device)
-        c = -(-L // chunks)
         res = torch.ops.aten._flash_attention_forward(q.repeat(chunks, 1, 1), k, v, cu_q, cu_k, t, c,
                                                       0.0, False, False)
         out = res[0].view(chunks, t, H, -1)
@@ -763,15 +733,12 @@ def chunked_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks: int, 
         # [chunks, H, >= t] in older flash builds): both read as [chunks, H, t]
         lse = (lse.view(H, chunks, t).transpose(0, 1) if lse.dim() == 2 else lse[:, :, :t]).float()
     else:
-        c = -(-L // chunks)
         parts = [torch_flash_lse(q, k[i * c:(i + 1) * c], v[i * c:(i + 1) * c]) for i in range(chunks)]
         out = torch.stack([o for o, _ in parts])                           # [chunks, t, H, D]
         lse = torch.stack([s for _, s in parts])                           # [chunks, H, t]
-    top = lse.amax(dim=0)                                                  # [H, t]
-    w = torch.exp(lse - top)                                               # [chunks, H, t]
-    total = w.sum(dim=0)
-    w = (w / total).transpose(1, 2).unsqueeze(-1)                          # [chunks, t, H, 1]
-    return (out.float() * w).sum(dim=0).to(q.dtype), top + torch.log(total)
+    total = torch.logsumexp(lse, dim=0)                                    # [H, t]
+    w = torch.exp(lse - total).transpose(1, 2).unsqueeze(-1)               # [chunks, t, H, 1]
+    return (out.float() * w).sum(dim=0).to(q.dtype), total
 
 
 def chunk_bounds(rows: int, keys: int, chunks: int, device):
@@ -788,10 +755,7 @@ def cudnn_wave_tail_default() -> bool:
     tiles, attending the rows that do through cuDNN and the rest (the "wave tail": 18 of a 640x480
     input's 1,042 tokens on the H200) through `chunked_lse`; RECONSTUDIO_CUDNN_WAVE_TAIL=0|1
     (default 1; 0 sends those steps to the fallback, as before)."""
-    val = os.environ.get("RECONSTUDIO_CUDNN_WAVE_TAIL", "1").strip()
-    if val not in ("0", "1"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_WAVE_TAIL must be 0 or 1 (got {val!r})")
-    return val == "1"
+    return env_choice("RECONSTUDIO_CUDNN_WAVE_TAIL", "1", ("0", "1")) == "1"
 
 
 def cudnn_tail_kernel_default() -> str:
@@ -800,10 +764,7 @@ def cudnn_tail_kernel_default() -> str:
     (PyTorch's varlen flash, any chunking); RECONSTUDIO_CUDNN_TAIL_KERNEL. Measured on the H200
     (benchmarks/cudnn_wave_bench.py, CUDA-graph replays, 18 rows): 74,592 keys cuDNN x8 0.134 ms,
     flash x8 0.203; 1,024 rows + tail 0.869 / 0.939 ms against 1.463 for the two-wave call."""
-    val = os.environ.get("RECONSTUDIO_CUDNN_TAIL_KERNEL", "cudnn").strip().lower()
-    if val not in ("flash", "cudnn"):
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_TAIL_KERNEL must be 'flash' or 'cudnn' (got {val!r})")
-    return val
+    return env_choice("RECONSTUDIO_CUDNN_TAIL_KERNEL", "cudnn", ("flash", "cudnn"))
 
 
 def masked_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor):
@@ -1018,15 +979,15 @@ class CuDNNSplitBackend(_CacheRef):
     def wave_rows(self, q_tokens: int) -> int:
         """The query rows of a step that cuDNN attends in one wave: all of them when they fit,
         else whole tiles for every head (0 when not even one tile a head fits)."""
-        if self.fits_one_wave(q_tokens):
+        if self.wave_sms is None:
             return q_tokens
-        return (self.wave_sms // self.cache.pool.num_heads) * self.Q_TILE
+        return min(q_tokens, (self.wave_sms // self.cache.pool.num_heads) * self.Q_TILE)
 
     def plan(self, step: StepTable) -> None:
         split = self.split_point(step) if self._ok and self.error is None else None
         self._rows = step.q_tokens
-        if split is not None and not self.fits_one_wave(step.q_tokens):
-            rows = self.wave_rows(step.q_tokens)
+        rows = self.wave_rows(step.q_tokens)
+        if split is not None and rows < step.q_tokens:        # not one wave: a tail, or decline
             if self.tail and rows > 0 and self.fp8_mode != "compute":
                 self._rows = rows
                 self.wave_tail_steps += 1
