@@ -4,7 +4,9 @@ Frames go through the chosen engine with a progress bar; every result is written
 folder as it arrives (crash-safe, reopenable in the GUI), and at the end the requested exports
 (PLY, NPZ, TUM trajectory) are written from that folder with re-alignments applied. Bad input
 is one line on stderr and exit code 2; Ctrl-C or SIGTERM stops after the current frame, keeps and
-exports what was done, marks the session as cut short (exit 130). The loop is engine.run_driver's.
+exports what was done, marks the session as cut short (exit 130). A full disk ends the run the same
+way, with "disk full" and exit 74 (the exports still written where they fit). The loop is
+engine.run_driver's.
 
 INPUT may also be a saved session folder: its results are exported again (e.g. with another
 confidence threshold or stride) without running an engine.
@@ -23,6 +25,7 @@ from app.config_flags import add_session_flags, given_settings
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_DISK_FULL = 74               # sysexits' EX_IOERR: the session's disk filled during the run
 
 
 def _defaults() -> dict:
@@ -190,12 +193,15 @@ def _export_only(args, outputs: dict) -> int:
     if not outputs:
         raise _BadInput(f"{args.input} is a saved session: give --ply, --npz, --trajectory, --colmap "
                         "and/or --glb to export it")
+    from engine.io.lease import hold_session
+    lease = hold_session(args.input, role="export")   # retention elsewhere leaves it alone meanwhile
     loaded = load_session(args.input)
     for problem in loaded.problems:
         print(f"warning: {problem}", file=sys.stderr)
     if not loaded.results:
         raise _BadInput(f"session {args.input} holds no frames")
     out = _export(loaded, args, outputs)
+    lease.release()
     if not args.quiet:
         for f in out["files"]:
             print(f"wrote {f}", file=sys.stderr)
@@ -228,7 +234,7 @@ def _run(args) -> int:
 
     from engine.api import open_session
     from engine.io.sources import open_source
-    from engine.io.store import SessionStore, default_session_root, load_session, new_session_folder
+    from engine.io.store import DiskFullError, SessionStore, default_session_root, load_session, new_session_folder
     from engine.run_driver import CallbackSink, RunDriver, StoreSink
 
     outputs = {flag: _check_output(getattr(args, flag), f"--{flag}")
@@ -253,7 +259,7 @@ def _run(args) -> int:
     if _is_session_folder(args.input):
         return _export_only(args, outputs)
     source = open_source(args.input, fps=args.fps, max_side=args.resize, loop=args.loop)
-    session = store = driver = None
+    session = store = driver = disk_full = None
     last_warning: list = []               # the engine's last warning, repeated with a "no results" error
     try:
         if args.start:
@@ -299,7 +305,10 @@ def _run(args) -> int:
         driver = RunDriver(source, session, sinks, speed=args.speed, max_frames=args.max_frames,
                            prefetch=args.prefetch)
         with _stop_on_signals(driver, log):
-            summary = driver.run()
+            try:
+                summary = driver.run()
+            except DiskFullError as exc:      # the store closed itself: export what it holds
+                disk_full, summary = exc, driver.summary
         bar.close()
         store = None                          # closed (and marked when cut short) by its sink
     finally:
@@ -324,9 +333,14 @@ def _run(args) -> int:
         print(f"interrupted ({summary.interrupted}): the session keeps the {summary.results} results done; "
               + ("writing the requested exports from them" if outputs else "no exports were requested"),
               file=sys.stderr)
+    if disk_full is not None:
+        print(f"reconstudio run: error: {disk_full}" + ("; writing the requested exports from it" if outputs
+                                                       else ""), file=sys.stderr)
     out = {}
     if outputs:
-        out = _export(load_session(folder), args, outputs)
+        from engine.io.lease import hold_session
+        with hold_session(folder, role="export"):
+            out = _export(load_session(folder), args, outputs)
     if not args.quiet:
         fps = summary.stats.get("fps")
         elapsed = summary.wall_s
@@ -339,6 +353,8 @@ def _run(args) -> int:
         if outputs:
             print(f"{out['points']} points exported (confidence >= {args.conf_threshold:g}, "
                   f"stride {args.stride})", file=sys.stderr)
+    if disk_full is not None:
+        return EXIT_DISK_FULL
     return EXIT_INTERRUPTED if interrupted else 0
 
 

@@ -3,7 +3,9 @@ maths of the viewer's click tools.
 
 `SessionTimeline(folder)` reads a session store lazily — the frame files present now (a live run
 keeps adding them; `refresh()` rescans), one result at a time with a small LRU cache, and the
-events — so scrubbing a long or still-running session never loads it whole.
+events — so scrubbing a long or still-running session never loads it whole. It holds the folder
+(engine/io/lease.py) until `close()` (or until it is garbage-collected, or its process ends):
+retention in any process leaves a session on screen alone.
 
 `frames_up_to(indices, n, mode)` says which stored frames a timeline position shows:
 "accumulated" = every frame up to n; "current" = only frame n's points (the cameras up to n stay).
@@ -20,6 +22,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from .io.lease import hold_session
 from .io.store import FRAME_DIGITS, StoreError, _event_from_json, _result_from_npz
 
 MODES = ("accumulated", "current")
@@ -32,6 +35,7 @@ class SessionTimeline:
         self.folder = Path(folder).expanduser()
         if not (self.folder / "frames").is_dir():
             raise StoreError(f"{self.folder} is not a session folder (no frames/)")
+        self._lease = hold_session(self.folder, role="review")
         self._cache: "collections.OrderedDict[int, object]" = collections.OrderedDict()
         self.cache_frames = int(cache_frames)
         self.indices: list[int] = []
@@ -49,6 +53,17 @@ class SessionTimeline:
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    def close(self) -> None:
+        """Let go of the folder (retention may remove it again); idempotent."""
+        self._lease.release()
+        self._cache.clear()
+
+    def __enter__(self) -> "SessionTimeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def result(self, index: int):
         """The stored FrameResult of frame `index` (None if it is missing or unreadable)."""

@@ -1,66 +1,80 @@
 """Session retention: the sessions folder must not fill the disk silently.
 
-A webcam session stores ~75 KB per frame (~8 GB per hour at 30 frames/s), so when a new session
-starts the oldest sessions are deleted until the folder is within the size limit and no session
-is older than the age limit. Never deleted: the session being started, sessions in use (a store
-holds them open: `running.lock` names a live process, or the caller says they are open, e.g. the
-one shown in the GUI), and anything that is not a session folder.
+When a new session starts, the oldest sessions are deleted until the folder is within the size
+limit and no session is older than the age limit (docs/benchmarks_io.md has the measured size
+per frame of each engine: an hour of dense neural capture is more than the default limit).
+
+What may be deleted -- nothing else, ever:
+- a session: a real folder directly inside the sessions folder (not a symlink) whose
+  config.json (a regular file) carries the store's format marker and which has a frames/ folder;
+- that nobody has open: no ReconStudio process (this one or another, on any host name) holds its
+  lease (engine/io/lease.py: the store writing it, a GUI timeline showing it, an export reading
+  it), and the caller did not list it in `keep`.
+Deletion takes the session's exclusive lease, renames the folder to `.reconstudio-removing-NAME`
+inside the sessions folder and only then deletes it, never following a symlink (sizes are counted
+the same way); a removal killed half-way is finished by the next one.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
-import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
-from .store import RUNNING_FILE, default_session_root
+from .lease import claim_for_removal, session_in_use
+from .store import SESSION_FORMAT, default_session_root
 
-DEFAULT_MAX_GB = 20.0          # ~2.5 hours of webcam sessions
+DEFAULT_MAX_GB = 20.0
 DEFAULT_MAX_AGE_DAYS = 30.0
+REMOVING_PREFIX = ".reconstudio-removing-"
+_CONFIG_MAX_BYTES = 1 << 20          # a session's config.json is a few KB; a bigger file is not ours
 
 
 @dataclass
 class SessionEntry:
     folder: Path
     bytes: int
-    mtime: float               # newest change (seconds since the epoch)
+    mtime: float               # newest change of config.json or frames/ (seconds since the epoch)
     in_use: bool
 
 
+def _real_dir(p: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(p).st_mode)
+    except OSError:
+        return False
+
+
 def is_session_folder(p: Path) -> bool:
-    return p.is_dir() and (p / "config.json").is_file() and (p / "frames").is_dir()
+    """A real folder (no symlink) with frames/ and a config.json carrying the store's marker."""
+    p = Path(p)
+    cfg = p / "config.json"
+    try:
+        st = os.lstat(cfg)
+        if not (_real_dir(p) and _real_dir(p / "frames") and stat.S_ISREG(st.st_mode)) \
+                or st.st_size > _CONFIG_MAX_BYTES:
+            return False
+        with open(cfg, encoding="utf-8", errors="strict") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and info.get("format") == SESSION_FORMAT
 
 
 def folder_bytes(p: Path) -> int:
+    """Bytes of the files under `p`; symlinks count as links, never as their targets."""
     total = 0
-    for dirpath, _, files in os.walk(p):
+    for dirpath, _, files in os.walk(p):          # os.walk never descends into linked folders
         for f in files:
             try:
                 total += os.lstat(os.path.join(dirpath, f)).st_size
             except OSError:
                 pass
     return total
-
-
-def _in_use(p: Path) -> bool:
-    """A store has the folder open: its lock names a live process on this host."""
-    try:
-        pid_s, host = (p / RUNNING_FILE).read_text().split()[:2]
-        pid = int(pid_s)
-    except (OSError, ValueError):
-        return False
-    if host != socket.gethostname():
-        return True                # another machine (shared disk): assume it is running
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False               # a killed run's leftover lock
-    except PermissionError:
-        return True
-    return True
 
 
 def list_sessions(root: Union[str, Path, None] = None) -> list[SessionEntry]:
@@ -70,13 +84,13 @@ def list_sessions(root: Union[str, Path, None] = None) -> list[SessionEntry]:
     if not root.is_dir():
         return out
     for p in root.iterdir():
-        if not is_session_folder(p):
+        if p.name.startswith(REMOVING_PREFIX) or not is_session_folder(p):
             continue
-        try:
-            mtime = max(p.stat().st_mtime, (p / "config.json").stat().st_mtime, (p / "frames").stat().st_mtime)
+        try:   # not the folder's own mtime: taking or dropping a lease touches it
+            mtime = max(os.lstat(p / "config.json").st_mtime, os.lstat(p / "frames").st_mtime)
         except OSError:
             continue
-        out.append(SessionEntry(p, folder_bytes(p), mtime, _in_use(p)))
+        out.append(SessionEntry(p, folder_bytes(p), mtime, session_in_use(p)))
     out.sort(key=lambda e: e.mtime)
     return out
 
@@ -87,14 +101,45 @@ def sessions_usage(root: Union[str, Path, None] = None) -> tuple[int, int]:
     return len(entries), sum(e.bytes for e in entries)
 
 
+def _finish_removals(root: Path) -> None:
+    for p in root.iterdir() if root.is_dir() else ():
+        if p.name.startswith(REMOVING_PREFIX) and _real_dir(p):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _remove(folder: Path) -> bool:
+    """Take the session's exclusive lease, rename it away, delete it. False if it is in use (or
+    cannot be renamed): then nothing was changed."""
+    lease = claim_for_removal(folder)
+    if lease is None:
+        return False
+    try:
+        if not is_session_folder(folder):        # replaced meanwhile
+            return False
+        n, away = 1, folder.parent / f"{REMOVING_PREFIX}{folder.name}"
+        while os.path.lexists(away):
+            n += 1
+            away = folder.parent / f"{REMOVING_PREFIX}{folder.name}.{n}"
+        try:
+            os.rename(folder, away)
+        except OSError:
+            return False
+    finally:
+        lease.release()
+    shutil.rmtree(away, ignore_errors=True)      # unlinks symlinks, never follows them
+    return True
+
+
 def apply_retention(root: Union[str, Path, None] = None, *, max_gb: Optional[float] = DEFAULT_MAX_GB,
                     max_age_days: Optional[float] = DEFAULT_MAX_AGE_DAYS,
                     keep: Iterable[Union[str, Path]] = (), now: Optional[float] = None) -> list[Path]:
     """Delete the oldest sessions until the folder holds at most `max_gb` and none is older than
     `max_age_days` (None or 0 = no limit). Sessions in `keep` and sessions in use are never
-    deleted. Returns the deleted folders."""
+    deleted, nor anything that is not a session. Returns the deleted folders."""
     now = time.time() if now is None else now
+    root = Path(root).expanduser() if root else default_session_root()
     keep_set = {Path(k).expanduser().resolve() for k in keep if k}
+    _finish_removals(root)
     entries = list_sessions(root)
     total = sum(e.bytes for e in entries)
     limit = int(max_gb * 1e9) if max_gb else None
@@ -102,12 +147,9 @@ def apply_retention(root: Union[str, Path, None] = None, *, max_gb: Optional[flo
     for e in entries:                        # oldest first
         too_old = bool(max_age_days) and now - e.mtime > max_age_days * 86400.0
         too_big = limit is not None and total > limit
-        if not (too_old or too_big):
+        if not (too_old or too_big) or e.in_use or e.folder.resolve() in keep_set:
             continue
-        if e.in_use or e.folder.resolve() in keep_set:
-            continue
-        shutil.rmtree(e.folder, ignore_errors=True)
-        if not e.folder.exists():
+        if _remove(e.folder):
             deleted.append(e.folder)
             total -= e.bytes
     return deleted

@@ -4,15 +4,22 @@ Layout of a session folder:
     config.json          settings used, source, engine, start (and, once closed, end) time
     frames/NNNNNN.npz    one small file per result, written atomically: c2w, K, timestamp,
                          index, is_keyframe, segment, pose_enc (if any), the colour image (JPEG
-                         bytes `image_jpeg`, quality 95; raw `image` with image_codec="raw"),
-                         depth and confidence as float16 — by default at the engine's full
-                         result resolution, so exports have the density the viewer drew
-                         (`max_side` > 0 downsamples them, K rescaled; old sessions kept 256 px)
-
-Size vs density (ICL sample clip, 200 frames at 640x480, 9 with depth; docs/benchmarks_io.md):
-256 px float32 + raw image 15.0 MB, exports 64 % of the points drawn; full resolution float16 +
-JPEG about 13 MB, 100 %. Depth as float16 keeps 11 significant bits (0.05 % relative).
+                         bytes `image_jpeg`, quality 95, stored without deflate; raw `image`
+                         with image_codec="raw"), depth and confidence as float16 -- by default
+                         at the engine's full result resolution, so exports have the density
+                         the viewer drew (`max_side` > 0 downsamples them, K rescaled)
     events.jsonl         one JSON object per engine event, appended and flushed per event
+    running.lock         the lease file of the processes that have the folder open
+                         (engine/io/lease.py; retention never removes a held folder)
+
+Format versions (config.json "version"; every one still reads, `_result_from_npz`):
+1: 256 px, float32 depth/conf `depth` / `conf`, raw `image`;
+2: full resolution, float16 `depth` / `conf`, JPEG `image_jpeg`;
+3: float16 depth/conf byte-shuffled: `depth_f16_planes` / `conf_f16_planes`, uint8 (2, h, w) =
+   the high bytes of every value, then the low bytes. Neighbouring depths share their high byte
+   (sign, exponent, top of the mantissa), so deflate sees long runs there and the noisy low bytes
+   apart: smaller than deflating the interleaved float16 and cheaper to write
+   (docs/benchmarks_io.md). float16 keeps 11 significant bits (0.05 % relative).
 
 A crash or kill loses at most the frame being written: frame files only ever appear complete
 (temp file + rename) and `load_session` skips a damaged file or a half-written last event line.
@@ -20,11 +27,11 @@ A crash or kill loses at most the frame being written: frame files only ever app
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import queue
 import re
-import socket
 import threading
 import time
 import zipfile
@@ -37,17 +44,38 @@ import numpy as np
 
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from .atomic import OutputError, atomic_open
+from .lease import LOCK_FILE, hold_session
 
-FORMAT_VERSION = 2          # 2: float16 depth/conf, JPEG images, full resolution (1 still reads)
+SESSION_FORMAT = "reconstudio-session"    # config.json "format": the marker retention requires
+FORMAT_VERSION = 3          # see the module docstring; 1 and 2 still read
 IMAGE_JPEG_QUALITY = 95
 _F16_MAX = float(np.finfo(np.float16).max)
 FRAME_DIGITS = 6
-RUNNING_FILE = "running.lock"      # present while a store is open: "<pid> <host>" (retention skips it)
+RUNNING_FILE = LOCK_FILE           # held by every process that has the folder open (lease.py)
 STALE_TMP_S = 60.0                 # temp files older than this are leftovers of a killed writer
+DISK_FULL_REASON = "disk full"     # config.json "cut_short" of a session whose disk filled up
+_DISK_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 class StoreError(EngineError):
     """A session folder cannot be created or read."""
+
+
+class DiskFullError(StoreError):
+    """The session's disk (or the user's quota) is full. The store has closed itself: its writer
+    threads ended, its files closed, its lease released, the session marked cut short ("disk
+    full") where that could still be written; every frame stored before is kept."""
+
+
+def is_disk_full(exc: Optional[BaseException]) -> bool:
+    """`exc` (or an error it was raised from or during) is ENOSPC / EDQUOT."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFullError) or getattr(exc, "errno", None) in _DISK_FULL_ERRNOS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 # --- where sessions live ----------------------------------------------------------------------
@@ -169,6 +197,23 @@ def _to_f16(a) -> np.ndarray:
     return np.clip(np.asarray(a, np.float32), -_F16_MAX, _F16_MAX).astype(np.float16)
 
 
+def shuffle_f16(a) -> np.ndarray:
+    """float16 planes of format 3: uint8 (2, h, w), the high bytes of all values, then the low."""
+    b = _to_f16(a).astype("<f2", copy=False).view(np.uint8).reshape(*np.shape(a), 2)
+    return np.ascontiguousarray(np.moveaxis(b[..., ::-1], -1, 0))
+
+
+def unshuffle_f16(planes: np.ndarray) -> np.ndarray:
+    """float32 values of `shuffle_f16` planes."""
+    p = np.asarray(planes, np.uint8)
+    u = (p[0].astype(np.uint16) << 8) | p[1]
+    return u.view(np.float16).astype(np.float32)
+
+
+_PLANES = "_f16_planes"             # member suffix of a format-3 float16 plane pair
+_STORED_MEMBERS = {"image_jpeg"}    # already compressed: deflating them costs time and saves nothing
+
+
 def _result_arrays(r: FrameResult, image_codec: str = "jpeg", depth_dtype: str = "float16") -> dict:
     arrays = {"c2w": np.asarray(r.c2w, np.float64), "K": np.asarray(r.K, np.float64),
               "timestamp": np.float64(r.timestamp), "index": np.int64(r.index),
@@ -178,11 +223,14 @@ def _result_arrays(r: FrameResult, image_codec: str = "jpeg", depth_dtype: str =
         arrays["image_jpeg"] = _encode_jpeg(image)
     else:
         arrays["image"] = image
-    f = _to_f16 if depth_dtype == "float16" else (lambda a: np.asarray(a, np.float32))
-    if r.depth is not None:
-        arrays["depth"] = f(r.depth)
-    if r.conf is not None:
-        arrays["conf"] = f(r.conf)
+    for name in ("depth", "conf"):
+        a = getattr(r, name)
+        if a is None:
+            continue
+        if depth_dtype == "float16":
+            arrays[name + _PLANES] = shuffle_f16(a)
+        else:
+            arrays[name] = np.asarray(a, np.float32)
     if r.pose_enc is not None:
         arrays["pose_enc"] = np.asarray(r.pose_enc, np.float32)
     return arrays
@@ -191,12 +239,26 @@ def _result_arrays(r: FrameResult, image_codec: str = "jpeg", depth_dtype: str =
 def _save_npz(f, arrays: dict, compress: bool) -> None:
     """An .npz (readable by np.load) with fast deflate level 1: ~4x cheaper than
     np.savez_compressed's default level for nearly the same size, and the store runs on the
-    engine's thread."""
+    engine's thread. JPEG bytes are stored as they are."""
     mode = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
     with zipfile.ZipFile(f, "w", mode, compresslevel=1 if compress else None) as z:
         for name, a in arrays.items():
-            with z.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
+            member = f"{name}.npy"
+            if name in _STORED_MEMBERS:
+                member = zipfile.ZipInfo(member, date_time=(1980, 1, 1, 0, 0, 0))
+                member.compress_type = zipfile.ZIP_STORED
+            with z.open(member, "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, np.asanyarray(a), allow_pickle=False)
+
+
+def _plane(z, name: str) -> Optional[np.ndarray]:
+    """Depth or confidence as float32 from any format: shuffled float16 planes (3), float16 (2)
+    or float32 (1); None when the frame has none."""
+    if name + _PLANES in z.files:
+        return unshuffle_f16(z[name + _PLANES])
+    if name in z.files:
+        return z[name].astype(np.float32)
+    return None
 
 
 def _result_from_npz(z) -> FrameResult:
@@ -204,8 +266,7 @@ def _result_from_npz(z) -> FrameResult:
         index=int(z["index"]), timestamp=float(z["timestamp"]), is_keyframe=bool(z["is_keyframe"]),
         c2w=z["c2w"], K=z["K"],
         image=_decode_jpeg(z["image_jpeg"]) if "image_jpeg" in z.files else z["image"],
-        depth=z["depth"].astype(np.float32) if "depth" in z.files else None,
-        conf=z["conf"].astype(np.float32) if "conf" in z.files else None,
+        depth=_plane(z, "depth"), conf=_plane(z, "conf"),
         pose_enc=z["pose_enc"] if "pose_enc" in z.files else None,
         segment=int(z["segment"]))
 
@@ -260,10 +321,14 @@ class SessionStore:
         self.compress = compress
         self.frames_written = 0
         self.events_written = 0
+        self.disk_full = False             # the store ended because its disk filled (DiskFullError)
+        self._lease = None
+        self._events = None
         created = not self.folder.exists()
         try:
             self._open_folder(config, source_name, meta)
         except BaseException:
+            self._release()
             if created:                    # a failed start leaves no empty session folder
                 import shutil
                 shutil.rmtree(self.folder, ignore_errors=True)
@@ -282,15 +347,32 @@ class SessionStore:
             for t in self._threads:
                 t.start()
 
+    def _os_error(self, what: str, exc: BaseException) -> StoreError:
+        """StoreError for a failed write; DiskFullError when the disk (or quota) is full."""
+        why, e = str(exc), exc
+        while e is not None:           # the OS's own words ("No space left on device"), if any
+            if getattr(e, "strerror", None):
+                why = e.strerror
+                break
+            e = e.__cause__ or e.__context__
+        if is_disk_full(exc):
+            kept = (f"; the session {self.folder} keeps the {self.frames_written} frames stored before"
+                    if hasattr(self, "_created") else "")     # not while the folder is being set up
+            return DiskFullError(f"disk full: {what} ({why}){kept}")
+        return StoreError(f"{what}: {why}")
+
     def _open_folder(self, config: SessionConfig, source_name: str, meta: Optional[dict]) -> None:
         try:
-            self.frames_dir.mkdir(parents=True, exist_ok=True)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            # held before config.json exists: retention never sees this session unheld
+            self._lease = hold_session(self.folder, role="store")
+            self.frames_dir.mkdir(exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"Cannot create session folder {self.folder}: {exc.strerror or exc}") from None
+            raise self._os_error(f"Cannot create session folder {self.folder}", exc) from None
         if any(self.frames_dir.iterdir()):
             raise StoreError(f"Session folder {self.folder} already holds a session; choose a new folder")
         self._info = {
-            "format": "reconstudio-session", "version": FORMAT_VERSION,
+            "format": SESSION_FORMAT, "version": FORMAT_VERSION,
             "source": str(source_name), "engine": config.engine,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "finished": None, "frames": None, "max_side": self.max_side,
@@ -300,28 +382,29 @@ class SessionStore:
         self._write_info()
         try:
             self._events = open(self.folder / "events.jsonl", "a", encoding="utf-8")
-            (self.folder / RUNNING_FILE).write_text(f"{os.getpid()} {socket.gethostname()}\n")
         except OSError as exc:
-            raise StoreError(f"Cannot write to session folder {self.folder}: {exc.strerror or exc}") from None
+            raise self._os_error(f"Cannot write to session folder {self.folder}", exc) from None
 
     def _write_info(self) -> None:
         try:
             with atomic_open(self.folder / "config.json", "w", fsync=self.fsync) as f:
                 json.dump(self._info, f, indent=2)
         except OutputError as exc:
-            raise StoreError(str(exc)) from None
+            raise self._os_error(f"Cannot write {self.folder / 'config.json'}", exc) from None
 
     def frame_path(self, index: int) -> Path:
         return self.frames_dir / f"{int(index):0{FRAME_DIGITS}d}.npz"
 
     def write(self, r: FrameResult) -> None:
         """Store one result (downsampled), atomically; a re-emitted index replaces its file."""
-        if self._closed:
-            raise StoreError("session store is closed")
+        self._check_open()
         self._raise_writer_error()
         small = downsample_result(r, self.max_side)
         if not self._queues:
-            self._store(small)
+            try:
+                self._store(small)
+            except DiskFullError as exc:
+                self._end_disk_full(exc)
             return
         # own copies: the engine may reuse its buffers while the frame waits in the queue
         for name in ("image", "depth", "conf"):
@@ -339,8 +422,8 @@ class SessionStore:
         try:
             with atomic_open(self.frame_path(small.index), "wb", fsync=self.fsync) as f:
                 _save_npz(f, _result_arrays(small, self.image_codec, self.depth_dtype), compress=self.compress)
-        except OutputError as exc:
-            raise StoreError(str(exc)) from None
+        except (OutputError, OSError) as exc:
+            raise self._os_error(f"Cannot write frame {small.index} in {self.frames_dir}", exc) from None
         with self._count_lock:
             self.frames_written += 1
 
@@ -350,65 +433,117 @@ class SessionStore:
             try:
                 if item is None:
                     return
-                if self._error is None:
+                if self._error is None and not self.disk_full:
                     self._store(item)
             except BaseException as exc:   # kept for the caller's thread; later frames are dropped
                 self._error = exc
             finally:
                 q.task_done()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise (DiskFullError if self.disk_full else StoreError)(
+                "session store is closed" + (" (disk full)" if self.disk_full else ""))
+
     def _raise_writer_error(self) -> None:
         if self._error is not None:
             exc, self._error = self._error, None
+            if isinstance(exc, DiskFullError):
+                self._end_disk_full(exc)
             if isinstance(exc, StoreError):
                 raise exc
             raise StoreError(f"Writing the session store failed: {exc}") from exc
 
+    def _stop_writers(self) -> None:
+        for q in self._queues:
+            q.put(None)
+        for t in self._threads:
+            t.join()
+
+    def _release(self) -> None:
+        if self._events is not None:
+            with contextlib.suppress(OSError):
+                self._events.close()
+        if self._lease is not None:
+            self._lease.release()
+
+    def _end_disk_full(self, exc: DiskFullError) -> None:
+        """The disk is full: end the store at once (writers stop and drop what they hold, files
+        closed, lease released), mark the session "disk full" if that still fits, raise `exc`."""
+        self.disk_full = True
+        if not self._closed:
+            self._closed = True
+            self._stop_writers()
+            self._info["cut_short"] = DISK_FULL_REASON
+            self._info["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            self._info["frames"] = len(list(self.frames_dir.glob("*.npz")))
+            with contextlib.suppress(StoreError):   # best effort: it may not fit either
+                self._write_info()
+            self._release()
+        raise exc
+
     def write_event(self, e: EngineEvent) -> None:
         """Append one event line and flush it to the OS at once."""
-        if self._closed:
-            raise StoreError("session store is closed")
+        self._check_open()
+        if isinstance(self._error, DiskFullError):
+            self._raise_writer_error()
         try:
             self._events.write(json.dumps(_event_to_json(e)) + "\n")
             self._events.flush()
             if self.fsync:
                 os.fsync(self._events.fileno())
         except OSError as exc:
-            raise StoreError(f"Cannot write event to {self.folder}: {exc.strerror or exc}") from None
+            err = self._os_error(f"Cannot write event to {self.folder}", exc)
+            if isinstance(err, DiskFullError):
+                self._end_disk_full(err)
+            raise err from None
         self.events_written += 1
 
     def mark_cut_short(self, reason: str, frames_in: Optional[int] = None) -> None:
         """Record in config.json (at once) that the run ended before its input did: why, and after
-        how many input frames. Every re-export and the GUI say so (`LoadedSession.cut_short`)."""
+        how many input frames. Every re-export and the GUI say so (`LoadedSession.cut_short`).
+        A store its full disk ended keeps "disk full" as the reason."""
+        if self.disk_full:
+            return
         self._info["cut_short"] = str(reason) or "cut short"
         if frames_in is not None:
             self._info["frames_in"] = int(frames_in)
-        self._write_info()
+        try:
+            self._write_info()
+        except DiskFullError as exc:
+            if not self._closed:
+                self._end_disk_full(exc)
+            raise
 
     def close(self, discard_empty: bool = False) -> None:
         """Record the end time and frame count in config.json (a folder without them was cut short).
         `discard_empty`: a folder this store created and that got no frame is removed (a run that
-        failed to start leaves nothing behind)."""
+        failed to start leaves nothing behind). Raises DiskFullError (the store closed all the
+        same) when the disk filled while the last frames were written."""
         if self._closed:
             return
         self._closed = True
-        for q in self._queues:
-            q.put(None)
-        for t in self._threads:
-            t.join()
-        self._events.close()
-        n = len(list(self.frames_dir.glob("*.npz")))
-        if discard_empty and n == 0 and self._created and self._error is None:
-            import shutil
-            shutil.rmtree(self.folder, ignore_errors=True)
-            return
-        self._info["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self._info["frames"] = n
         try:
-            self._write_info()
-        finally:
+            self._stop_writers()
             with contextlib.suppress(OSError):
-                (self.folder / RUNNING_FILE).unlink()
+                self._events.close()
+            n = len(list(self.frames_dir.glob("*.npz")))
+            if discard_empty and n == 0 and self._created and self._error is None:
+                import shutil
+                shutil.rmtree(self.folder, ignore_errors=True)
+                return
+            if isinstance(self._error, DiskFullError):
+                self.disk_full = True
+                self._info["cut_short"] = DISK_FULL_REASON
+            self._info["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            self._info["frames"] = n
+            try:
+                self._write_info()
+            except DiskFullError:
+                self.disk_full = True
+                raise
+        finally:
+            self._release()
         self._raise_writer_error()
 
     def __enter__(self):
@@ -482,43 +617,45 @@ def clean_stale_temp_files(folder: Union[str, Path], min_age_s: float = STALE_TM
 
 def load_session(folder: Union[str, Path]) -> LoadedSession:
     """Reopen a session folder, tolerating what a crash leaves behind: a missing or damaged
-    config.json, leftover temp files, an unreadable frame file, a half-written last event."""
+    config.json, leftover temp files, an unreadable frame file, a half-written last event.
+    The folder is held (engine/io/lease.py) while it is read: retention cannot remove it midway."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise StoreError(f"Session folder not found: {folder}")
     frames_dir = folder / "frames"
     if not frames_dir.is_dir() and not (folder / "config.json").exists():
         raise StoreError(f"{folder} is not a ReconStudio session folder (no config.json or frames/)")
-    problems: list[str] = []
-    info: dict = {}
-    clean_stale_temp_files(folder)
-    try:
-        info = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        config = SessionConfig.from_dict(info.get("config", {}))
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
-        problems.append(f"config.json unreadable ({exc}); default settings assumed")
-        config = SessionConfig()
-
-    results = []
-    for p in sorted(frames_dir.glob("*.npz")) if frames_dir.is_dir() else []:
+    with hold_session(folder, role="read"):
+        problems: list[str] = []
+        info: dict = {}
+        clean_stale_temp_files(folder)
         try:
-            with np.load(p, allow_pickle=False) as z:
-                r = _result_from_npz(z)
-            results.append(r)
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            problems.append(f"skipped damaged frame file {p.name} ({type(exc).__name__})")
-    results.sort(key=lambda r: r.index)
+            info = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            config = SessionConfig.from_dict(info.get("config", {}))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            problems.append(f"config.json unreadable ({exc}); default settings assumed")
+            config = SessionConfig()
 
-    events = []
-    ev_path = folder / "events.jsonl"
-    if ev_path.exists():
-        with open(ev_path, encoding="utf-8", errors="replace") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    events.append(_event_from_json(json.loads(line)))
-                except (ValueError, KeyError, TypeError):
-                    problems.append(f"skipped damaged event line {n}")
-    return LoadedSession(folder=folder, config=config, results=results, events=events,
-                         info=info, problems=problems)
+        results = []
+        for p in sorted(frames_dir.glob("*.npz")) if frames_dir.is_dir() else []:
+            try:
+                with np.load(p, allow_pickle=False) as z:
+                    r = _result_from_npz(z)
+                results.append(r)
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+                problems.append(f"skipped damaged frame file {p.name} ({type(exc).__name__})")
+        results.sort(key=lambda r: r.index)
+
+        events = []
+        ev_path = folder / "events.jsonl"
+        if ev_path.exists():
+            with open(ev_path, encoding="utf-8", errors="replace") as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        events.append(_event_from_json(json.loads(line)))
+                    except (ValueError, KeyError, TypeError):
+                        problems.append(f"skipped damaged event line {n}")
+        return LoadedSession(folder=folder, config=config, results=results, events=events,
+                             info=info, problems=problems)
