@@ -3,8 +3,9 @@
 Every run is saved as a session folder under the sessions folder ($RECONSTUDIO_SESSIONS or
 ~/.local/share/reconstudio/sessions). When a new run starts, the oldest sessions are removed until
 the folder is within the size limit and no session is older than the age limit (engine.io.retention);
-the running session, sessions another run holds open and the session on screen are never removed.
-The limits live in the app settings (app.settings.RETENTION_KEYS); 0 = no limit.
+only session folders are removed, and never one that a ReconStudio process has open (a run writing
+it, a window showing it, an export reading it). The limits live in the app settings
+(app.settings.RETENTION_KEYS); 0 = no limit. Sizes per engine: docs/benchmarks_io.md.
 """
 from __future__ import annotations
 
@@ -35,14 +36,20 @@ class SessionsDialog(QtWidgets.QDialog):
         self.max_gb = QtWidgets.QDoubleSpinBox(minimum=0.0, maximum=100_000.0, decimals=1, suffix=" GB",
                                                value=max_gb, specialValueText="no limit")
         self.max_gb.setToolTip("When a new run starts, the oldest sessions are removed until the folder "
-                               "holds at most this much (a webcam run stores ~8 GB per hour). 0 = no limit.")
+                               "holds at most this much. An hour of capture stores about 6 GB with the "
+                               "geometric engine and 40-55 GB with LingBot-Map (dense 518x392 results: "
+                               "20-26 GB). 0 = no limit.")
         self.max_days = QtWidgets.QDoubleSpinBox(minimum=0.0, maximum=36_500.0, decimals=0, suffix=" days",
                                                  value=max_days, specialValueText="no limit")
         self.max_days.setToolTip("Sessions older than this are removed when a new run starts. 0 = no limit.")
         form.addRow("Keep at most:", self.max_gb)
         form.addRow("Keep for:", self.max_days)
         lay.addLayout(form)
-        note = QtWidgets.QLabel("The running session and the session on screen are never removed.")
+        note = QtWidgets.QLabel("Measured per hour: geometric engine ~6 GB, LingBot-Map ~40-55 GB: the default "
+                                "20 GB does not hold an hour of neural capture.\nSessions open in any "
+                                "ReconStudio window or run (the running one, the one on screen) are never "
+                                "removed; nothing but session folders is.")
+        note.setWordWrap(True)
         note.setStyleSheet("color: #888;")
         lay.addWidget(note)
         buttons = QtWidgets.QDialogButtonBox()

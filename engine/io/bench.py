@@ -2,6 +2,7 @@
 
     python -m engine.io.bench [--data ../shared/data] [--frames 200] [--json OUT] [--density]
     python -m engine.io.bench --writers 1,2,3     (only: what a background store sustains)
+    python -m engine.io.bench --formats [SESSION ...] (only: store format 2 against 3, per frame)
 
 Uses the real ICL-NUIM clip and frames for decoding, and real 7-Scenes depth maps (with the
 matching colour frames) as dense engine results for the store and the exporters.
@@ -161,6 +162,93 @@ def writer_capacity(data: Path, frames: int, counts) -> dict:
     return res
 
 
+def _format2_bytes(r: FrameResult) -> bytes:
+    """A frame file as store format 2 wrote it (the baseline of `formats`): float16 depth and
+    confidence deflated as they are, the JPEG member deflated too."""
+    import io
+    import zipfile
+    from .store import _encode_jpeg, _to_f16
+    arrays = {"c2w": np.asarray(r.c2w, np.float64), "K": np.asarray(r.K, np.float64),
+              "timestamp": np.float64(r.timestamp), "index": np.int64(r.index),
+              "is_keyframe": np.bool_(r.is_keyframe), "segment": np.int64(r.segment),
+              "image_jpeg": _encode_jpeg(np.ascontiguousarray(r.image, np.uint8))}
+    for name in ("depth", "conf"):
+        if getattr(r, name) is not None:
+            arrays[name] = _to_f16(getattr(r, name))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        for name, a in arrays.items():
+            with z.open(f"{name}.npy", "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _format3_bytes(r: FrameResult) -> bytes:
+    """A frame file as the store writes it now."""
+    import io
+    from .store import _result_arrays, _save_npz
+    buf = io.BytesIO()
+    _save_npz(buf, _result_arrays(r), compress=True)
+    return buf.getvalue()
+
+
+def _planes2(r: FrameResult) -> int:
+    """Deflated bytes of depth + confidence as format 2 stored them (interleaved float16)."""
+    import zlib
+    from .store import _to_f16
+    return sum(len(zlib.compress(_to_f16(a).tobytes(), 1)) for a in (r.depth, r.conf) if a is not None)
+
+
+def _planes3(r: FrameResult) -> int:
+    """Deflated bytes of depth + confidence as format 3 stores them (byte-shuffled planes)."""
+    import zlib
+    from .store import shuffle_f16
+    return sum(len(zlib.compress(shuffle_f16(a).tobytes(), 1)) for a in (r.depth, r.conf) if a is not None)
+
+
+def formats(data: Path, frames: int, sessions, repeat: int = 5) -> dict:
+    """Store format 2 against 3 on the same results: bytes per frame file, the CPU cost of encoding a
+    whole frame file (JPEG + planes + deflate into memory; the disk write itself excluded) and of
+    the depth + confidence planes alone (the part format 3 changed). Each frame is encoded both
+    ways in turn, `repeat` times, keeping the fastest: a loaded machine slows both alike.
+    Results: the frames of saved sessions (any format), else 7-Scenes dense results at 518x392."""
+    from .store import load_session
+    res: dict = {}
+    for spec in sessions or [None]:
+        if spec is None:
+            label, rs = "7scenes_dense_518x392", _dense_results(data, frames, (518, 392))
+        else:
+            label = Path(spec).name
+            loaded = load_session(spec)
+            rs = loaded.results[:frames]
+            files = sorted((Path(spec) / "frames").glob("*.npz"))
+            res[f"{label}_stored_format"] = loaded.info.get("version")
+            res[f"{label}_stored_kb_per_frame"] = round(sum(p.stat().st_size for p in files) / max(len(files), 1) / 1024, 1)
+            dense = [r for r in rs if r.depth is not None]
+            res[f"{label}_depth_size"] = "x".join(map(str, dense[0].depth.shape[::-1])) if dense else "-"
+            res[f"{label}_frames_with_depth"] = len(dense)
+        res[f"{label}_frames"] = len(rs)
+        coders = {"format2": _format2_bytes, "format3": _format3_bytes,
+                  "format2_planes": _planes2, "format3_planes": _planes3}
+        size = dict.fromkeys(coders, 0)
+        spent = dict.fromkeys(coders, 0.0)
+        for r in rs:
+            best, n = dict.fromkeys(coders, float("inf")), {}
+            for _ in range(repeat):
+                for name, enc in coders.items():
+                    t0 = time.thread_time()       # CPU time: other processes' load does not count
+                    out = enc(r)
+                    best[name] = min(best[name], time.thread_time() - t0)
+                    n[name] = out if isinstance(out, int) else len(out)
+            for name in coders:
+                size[name] += n[name]
+                spent[name] += best[name]
+        for name in coders:
+            res[f"{label}_{name}_kb_per_frame"] = round(size[name] / max(len(rs), 1) / 1024, 1)
+            res[f"{label}_{name}_encode_cpu_ms_per_frame"] = round(1000 * spent[name] / max(len(rs), 1), 2)
+    return res
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[3] / "shared" / "data"))
@@ -170,8 +258,13 @@ def main(argv=None) -> int:
                    help="only the store size vs export density table (every store layout)")
     p.add_argument("--writers", default=None,
                    help="only the background store's capacity with these writer counts (e.g. 1,2,3)")
+    p.add_argument("--formats", nargs="*", default=None, metavar="SESSION",
+                   help="only store format 2 against 3 (bytes, encoding ms per frame) on these saved "
+                        "sessions' frames, or on 7-Scenes dense results when none is given")
     args = p.parse_args(argv)
-    if args.writers:
+    if args.formats is not None:
+        res = formats(Path(args.data), args.frames, args.formats)
+    elif args.writers:
         res = writer_capacity(Path(args.data), args.frames, [int(x) for x in args.writers.split(",")])
     elif args.density:
         res = density(Path(args.data), args.frames)

@@ -28,7 +28,7 @@ from typing import Iterable, Optional, Union
 from .lease import claim_for_removal, session_in_use
 from .store import SESSION_FORMAT, default_session_root
 
-DEFAULT_MAX_GB = 20.0
+DEFAULT_MAX_GB = 20.0          # hours of geometric sessions, NOT an hour of neural capture (docs/benchmarks_io.md)
 DEFAULT_MAX_AGE_DAYS = 30.0
 REMOVING_PREFIX = ".reconstudio-removing-"
 _CONFIG_MAX_BYTES = 1 << 20          # a session's config.json is a few KB; a bigger file is not ours
