@@ -96,6 +96,7 @@ class SessionLease:
     def __init__(self, folder: Path, fd: Optional[int], flocked: bool, exclusive: bool = False):
         self.folder = folder
         self._fd = fd
+        self._pid = os.getpid()            # a forked child shares the lock: it must not drop it
         self.flocked = flocked
         self.exclusive = exclusive
 
@@ -107,6 +108,9 @@ class SessionLease:
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is None:
+            return
+        if os.getpid() != self._pid:
+            os.close(fd)                   # the parent's lock stays (same open file description)
             return
         try:
             # the last holder removes the file: the upgrade succeeds only with no other holder
@@ -130,10 +134,11 @@ class SessionLease:
             self.release()
 
 
-def hold_session(folder: Union[str, Path], role: str = "open") -> SessionLease:
+def hold_session(folder: Union[str, Path], role: str = "open", strict: bool = False) -> SessionLease:
     """Hold `folder` open (shared with every other holder) until `release()`. Raises StoreError if
-    the folder no longer exists or is being removed; a folder that cannot take the lock file (a
-    read-only medium: nothing can delete it either) gives a lease that holds nothing."""
+    the folder no longer exists or is being removed. A lock file that cannot be made (read-only
+    medium, no permission, a full disk, a symlink in its place) gives a reader a lease that holds
+    nothing -- it can still read; with `strict` (a store about to write) the OSError is raised."""
     folder = Path(folder).expanduser()
     path = folder / LOCK_FILE
     deadline = time.monotonic() + OPEN_WAIT_S
@@ -142,10 +147,10 @@ def hold_session(folder: Union[str, Path], role: str = "open") -> SessionLease:
             fd = os.open(path, _O_FLAGS, 0o644)
         except FileNotFoundError:
             raise _gone(folder) from None
-        except OSError as exc:
-            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                return SessionLease(folder, None, False)
-            raise
+        except OSError:
+            if strict:
+                raise
+            return SessionLease(folder, None, False)
         try:
             got = _flock(fd, fcntl.LOCK_SH) if fcntl is not None else None
             if got is False:                # retention holds it for a moment: wait, then look again

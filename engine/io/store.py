@@ -365,7 +365,7 @@ class SessionStore:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             # held before config.json exists: retention never sees this session unheld
-            self._lease = hold_session(self.folder, role="store")
+            self._lease = hold_session(self.folder, role="store", strict=True)
             self.frames_dir.mkdir(exist_ok=True)
         except OSError as exc:
             raise self._os_error(f"Cannot create session folder {self.folder}", exc) from None

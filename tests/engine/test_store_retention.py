@@ -166,3 +166,52 @@ def test_a_store_cannot_open_a_folder_being_removed(tmp_path):
     with hold_session(tmp_path / "gone") as lease:
         assert lease.held and claim_for_removal(tmp_path / "gone") is None
     assert claim_for_removal(tmp_path / "gone") is not None
+
+
+def test_a_symlinked_lock_file_is_never_followed(tmp_path):
+    """A `running.lock` that is a symlink: readers still read, nothing is written through it, and
+    retention (which cannot prove the folder free) keeps the folder."""
+    from engine.io.store import load_session
+    root = tmp_path / "sessions"
+    _session(root / "s")
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    (root / "s" / RUNNING_FILE).symlink_to(target)
+    _backdate(root / "s", 40)
+    assert len(load_session(root / "s").results) == 2
+    assert apply_retention(root, max_gb=None, max_age_days=30) == []
+    assert target.read_text() == "keep me" and (root / "s" / RUNNING_FILE).is_symlink()
+
+
+def test_a_forked_child_does_not_drop_its_parents_lease(tmp_path):
+    from engine.io.lease import hold_session, session_in_use
+    _session(tmp_path / "s")
+    lease = hold_session(tmp_path / "s")
+    pid = os.fork()
+    if pid == 0:                                   # child: release, then leave without cleanup
+        lease.release()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert session_in_use(tmp_path / "s") and (tmp_path / "s" / RUNNING_FILE).exists()
+    lease.release()
+    assert not session_in_use(tmp_path / "s") and not (tmp_path / "s" / RUNNING_FILE).exists()
+
+
+def test_without_flock_the_recorded_pid_and_start_time_decide(tmp_path, monkeypatch):
+    """Filesystems without flock: a holder's line (pid + process start time) keeps the folder
+    while that process runs; a dead pid, or the same pid with another start time, does not."""
+    from engine.io import lease as lease_mod
+    monkeypatch.setattr(lease_mod, "fcntl", None)
+    _session(tmp_path / "held")
+    held = lease_mod.hold_session(tmp_path / "held", role="review")
+    assert lease_mod.session_in_use(tmp_path / "held")
+    me = lease_mod.process_start_time(os.getpid())
+    for name, line in (("dead", f"{_dead_pid()} h {me:.3f} store"), ("reused", f"{os.getpid()} h {me - 500:.3f} store")):
+        _session(tmp_path / name)
+        (tmp_path / name / RUNNING_FILE).write_text(line + "\n")
+        assert not lease_mod.session_in_use(tmp_path / name), name
+    _backdate(tmp_path, 40)
+    for name in ("held", "dead", "reused"):
+        _backdate(tmp_path / name, 40)
+    assert sorted(p.name for p in apply_retention(tmp_path, max_gb=None, max_age_days=30)) == ["dead", "reused"]
+    held.release()
