@@ -219,8 +219,9 @@ def main(args) -> int:
             return run_many(args, [args.input, *args.more_inputs])
         return _run(args)
     except (EngineError, _BadInput) as exc:
+        from engine.io.store import is_disk_full
         print(f"reconstudio run: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_DISK_FULL if is_disk_full(exc) else EXIT_BAD_INPUT
     except KeyboardInterrupt:     # a second Ctrl-C: aborted at once (the store keeps what it wrote)
         print("reconstudio run: aborted; the session folder keeps the frames written so far", file=sys.stderr)
         return EXIT_INTERRUPTED

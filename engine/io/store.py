@@ -324,6 +324,7 @@ class SessionStore:
         self.disk_full = False             # the store ended because its disk filled (DiskFullError)
         self._lease = None
         self._events = None
+        self._opened = False               # the folder is set up (frames may be kept from here on)
         created = not self.folder.exists()
         try:
             self._open_folder(config, source_name, meta)
@@ -334,6 +335,7 @@ class SessionStore:
                 shutil.rmtree(self.folder, ignore_errors=True)
             raise
         self._created = created
+        self._opened = True
         self._closed = False
         self._error: Optional[BaseException] = None
         self._queues: list = []            # one per writer thread (background stores)
@@ -357,7 +359,7 @@ class SessionStore:
             e = e.__cause__ or e.__context__
         if is_disk_full(exc):
             kept = (f"; the session {self.folder} keeps the {self.frames_written} frames stored before"
-                    if hasattr(self, "_created") else "")     # not while the folder is being set up
+                    if self._opened else "")
             return DiskFullError(f"disk full: {what} ({why}){kept}")
         return StoreError(f"{what}: {why}")
 

@@ -156,3 +156,15 @@ def test_run_cli_disk_full_exits_non_zero_and_exports_what_was_stored(tmp_path, 
     s = load_session(tmp_path / "sess")
     assert s.cut_short == "disk full" and len(s.results) == 7
     assert not session_in_use(tmp_path / "sess")
+
+
+def test_is_disk_full_sees_through_the_writers_wrapping(tmp_path):
+    """atomic_open turns an OSError into OutputError (from None): the errno still tells."""
+    from engine.io.atomic import atomic_open
+    for code, full in ((errno.ENOSPC, True), (errno.EDQUOT, True), (errno.EACCES, False)):
+        with pytest.raises(OutputError) as info:
+            with atomic_open(tmp_path / "x.bin") as f:
+                f.write(b"x")
+                raise OSError(code, "injected")
+        assert is_disk_full(info.value) is full
+    assert not list(tmp_path.iterdir())                              # no temp file left
