@@ -304,6 +304,12 @@ class SessionStore:
     plus the ones being written. A frame goes to the writer of its index (index mod writers), so a
     re-emitted index is written after the result it replaces. Writer errors surface on the next
     `write` or on `close`, which waits for the queues to drain.
+
+    The store holds the folder's lease (engine/io/lease.py) from its start to `close`, so no
+    retention in any process removes it meanwhile. A full disk (ENOSPC / EDQUOT) raises
+    `DiskFullError` from the call that meets it and ends the store there: writers stopped (frames
+    still queued are dropped), files closed, lease released, config.json marked cut short "disk
+    full" when that still fits; later `mark_cut_short` / `close` calls change nothing.
     """
 
     def __init__(self, folder: Union[str, Path], config: SessionConfig, source_name: str,

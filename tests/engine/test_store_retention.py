@@ -215,3 +215,21 @@ def test_without_flock_the_recorded_pid_and_start_time_decide(tmp_path, monkeypa
         _backdate(tmp_path / name, 40)
     assert sorted(p.name for p in apply_retention(tmp_path, max_gb=None, max_age_days=30)) == ["dead", "reused"]
     held.release()
+
+
+def test_load_session_holds_the_folder_while_it_reads(tmp_path, monkeypatch):
+    """A re-export reads through load_session: retention in another process cannot take the
+    folder from under it, and the lease is gone once it returns."""
+    from engine.io import store as store_mod
+    from engine.io.lease import session_in_use
+    _session(tmp_path / "s", n=3)
+    seen = []
+    real = store_mod._result_from_npz
+
+    def spy(z):
+        seen.append(session_in_use(tmp_path / "s"))
+        return real(z)
+    monkeypatch.setattr(store_mod, "_result_from_npz", spy)
+    assert len(store_mod.load_session(tmp_path / "s").results) == 3
+    assert seen == [True, True, True]
+    assert not session_in_use(tmp_path / "s") and not (tmp_path / "s" / RUNNING_FILE).exists()
