@@ -168,3 +168,37 @@ def test_is_disk_full_sees_through_the_writers_wrapping(tmp_path):
                 raise OSError(code, "injected")
         assert is_disk_full(info.value) is full
     assert not list(tmp_path.iterdir())                              # no temp file left
+
+
+INJECT = """
+import errno, sys
+from engine.io import store
+real, n = store._save_npz, [0]
+def save(f, arrays, compress):
+    n[0] += 1
+    if n[0] > int(sys.argv[1]):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    real(f, arrays, compress)
+store._save_npz = save
+from app.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_run_cli_disk_full_in_a_process_of_its_own(tmp_path, shared_data):
+    """The real exit status of a `reconstudio run` whose disk fills (the process ends: no writer
+    thread or handle keeps it alive) and the session left unlocked for the next process."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    sess = tmp_path / "sess"
+    cmd = [sys.executable, "-c", INJECT, "5", "run", str(shared_data / "icl_livingroom_kt3" / "video.mp4"),
+           "--engine", "synthetic", "--max-frames", "20", "-q", "--trajectory", str(tmp_path / "t.txt"),
+           "--session-dir", str(sess)]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 74, out.stderr[-2000:]
+    assert "disk full" in out.stderr and (tmp_path / "t.txt").stat().st_size > 0
+    assert not session_in_use(sess) and load_session(sess).cut_short == "disk full"
