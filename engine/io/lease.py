@@ -50,19 +50,22 @@ def _gone(folder: Path):
 
 def process_start_time(pid: int) -> Optional[float]:
     """Start time (seconds since the epoch) of a running process; None if there is none (a zombie
-    counts as none)."""
+    counts as none). Raises psutil.Error when the system will not tell."""
     import psutil
     try:
         p = psutil.Process(int(pid))
         if p.status() == psutil.STATUS_ZOMBIE:
             return None
         return float(p.create_time())
-    except (psutil.NoSuchProcess, ValueError, OverflowError):
+    except (psutil.NoSuchProcess, ValueError, OverflowError):   # ZombieProcess is a NoSuchProcess
         return None
 
 
 def _record(role: str) -> bytes:
-    start = process_start_time(os.getpid()) or 0.0
+    try:
+        start = process_start_time(os.getpid()) or 0.0
+    except Exception:                        # the line is advisory
+        start = 0.0
     return f"{os.getpid()} {socket.gethostname()} {start:.3f} {role}\n".encode()
 
 
@@ -153,25 +156,24 @@ def hold_session(folder: Union[str, Path], role: str = "open", strict: bool = Fa
             return SessionLease(folder, None, False)
         try:
             got = _flock(fd, fcntl.LOCK_SH) if fcntl is not None else None
-            if got is False:                # retention holds it for a moment: wait, then look again
-                os.close(fd)
-                if time.monotonic() > deadline:
-                    from .store import StoreError
-                    raise StoreError(f"Session folder {folder} is being removed (sessions limits)")
-                time.sleep(0.02)
-                continue
-            if not _same_file(fd, path):    # removed or replaced while we opened it
-                os.close(fd)
-                if not folder.is_dir():
-                    raise _gone(folder)
-                continue
+            same = _same_file(fd, path)
+        except OSError:
+            os.close(fd)
+            if strict:
+                raise
+            return SessionLease(folder, None, False)
+        if got is not False and same:
             with contextlib.suppress(OSError):    # advisory (disk full must not stop a reader)
                 os.write(fd, _record(role))
             return SessionLease(folder, fd, flocked=got is True)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            raise
+        # retention holds it for a moment, or the file was removed / replaced while we opened it
+        os.close(fd)
+        if not folder.is_dir():
+            raise _gone(folder)
+        if time.monotonic() > deadline:
+            from .store import StoreError
+            raise StoreError(f"Session folder {folder} is being removed (sessions limits)")
+        time.sleep(0.02)
 
 
 def _records(text: str) -> list[tuple[int, Optional[float]]]:
@@ -196,7 +198,11 @@ def _records(text: str) -> list[tuple[int, Optional[float]]]:
 def _record_live(pid: int, start: Optional[float], file_mtime: float, legacy_only: bool) -> bool:
     if start is not None and legacy_only:
         return False                         # a flock-era holder: its lock said it is gone
-    began = process_start_time(pid)
+    import psutil
+    try:
+        began = process_start_time(pid)
+    except psutil.Error:
+        return True                          # cannot tell: keep the folder
     if began is None:
         return False
     if start is not None:

@@ -233,3 +233,18 @@ def test_load_session_holds_the_folder_while_it_reads(tmp_path, monkeypatch):
     assert len(store_mod.load_session(tmp_path / "s").results) == 3
     assert seen == [True, True, True]
     assert not session_in_use(tmp_path / "s") and not (tmp_path / "s" / RUNNING_FILE).exists()
+
+
+def test_an_opener_waits_for_a_removal_in_progress(tmp_path, monkeypatch):
+    """While retention holds a session's exclusive lease, opening it waits (a bounded time) and
+    then says it is being removed; once retention lets go without removing it, it opens."""
+    from engine.io import lease as lease_mod
+    from engine.io.store import StoreError
+    monkeypatch.setattr(lease_mod, "OPEN_WAIT_S", 0.2)
+    _session(tmp_path / "s")
+    claim = lease_mod.claim_for_removal(tmp_path / "s")
+    with pytest.raises(StoreError, match="being removed"):
+        lease_mod.hold_session(tmp_path / "s")
+    claim.release()
+    with lease_mod.hold_session(tmp_path / "s") as held:
+        assert held.held and lease_mod.claim_for_removal(tmp_path / "s") is None
