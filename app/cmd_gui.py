@@ -63,6 +63,8 @@ def main(args: argparse.Namespace) -> int:
     apply_style(app)
     settings = AppSettings(args.settings)
     win = MainWindow(settings=settings, session_root=args.session_dir)
+    from ui.signals import quit_on_signals
+    watcher = quit_on_signals(app, win)     # SIGINT / SIGTERM: as `run` does (ui/signals.py)
     from app.config_flags import config_from_args, given_settings
     if given_settings(args):
         try:
@@ -74,11 +76,7 @@ def main(args: argparse.Namespace) -> int:
     if args.input is not None:
         win.set_input(args.input)
     if args.speed is not None:
-        i = win.speed.findData(float(args.speed))
-        if i < 0:
-            win.speed.addItem(f"×{args.speed:g}", float(args.speed))
-            i = win.speed.count() - 1
-        win.speed.setCurrentIndex(i)
+        win.set_speed(args.speed)
     if args.max_frames is not None:
         win.max_frames.setValue(max(0, args.max_frames))
     if args.loop:
@@ -130,8 +128,11 @@ def main(args: argparse.Namespace) -> int:
     elif args.exit_when_done or args.screenshot or args.window_screenshot:
         QtCore.QTimer.singleShot(300 if args.open_session else 0, finish)
     code = app.exec()
+    watcher.close()
     if stats_csv is not None:
         stats_csv.close()
+    if watcher.exit_code:
+        return watcher.exit_code
     # No explicit teardown: the bool_dealloc abort at exit came from PySide6 6.12.0's refcount
     # bug (excluded in pyproject.toml; tests/ui/test_ui_refcount.py catches a relapse).
     return status["code"] or int(code)

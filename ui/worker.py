@@ -45,7 +45,6 @@ class RunOptions:
     display_stride: int = 2                      # per-frame point subsampling for the viewer
     display_hz: float = 30.0
     stats_hz: float = 4.0
-    decode_max_side: Optional[int] = 960         # frames are resized on the worker side
     webcam_resolution: Optional[tuple] = None    # (w, h) requested from a webcam
     model: Any = None                            # a loaded network for neural engines (optional)
     max_pending: int = 32                        # display packets waiting for the GUI before the engine waits
@@ -228,7 +227,7 @@ class EngineWorker(QtCore.QObject, Controls):
         from engine.io.store import SessionStore, new_session_folder
 
         o = self.options
-        source = open_source(o.source, fps=o.config.fps, loop=o.loop, max_side=o.decode_max_side,
+        source = open_source(o.source, fps=o.config.fps, loop=o.loop, max_side=o.config.decode_max_side,
                              resolution=o.webcam_resolution)
         try:
             if o.start_frame:
