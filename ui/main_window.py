@@ -571,6 +571,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.review.reset()
         self.viewer.hint.setText("Opening the input…")
         self._noted_next_run = set()
+        self._input_warnings = 0
         self.last_stats = {}
         self.last_summary = None
         self.session_folder = None
@@ -582,6 +583,7 @@ class MainWindow(QtWidgets.QMainWindow):
         w.stats.connect(self._on_stats)
         w.realigned.connect(self._on_realigned)
         w.message.connect(self._on_worker_message)
+        w.warning.connect(self._on_input_warning)
         w.error.connect(self._on_error)
         w.finished.connect(self._on_finished)
         self._handle = self.last_handle = h
@@ -688,6 +690,15 @@ class MainWindow(QtWidgets.QMainWindow):
         if self._is_current():
             self.statusBar().showMessage(text, 8000)
             self.messages.append(("info", text))
+
+    def _on_input_warning(self, text: str) -> None:
+        """Input warnings go to the banner (the docs promise it); many in one run (a folder of
+        damaged images) show the newest with their count, each kept in `messages`."""
+        if not self._is_current():
+            return
+        self._input_warnings = getattr(self, "_input_warnings", 0) + 1
+        n = self._input_warnings
+        self.show_message(text if n == 1 else f"{text} ({n} input warnings in this run; all in the log)", "warning")
 
     def _on_error(self, text: str) -> None:
         if self._is_current():
