@@ -151,19 +151,13 @@ def _crash_tracebacks() -> None:
 
 
 def _start_stats_csv(win, path: str):
-    """A row per second from the GUI thread: the run's stats (engine side, as the monitors get
-    them) and `MainWindow.gui_stats()` (viewer side; blank columns when the window has none)."""
-    from PySide6 import QtCore
+    """A row per second from a thread of its own (engine.stats_csv.StatsRecorder): the run's
+    stats and the window's viewer / event-loop figures, read as snapshots (ui/stats_feed.py), so
+    a busy GUI thread leaves no hole in the record; a last row with the final counts."""
+    from engine.stats_csv import StatsRecorder
+    from ui.stats_feed import StatsFeed
 
-    from engine.stats_csv import StatsCsv
-
-    out = StatsCsv(path)
-
-    def row():
-        gui = win.gui_stats() if hasattr(win, "gui_stats") else None
-        out.row(dict(win.last_stats or {}), gui)
-
-    timer = QtCore.QTimer(win, interval=1000, timeout=row)
-    timer.start()
-    win.runFinished.connect(lambda _summary: row())     # the final counts
+    feed = StatsFeed(win)
+    out = StatsRecorder(path, feed.snapshot)
+    win.runFinished.connect(lambda _summary: out.row_now())     # the final counts
     return out

@@ -28,6 +28,7 @@ from .review import ReviewBar
 from .review_confidence import ConfidenceControl
 from .settings_panel import SettingsPanel
 from .settings_schema import SPEEDS
+from .stats_feed import LoopGapProbe
 from .source_panel import SourcePanel
 from .viewer import COLOR_MODES, PointCloudViewer
 from .worker import RunOptions, WorkerHandle
@@ -164,35 +165,6 @@ class ImagePreview(QtWidgets.QWidget):
         self.depth_shown_index = None
 
 
-class LoopGapProbe(QtCore.QObject):
-    """Measures how late the GUI event loop runs: a 10 ms timer records the time between its
-    ticks; a gap well over 10 ms means the loop was busy (a long paint, a thinning pass...)."""
-
-    INTERVAL_MS = 10
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self._gaps: list[float] = []
-        self._clock = QtCore.QElapsedTimer()
-        self._clock.start()
-        self._last = 0
-        self._timer = QtCore.QTimer(self, interval=self.INTERVAL_MS, timeout=self._tick)
-        self._timer.setTimerType(QtCore.Qt.TimerType.PreciseTimer)
-        self._timer.start()
-
-    def _tick(self) -> None:
-        now = self._clock.elapsed()
-        self._gaps.append(now - self._last)
-        self._last = now
-        if len(self._gaps) > 100_000:        # nobody collects: keep the newest half
-            del self._gaps[:50_000]
-
-    def take_p99_ms(self) -> Optional[float]:
-        """p99 of the gaps since the last call (None if there were none), then forget them."""
-        gaps, self._gaps = self._gaps, []
-        return float(np.percentile(gaps, 99)) if gaps else None
-
-
 MESSAGES_KEPT = 1000          # newest messages kept in MainWindow.messages (issue #7: bounded)
 TRIM_EVERY_S = 5             # seconds of a run between malloc_trim calls (engine/memory.py)
 
@@ -203,6 +175,7 @@ class _Relay(QtCore.QObject):
 
 class MainWindow(QtWidgets.QMainWindow):
     runFinished = QtCore.Signal(object)      # the worker's summary dict
+    runStarted = QtCore.Signal(object)       # the new run's EngineWorker (before its thread starts)
     exportFinished = QtCore.Signal(object)   # export summary dict, or None when it failed
     framesShown = QtCore.Signal(int)         # frames in the viewer so far
 
@@ -589,6 +562,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self._handle = self.last_handle = h
         self._update_engine_label()
         self.progress_label.setText("opening… ")
+        self.runStarted.emit(w)
         h.start()
         self._set_running(True)
         return True
