@@ -59,6 +59,7 @@ def main(args: argparse.Namespace) -> int:
     app.setOrganizationName("ReconStudio")
     from ui.main_window import MainWindow
     from ui.style import apply_style
+    from ui.window_fit import keep_on_screen, place_first_window
 
     apply_style(app)
     settings = AppSettings(args.settings)
@@ -92,7 +93,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"--size: expected WxH, got {args.size!r}", file=sys.stderr)
             return 2
     elif not settings.get_bytes("window/geometry"):
-        win.resize(1600, 1000)
+        place_first_window(win)          # at most 90 % of the screen (ui/window_fit.py)
+    else:
+        keep_on_screen(win)              # a geometry saved on a larger screen
     win.show()
 
     status = {"code": 0}
