@@ -106,6 +106,7 @@ class StatsRecorder:
         self.sample = sample
         self.interval_s = float(interval_s)
         self.errors = 0
+        self._last_stats = None          # the stats object of the newest row
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._work, name="stats-csv", daemon=True)
@@ -125,6 +126,7 @@ class StatsRecorder:
         with self._lock:
             if not self.csv._f.closed:
                 self.csv.row(stats, gui)
+                self._last_stats = stats
 
     def _work(self) -> None:
         t0 = time.monotonic()
@@ -134,10 +136,18 @@ class StatsRecorder:
             k = max(k + 1, int((time.monotonic() - t0) / self.interval_s) + 1)
 
     def close(self) -> None:
-        """Stop the thread (after its current row) and close the file."""
+        """Stop the thread (after its current row), write a last row if the stats changed since
+        the newest one (a run ended by a signal has no other record of its final counts; `sample`
+        must return a new stats object when they change), and close the file."""
         self._stop.set()
         if self._t.is_alive() and self._t is not threading.current_thread():
             self._t.join()
+        try:
+            changed = self.sample()[0] is not self._last_stats
+        except Exception:
+            changed = False
+        if changed:
+            self.row_now()
         with self._lock:
             self.csv.close()
 

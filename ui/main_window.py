@@ -28,8 +28,8 @@ from .review import ReviewBar
 from .review_confidence import ConfidenceControl
 from .settings_panel import SettingsPanel
 from .settings_schema import SPEEDS
-from .stats_feed import LoopGapProbe
 from .source_panel import SourcePanel
+from .stats_feed import LoopGapProbe
 from .viewer import COLOR_MODES, PointCloudViewer
 from .worker import RunOptions, WorkerHandle
 
