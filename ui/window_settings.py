@@ -38,6 +38,8 @@ def restore(win, s) -> list:
     st = s.get_bytes("window/state")
     if st:
         win.restoreState(QtCore.QByteArray(st))
+    for key in ("sessions/max_gb", "sessions/max_age_days"):   # used at Start: checked (and said) now
+        s.value(key)
     problems = s.take_problems()
     if problems:
         win.settings_warning = (f"Settings file {s.path}: " + "; ".join(problems)

@@ -36,6 +36,7 @@ def _warnings(w, key):
     ("run/loop", "maybe", lambda w: w.loop.isChecked()),
     ("display/color_mode", "purple", lambda w: settings_schema.COLOR_MODES[w.color_mode.currentIndex()]),
     ("run/speed", -2, lambda w: w.speed.currentData()),
+    ("sessions/max_age_days", -3, lambda w: w.retention_limits()[1]),
 ])
 def test_bad_value_falls_back_to_its_default_with_one_warning(qtbot, tmp_path, caplog, key, bad, read):
     s = AppSettings(str(tmp_path / "s.ini"))
