@@ -108,14 +108,14 @@ def _check_output(path: str, flag: str) -> Path:
     return p
 
 
-def decode_max_side(args) -> int:
+def decode_max_side(args):
     """The decode size of the input (SessionConfig.decode_max_side: --decode-max-side, else its
-    default), the same the GUI decodes at, so both see the same frames."""
+    default), the same the GUI decodes at, so both see the same frames; None (0) = the input's size."""
     from engine.api import SessionConfig
     v = getattr(args, "decode_max_side", None)
     if v is not None and v < 0:
         raise _BadInput(f"--decode-max-side must be 0 (the input's size) or positive, got {v}")
-    return SessionConfig().decode_max_side if v is None else int(v)
+    return (SessionConfig().decode_max_side if v is None else int(v)) or None
 
 
 def _build_config(args, source):

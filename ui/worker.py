@@ -260,7 +260,7 @@ class EngineWorker(QtCore.QObject, Controls):
         from engine.io.store import SessionStore, new_session_folder
 
         o = self.options
-        source = open_source(o.source, fps=o.config.fps, loop=o.loop, max_side=o.config.decode_max_side,
+        source = open_source(o.source, fps=o.config.fps, loop=o.loop, max_side=o.config.decode_max_side or None,
                              resolution=o.webcam_resolution)
         try:
             if o.start_frame:

@@ -65,3 +65,23 @@ def test_decode_size_is_one_documented_setting():
     assert SessionConfig().decode_max_side == SessionConfig.__dataclass_fields__["decode_max_side"].default
     from ui.worker import RunOptions
     assert not hasattr(RunOptions(source=None), "decode_max_side")   # no second default in the worker
+
+
+def test_decode_size_zero_keeps_the_input_size(qtbot, make_window):
+    from tests.ui.conftest import wait_finished
+    w = make_window(decode_max_side=0)
+    w.set_input(str(SAMPLE))
+    w.max_frames.setValue(3)
+    assert w.start_run()
+    s = wait_finished(qtbot, w)
+    assert s["error"] is None and s["results"] == 3
+    assert w.last_handle.worker.driver.source.max_side is None
+
+
+def test_run_decode_size_flag():
+    from app.cli import build_parser
+    from app.cmd_run import decode_max_side
+    p = build_parser()
+    assert decode_max_side(p.parse_args(["run", "x.mp4"])) == SessionConfig().decode_max_side
+    assert decode_max_side(p.parse_args(["run", "x.mp4", "--decode-max-side", "0"])) is None
+    assert decode_max_side(p.parse_args(["run", "x.mp4", "--resize", "640"])) == 640     # the old name
