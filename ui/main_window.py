@@ -1022,6 +1022,7 @@ class MainWindow(QtWidgets.QMainWindow):
         view = StreamView(opts, f"Second view — {source_title(spec)}")
         dock = StreamDock(view, self)
         view.failed.connect(lambda text, v=view: self.show_message(f"{v.title}: {text}", "error"))
+        view.warned.connect(lambda text, v=view: self.show_message(f"{v.title}: {text}", "warning"))
         dock.closed.connect(self._second_closed)
         self.addDockWidget(QtCore.Qt.DockWidgetArea.RightDockWidgetArea, dock)
         if not self.second_views:              # the first one: ~40 % of the width, the controls keep theirs

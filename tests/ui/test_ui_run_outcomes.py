@@ -111,3 +111,13 @@ def test_disk_full_stops_the_run_and_closes_the_store(qtbot, make_window, tmp_pa
     assert 1 <= len(os.listdir(os.path.join(folder, "frames"))) <= 5     # what was stored is kept
     assert not [t for t in threading.enumerate() if t.name.startswith("session-store-writer")]
     assert _open_files_under(folder) == []                                # events.jsonl closed too
+
+
+def test_second_view_input_warnings_reach_the_banner(qtbot, make_window, tmp_path):
+    w = make_window()
+    v = w.open_second_source(str(_folder_with_a_bad_image(tmp_path)))
+    with qtbot.waitSignal(v.runFinished, timeout=30_000) as done:
+        pass
+    assert done.args[0]["error"] is None
+    assert w.banner.level == "warning" and "Second view" in w.banner.label.text()
+    assert "skipped unreadable image 002.png" in w.banner.label.text().lower()
