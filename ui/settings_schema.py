@@ -51,9 +51,10 @@ KEYS: dict = {k.name: k for k in (
     Key("display/follow", bool, True, doc="the view follows the camera"),
     Key("display/point_budget", int, DEFAULT_POINT_BUDGET, range=(MIN_POINT_BUDGET, MAX_POINT_BUDGET),
         doc="most points the 3D view keeps"),
-    Key("sessions/max_gb", float, DEFAULT_MAX_GB, range=(0.0, 1e6),
+    # ranges as File > Sessions folder's spin boxes (ui/sessions_dialog.py) allow
+    Key("sessions/max_gb", float, DEFAULT_MAX_GB, range=(0.0, 100_000.0),
         doc="size limit of the sessions folder in GB (0 = no limit)"),
-    Key("sessions/max_age_days", float, DEFAULT_MAX_AGE_DAYS, range=(0.0, 1e5),
+    Key("sessions/max_age_days", float, DEFAULT_MAX_AGE_DAYS, range=(0.0, 36_500.0),
         doc="sessions older than this many days are removed (0 = no limit)"),
 )}
 

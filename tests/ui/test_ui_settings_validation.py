@@ -113,6 +113,11 @@ def test_schema_declares_what_the_window_uses(qtbot):
     assert check_session(None, SessionConfig())[1] == []
     w = _window(qtbot, None)
     assert (w.point_size.minimum(), w.point_size.maximum()) == KEYS["display/point_size"].range
+    from ui.sessions_dialog import SessionsDialog
+    d = SessionsDialog(w)                                   # what the dialog can write is valid
+    assert (d.max_gb.minimum(), d.max_gb.maximum()) == KEYS["sessions/max_gb"].range
+    assert (d.max_days.minimum(), d.max_days.maximum()) == KEYS["sessions/max_age_days"].range
+    d.deleteLater()
 
 
 def test_bad_settings_file_does_not_stop_the_app(tmp_path):
