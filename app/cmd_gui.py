@@ -59,10 +59,13 @@ def main(args: argparse.Namespace) -> int:
     app.setOrganizationName("ReconStudio")
     from ui.main_window import MainWindow
     from ui.style import apply_style
+    from ui.window_fit import keep_on_screen, place_first_window
 
     apply_style(app)
     settings = AppSettings(args.settings)
     win = MainWindow(settings=settings, session_root=args.session_dir)
+    from ui.signals import quit_on_signals
+    watcher = quit_on_signals(app, win)     # SIGINT / SIGTERM: as `run` does (ui/signals.py)
     from app.config_flags import config_from_args, given_settings
     if given_settings(args):
         try:
@@ -74,11 +77,7 @@ def main(args: argparse.Namespace) -> int:
     if args.input is not None:
         win.set_input(args.input)
     if args.speed is not None:
-        i = win.speed.findData(float(args.speed))
-        if i < 0:
-            win.speed.addItem(f"×{args.speed:g}", float(args.speed))
-            i = win.speed.count() - 1
-        win.speed.setCurrentIndex(i)
+        win.set_speed(args.speed)
     if args.max_frames is not None:
         win.max_frames.setValue(max(0, args.max_frames))
     if args.loop:
@@ -94,7 +93,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"--size: expected WxH, got {args.size!r}", file=sys.stderr)
             return 2
     elif not settings.get_bytes("window/geometry"):
-        win.resize(1600, 1000)
+        place_first_window(win)          # at most 90 % of the screen (ui/window_fit.py)
+    else:
+        keep_on_screen(win)              # a geometry saved on a larger screen
     win.show()
 
     status = {"code": 0}
@@ -130,8 +131,11 @@ def main(args: argparse.Namespace) -> int:
     elif args.exit_when_done or args.screenshot or args.window_screenshot:
         QtCore.QTimer.singleShot(300 if args.open_session else 0, finish)
     code = app.exec()
+    watcher.close()
     if stats_csv is not None:
         stats_csv.close()
+    if watcher.exit_code:
+        return watcher.exit_code
     # No explicit teardown: the bool_dealloc abort at exit came from PySide6 6.12.0's refcount
     # bug (excluded in pyproject.toml; tests/ui/test_ui_refcount.py catches a relapse).
     return status["code"] or int(code)
@@ -150,19 +154,13 @@ def _crash_tracebacks() -> None:
 
 
 def _start_stats_csv(win, path: str):
-    """A row per second from the GUI thread: the run's stats (engine side, as the monitors get
-    them) and `MainWindow.gui_stats()` (viewer side; blank columns when the window has none)."""
-    from PySide6 import QtCore
+    """A row per second from a thread of its own (engine.stats_csv.StatsRecorder): the run's
+    stats and the window's viewer / event-loop figures, read as snapshots (ui/stats_feed.py), so
+    a busy GUI thread leaves no hole in the record; a last row with the final counts."""
+    from engine.stats_csv import StatsRecorder
+    from ui.stats_feed import StatsFeed
 
-    from engine.stats_csv import StatsCsv
-
-    out = StatsCsv(path)
-
-    def row():
-        gui = win.gui_stats() if hasattr(win, "gui_stats") else None
-        out.row(dict(win.last_stats or {}), gui)
-
-    timer = QtCore.QTimer(win, interval=1000, timeout=row)
-    timer.start()
-    win.runFinished.connect(lambda _summary: row())     # the final counts
+    feed = StatsFeed(win)
+    out = StatsRecorder(path, feed.snapshot)
+    win.runFinished.connect(lambda _summary: out.row_now())     # the final counts
     return out

@@ -60,8 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i.add_argument("--prefetch", type=int, default=3, metavar="N",
                    help="files: decode and preprocess up to N frames ahead on a reader thread, overlapping "
                         "the engine (default 3; 0 = read on the engine's thread)")
-    i.add_argument("--resize", type=int, default=None, metavar="PX",
-                   help="downscale input frames so their longer side is at most PX")
+    # the old name of --decode-max-side (the SessionConfig setting the GUI uses too)
+    i.add_argument("--resize", type=int, dest="decode_max_side", metavar="PX", help=argparse.SUPPRESS)
     o = p.add_argument_group("output")
     o.add_argument("--ply", metavar="OUT", help="write the point cloud (binary PLY)")
     o.add_argument("--npz", metavar="OUT", help="write poses, intrinsics, depth, confidence and points (NPZ)")
@@ -109,6 +109,16 @@ def _check_output(path: str, flag: str) -> Path:
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise _BadInput(f"{flag} {path}: cannot write into {parent}")
     return p
+
+
+def decode_max_side(args):
+    """The decode size of the input (SessionConfig.decode_max_side: --decode-max-side, else its
+    default), the same the GUI decodes at, so both see the same frames; None (0) = the input's size."""
+    from engine.api import SessionConfig
+    v = getattr(args, "decode_max_side", None)
+    if v is not None and v < 0:
+        raise _BadInput(f"--decode-max-side must be 0 (the input's size) or positive, got {v}")
+    return (SessionConfig().decode_max_side if v is None else int(v)) or None
 
 
 def _build_config(args, source):
@@ -259,7 +269,7 @@ def _run(args) -> int:
 
     if _is_session_folder(args.input):
         return _export_only(args, outputs)
-    source = open_source(args.input, fps=args.fps, max_side=args.resize, loop=args.loop)
+    source = open_source(args.input, fps=args.fps, max_side=decode_max_side(args), loop=args.loop)
     session = store = driver = disk_full = None
     last_warning: list = []               # the engine's last warning, repeated with a "no results" error
     try:

@@ -57,7 +57,7 @@ def run_many(args, inputs: list) -> int:
     t0 = time.perf_counter()
     try:
         for spec in inputs:
-            src = open_source(spec, fps=args.fps, max_side=args.resize)
+            src = open_source(spec, fps=args.fps, max_side=base.decode_max_side(args))
             sources.append(src)
             if args.start:
                 src.seek(args.start)

@@ -8,6 +8,7 @@ never touch the user's settings. Qt is imported on first use, so the CLI stays l
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -16,6 +17,7 @@ from engine.api import SessionConfig
 
 ORGANIZATION = "ReconStudio"
 APPLICATION = "ReconStudio"
+log = logging.getLogger(__name__)
 
 
 DEFAULTS_FILE = Path(__file__).resolve().parents[1] / "resources" / "default_settings.json"
@@ -59,23 +61,17 @@ RETENTION_KEYS = {"max_gb": "sessions/max_gb", "max_age_days": "sessions/max_age
 
 def retention_limits(settings: Optional["AppSettings"] = None) -> tuple[float, float]:
     """(max_gb, max_age_days) of the sessions folder (0 = no limit): the app settings' values,
-    else the defaults of engine.io.retention. Without `settings` the user's settings are read
-    (the CLI shares the GUI's sessions folder and limits); no Qt → the defaults."""
-    from engine.io.retention import DEFAULT_MAX_AGE_DAYS, DEFAULT_MAX_GB
+    checked against ui.settings_schema (a bad value: its default, with a logged warning). Without
+    `settings` the user's settings are read (the CLI shares the GUI's sessions folder and
+    limits); no Qt → the defaults."""
+    from ui.settings_schema import default
 
     if settings is None:
         try:
             settings = AppSettings()
         except ImportError:
-            return DEFAULT_MAX_GB, DEFAULT_MAX_AGE_DAYS
-
-    def num(key, default):
-        v = settings.get(RETENTION_KEYS[key], default)
-        try:
-            return max(0.0, float(v))
-        except (TypeError, ValueError):
-            return default
-    return num("max_gb", DEFAULT_MAX_GB), num("max_age_days", DEFAULT_MAX_AGE_DAYS)
+            return default(RETENTION_KEYS["max_gb"]), default(RETENTION_KEYS["max_age_days"])
+    return settings.value(RETENTION_KEYS["max_gb"]), settings.value(RETENTION_KEYS["max_age_days"])
 
 
 class AppSettings:
@@ -88,10 +84,42 @@ class AppSettings:
         else:
             self._q = QSettings(QSettings.Format.IniFormat, QSettings.Scope.UserScope,
                                 ORGANIZATION, APPLICATION)
+        self._problems: list = []
+        self._warned: set = set()
 
     @property
     def path(self) -> str:
         return self._q.fileName()
+
+    def raw(self, key: str) -> Any:
+        """The stored value as written: JSON-decoded when it is JSON (what `set` writes), else
+        as the INI file holds it (a hand-edited `loop=maybe` is the text "maybe"); None if absent."""
+        raw = self._q.value(key, None)
+        if isinstance(raw, str):
+            try:
+                return json.loads(raw)
+            except ValueError:
+                return raw
+        return raw
+
+    def value(self, key: str) -> Any:
+        """A declared key's value (ui.settings_schema.KEYS), checked when read: a bad value gives
+        the declared default and, once per key, a problem line (`take_problems`) and a log warning."""
+        from ui.settings_schema import check
+        v, problem = check(key, self.raw(key))
+        self._note(key, problem)
+        return v
+
+    def _note(self, key: str, problem: Optional[str]) -> None:
+        if problem and key not in self._warned:
+            self._warned.add(key)
+            self._problems.append(problem)
+            log.warning("settings file %s: %s", self.path, problem)
+
+    def take_problems(self) -> list:
+        """Problems found in the settings file since the last call (each key once per process)."""
+        out, self._problems = self._problems, []
+        return out
 
     def get(self, key: str, default: Any = None) -> Any:
         """A JSON-decoded value (so ints, floats, bools and lists come back typed)."""
@@ -118,15 +146,13 @@ class AppSettings:
         self._q.setValue(key, QByteArray(value))
 
     def load_config(self) -> SessionConfig:
-        d = self.get("engine/config", None)
-        if not isinstance(d, dict):
-            d = defaults().get("session")
-        if not isinstance(d, dict):
-            return SessionConfig()
-        try:
-            return SessionConfig.from_dict(d)
-        except (TypeError, ValueError):
-            return SessionConfig()
+        """The saved engine settings, each field checked with its `setting()` metadata
+        (ui.settings_schema.check_session): a bad field takes its default, with a problem line."""
+        from ui.settings_schema import check_session
+        cfg, problems = check_session(self.raw("engine/config"), SessionConfig())
+        for p in problems:
+            self._note(p.split(" = ", 1)[0], p)
+        return cfg
 
     def save_config(self, cfg: SessionConfig) -> None:
         self.set("engine/config", cfg.to_dict())

@@ -259,6 +259,14 @@ class SessionConfig:
     fps: float = setting(30.0, label="Folder frame rate", group="Input", range=(0.1, 1000.0),
                          tooltip="Frame rate assumed for image folders (their timestamps = index / fps); "
                                  "videos use their own clock.")
+    # one decode size for every client (GUI worker, `run`, second views): the same input gives
+    # the same frames, hence the same reconstruction, whichever client runs it
+    decode_max_side: int = setting(1920, label="Decode size", group="Input", range=(0, 16384),
+                                   tooltip="Input frames (video, folder, webcam) are downscaled on "
+                                           "decoding so their longer side is at most this many pixels "
+                                           "(0 = keep the input's size). Engines work at their own, "
+                                           "smaller size; this bounds the decode and copy cost of "
+                                           "large (4K) inputs.")
     # keys this version does not know (kept for forward compatibility; never behaviour)
     extra: dict = field(default_factory=dict)
 

@@ -15,12 +15,15 @@ Columns (blank when a value does not apply, e.g. the viewer's in a headless run)
                          the run driver's thread per input frame (recent mean): waiting for the
                          frame, the engine's push, the sinks (store, viewer hand-off) and stats
 
-Every row is flushed, so a killed run keeps its rows. Qt-free: the GUI calls `row()` from a timer.
+Every row is flushed, so a killed run keeps its rows. Qt-free: the GUI records through
+`StatsRecorder` (a thread of its own, one row per second whatever the GUI thread does); headless
+runs through `StatsCsvSink` (the run driver's stats).
 """
 from __future__ import annotations
 
 import csv
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Optional, Union
@@ -88,6 +91,65 @@ class StatsCsv:
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+
+
+class StatsRecorder:
+    """A row every `interval_s` written from a thread of its own, so the rows keep coming whatever
+    the caller's threads do (a GUI thread busy painting for seconds must not leave holes in the
+    record of a long run). `sample()` returns `(stats, gui)` as `StatsCsv.row` takes them and is
+    called on the recorder's thread: it must only read snapshots (never wait on another thread).
+    Rows are scheduled on a fixed clock (t0 + k * interval); a row that could not be written in
+    time is not made up later, so `t_s` always says when a row was taken."""
+
+    def __init__(self, path: Union[str, Path], sample, interval_s: float = 1.0):
+        self.csv = StatsCsv(path)
+        self.sample = sample
+        self.interval_s = float(interval_s)
+        self.errors = 0
+        self._last_stats = None          # the stats object of the newest row
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._work, name="stats-csv", daemon=True)
+        self._t.start()
+
+    @property
+    def rows(self) -> int:
+        return self.csv.rows
+
+    def row_now(self) -> None:
+        """Write a row at once (e.g. the final counts when a run ends); any thread."""
+        try:
+            stats, gui = self.sample()
+        except Exception:              # a sample that fails leaves a row of blanks, never a hole
+            self.errors += 1
+            stats, gui = None, None
+        with self._lock:
+            if not self.csv._f.closed:
+                self.csv.row(stats, gui)
+                self._last_stats = stats
+
+    def _work(self) -> None:
+        t0 = time.monotonic()
+        k = 1
+        while not self._stop.wait(max(0.0, t0 + k * self.interval_s - time.monotonic())):
+            self.row_now()
+            k = max(k + 1, int((time.monotonic() - t0) / self.interval_s) + 1)
+
+    def close(self) -> None:
+        """Stop the thread (after its current row), write a last row if the stats changed since
+        the newest one (a run ended by a signal has no other record of its final counts; `sample`
+        must return a new stats object when they change), and close the file."""
+        self._stop.set()
+        if self._t.is_alive() and self._t is not threading.current_thread():
+            self._t.join()
+        try:
+            changed = self.sample()[0] is not self._last_stats
+        except Exception:
+            changed = False
+        if changed:
+            self.row_now()
+        with self._lock:
+            self.csv.close()
 
 
 class StatsCsvSink(Sink):

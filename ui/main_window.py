@@ -21,14 +21,15 @@ from PySide6 import QtCore, QtGui, QtWidgets
 from engine.api import EngineError, engine_capabilities
 from engine.intrinsics import attach_found_intrinsics
 from engine.memory import bound_heap, trim_heap
-from engine.scene import DEFAULT_POINT_BUDGET, MAX_POINT_BUDGET, MIN_POINT_BUDGET
 
-from . import gc_guard
+from . import gc_guard, window_settings
 from .monitors import MonitorsPanel
 from .review import ReviewBar
 from .review_confidence import ConfidenceControl
 from .settings_panel import SettingsPanel
+from .settings_schema import SPEEDS
 from .source_panel import SourcePanel
+from .stats_feed import LoopGapProbe
 from .viewer import COLOR_MODES, PointCloudViewer
 from .worker import RunOptions, WorkerHandle
 
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 
 PREVIEW_HZ = 5.0
 STATUS_HZ = 4.0
-SPEEDS = (("As fast as possible", 0.0), ("Real time", 1.0), ("×0.5", 0.5), ("×2", 2.0), ("×4", 4.0))
 
 
 class Banner(QtWidgets.QFrame):
@@ -165,35 +165,6 @@ class ImagePreview(QtWidgets.QWidget):
         self.depth_shown_index = None
 
 
-class LoopGapProbe(QtCore.QObject):
-    """Measures how late the GUI event loop runs: a 10 ms timer records the time between its
-    ticks; a gap well over 10 ms means the loop was busy (a long paint, a thinning pass...)."""
-
-    INTERVAL_MS = 10
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self._gaps: list[float] = []
-        self._clock = QtCore.QElapsedTimer()
-        self._clock.start()
-        self._last = 0
-        self._timer = QtCore.QTimer(self, interval=self.INTERVAL_MS, timeout=self._tick)
-        self._timer.setTimerType(QtCore.Qt.TimerType.PreciseTimer)
-        self._timer.start()
-
-    def _tick(self) -> None:
-        now = self._clock.elapsed()
-        self._gaps.append(now - self._last)
-        self._last = now
-        if len(self._gaps) > 100_000:        # nobody collects: keep the newest half
-            del self._gaps[:50_000]
-
-    def take_p99_ms(self) -> Optional[float]:
-        """p99 of the gaps since the last call (None if there were none), then forget them."""
-        gaps, self._gaps = self._gaps, []
-        return float(np.percentile(gaps, 99)) if gaps else None
-
-
 MESSAGES_KEPT = 1000          # newest messages kept in MainWindow.messages (issue #7: bounded)
 TRIM_EVERY_S = 5             # seconds of a run between malloc_trim calls (engine/memory.py)
 
@@ -204,6 +175,7 @@ class _Relay(QtCore.QObject):
 
 class MainWindow(QtWidgets.QMainWindow):
     runFinished = QtCore.Signal(object)      # the worker's summary dict
+    runStarted = QtCore.Signal(object)       # the new run's EngineWorker (before its thread starts)
     exportFinished = QtCore.Signal(object)   # export summary dict, or None when it failed
     framesShown = QtCore.Signal(int)         # frames in the viewer so far
 
@@ -349,17 +321,13 @@ class MainWindow(QtWidgets.QMainWindow):
         self.conf_slider = self.conf_control.slider
         form.addRow("Min confidence", self.conf_control)
         self.point_size = QtWidgets.QDoubleSpinBox()
-        self.point_size.setRange(1.0, 12.0)
         self.point_size.setSingleStep(0.5)
-        self.point_size.setValue(2.0)
         self.point_size.setSuffix(" px")
         form.addRow("Point size", self.point_size)
         self.color_mode = QtWidgets.QComboBox()
         self.color_mode.addItems([m.capitalize() if m != "rgb" else "RGB" for m in COLOR_MODES])
         form.addRow("Colour", self.color_mode)
         self.stride = QtWidgets.QSpinBox()
-        self.stride.setRange(1, 16)
-        self.stride.setValue(2)
         self.stride.setToolTip("Keep every N-th pixel of each frame (next run / reopen; also used by exports)")
         form.addRow("Subsample", self.stride)
         checks = QtWidgets.QWidget()
@@ -388,11 +356,9 @@ class MainWindow(QtWidgets.QMainWindow):
         h.addWidget(shot)
         form.addRow(btns)
         self.point_budget = QtWidgets.QDoubleSpinBox()
-        self.point_budget.setRange(MIN_POINT_BUDGET / 1e6, MAX_POINT_BUDGET / 1e6)
         self.point_budget.setDecimals(1)
         self.point_budget.setSingleStep(1.0)
         self.point_budget.setSuffix(" M points")
-        self.point_budget.setValue(DEFAULT_POINT_BUDGET / 1e6)
         self.point_budget.setKeyboardTracking(False)   # typing "10" must not thin to 1 M on the way
         self.point_budget.setToolTip(
             "Most points the 3D view keeps (each takes ~28 bytes of GPU memory and ~30 of RAM). "
@@ -419,6 +385,7 @@ class MainWindow(QtWidgets.QMainWindow):
         panel.setMinimumWidth(350)
         self.addDockWidget(QtCore.Qt.DockWidgetArea.LeftDockWidgetArea, dock)
 
+        window_settings.apply_ranges(self)      # ranges and defaults: ui/settings_schema.py
         self.conf_control.changed.connect(self._apply_threshold)
         self.point_size.valueChanged.connect(self.viewer.set_point_size)
         self.color_mode.currentIndexChanged.connect(lambda i: self.viewer.set_color_mode(COLOR_MODES[i]))
@@ -493,58 +460,25 @@ class MainWindow(QtWidgets.QMainWindow):
 
     # -- settings ------------------------------------------------------------------------------
     def _restore_settings(self) -> None:
-        s = self.settings
-        if s is None:
-            return
-        from app.settings import defaults
-        d = defaults()
-        dv, ds = d.get("viewer", {}) or {}, d.get("source", {}) or {}
-        self.settings_panel.set_config(s.load_config())
-        self.source_panel.restore(s.get("source/state", {}))
-        i = self.speed.findData(s.get("run/speed", ds.get("speed", 0.0)))
-        self.speed.setCurrentIndex(max(i, 0))
-        self.loop.setChecked(bool(s.get("run/loop", ds.get("loop", False))))
-        self.point_size.setValue(float(s.get("display/point_size", dv.get("point_size", 2.0))))
-        mode = s.get("display/color_mode", dv.get("color_mode", "rgb"))
-        self.color_mode.setCurrentIndex(COLOR_MODES.index(mode) if mode in COLOR_MODES else 0)
-        self.stride.setValue(int(s.get("display/stride", dv.get("stride", 2))))
-        self.set_conf_threshold(float(s.get("display/conf_threshold", dv.get("conf_threshold", 0.0)) or 0.0))
-        self.show_frustums.setChecked(bool(s.get("display/frustums", dv.get("show_frustums", True))))
-        self.all_frustums.setChecked(bool(s.get("display/all_frustums", False)))
-        self.show_traj.setChecked(bool(s.get("display/trajectory", dv.get("show_trajectory", True))))
-        self.follow.setChecked(bool(s.get("display/follow", dv.get("follow_camera", False))))
-        self.point_budget.setValue(float(s.get("display/point_budget", dv.get("point_budget", DEFAULT_POINT_BUDGET))) / 1e6)
-        geo = s.get_bytes("window/geometry")
-        if geo:
-            self.restoreGeometry(QtCore.QByteArray(geo))
-        st = s.get_bytes("window/state")
-        if st:
-            self.restoreState(QtCore.QByteArray(st))
+        """Widgets from the saved settings, each value checked when read (ui/window_settings.py):
+        a bad value takes its default and the banner names it."""
+        self.settings_warning: Optional[str] = None
+        window_settings.restore(self, self.settings)
 
     def save_settings(self) -> None:
-        s = self.settings
-        if s is None:
-            return
         try:
-            s.save_config(self.settings_panel.config())
+            cfg = self.settings_panel.config()
         except EngineError:
-            pass   # malformed intrinsics: keep the last good settings
-        s.set("source/state", self.source_panel.state())
-        s.set("run/speed", self.speed.currentData())
-        s.set("run/loop", self.loop.isChecked())
-        s.set("display/point_size", self.point_size.value())
-        s.set("display/color_mode", COLOR_MODES[self.color_mode.currentIndex()])
-        s.set("display/stride", self.stride.value())
-        t = self.conf_threshold()
-        s.set("display/conf_threshold", t if np.isfinite(t) else 0.0)
-        s.set("display/frustums", self.show_frustums.isChecked())
-        s.set("display/all_frustums", self.all_frustums.isChecked())
-        s.set("display/trajectory", self.show_traj.isChecked())
-        s.set("display/follow", self.follow.isChecked())
-        s.set("display/point_budget", int(round(self.point_budget.value() * 1e6)))
-        s.set_bytes("window/geometry", bytes(self.saveGeometry()))
-        s.set_bytes("window/state", bytes(self.saveState()))
-        s.sync()
+            cfg = None        # malformed intrinsics: keep the last good engine settings
+        window_settings.save(self, self.settings, cfg)
+
+    def set_speed(self, speed: float) -> None:
+        """Select a replay speed (0 = as fast as possible), adding it to the list if it is not there."""
+        i = self.speed.findData(float(speed))
+        if i < 0:
+            self.speed.addItem(f"×{speed:g}", float(speed))
+            i = self.speed.count() - 1
+        self.speed.setCurrentIndex(i)
 
     # -- messages ------------------------------------------------------------------------------
     def show_message(self, text: str, level: str = "error") -> None:
@@ -601,7 +535,8 @@ class MainWindow(QtWidgets.QMainWindow):
             self.show_message("Choose an input first: a video file, an image folder or a webcam")
             return False
         self.stop_run(wait=True)
-        self.banner.hide()
+        if self.banner.label.text() != self.settings_warning:   # a settings warning stays up
+            self.banner.hide()
         self.viewer.clear()
         self.preview.clear()
         self.conf_control.reset()
@@ -609,6 +544,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.review.reset()
         self.viewer.hint.setText("Opening the input…")
         self._noted_next_run = set()
+        self._input_warnings = 0
         self.last_stats = {}
         self.last_summary = None
         self.session_folder = None
@@ -620,11 +556,13 @@ class MainWindow(QtWidgets.QMainWindow):
         w.stats.connect(self._on_stats)
         w.realigned.connect(self._on_realigned)
         w.message.connect(self._on_worker_message)
+        w.warning.connect(self._on_input_warning)
         w.error.connect(self._on_error)
         w.finished.connect(self._on_finished)
         self._handle = self.last_handle = h
         self._update_engine_label()
         self.progress_label.setText("opening… ")
+        self.runStarted.emit(w)
         h.start()
         self._set_running(True)
         return True
@@ -650,11 +588,13 @@ class MainWindow(QtWidgets.QMainWindow):
         if self.running:
             self._handle.worker.seek(int(index))
 
-    def stop_run(self, wait: bool = False) -> None:
+    def stop_run(self, wait: bool = False, reason: str = "") -> None:
+        """Stop the run after the current frame; `reason` (a signal's name) marks its session as
+        interrupted rather than stopped by the user."""
         h = self._handle
         if h is None:
             return
-        h.worker.stop()
+        h.worker.stop(reason)
         if wait:
             if not h.stop_and_wait():
                 log.warning("engine thread did not stop in time")
@@ -724,6 +664,15 @@ class MainWindow(QtWidgets.QMainWindow):
         if self._is_current():
             self.statusBar().showMessage(text, 8000)
             self.messages.append(("info", text))
+
+    def _on_input_warning(self, text: str) -> None:
+        """Input warnings go to the banner (the docs promise it); many in one run (a folder of
+        damaged images) show the newest with their count, each kept in `messages`."""
+        if not self._is_current():
+            return
+        self._input_warnings = getattr(self, "_input_warnings", 0) + 1
+        n = self._input_warnings
+        self.show_message(text if n == 1 else f"{text} ({n} input warnings in this run; all in the log)", "warning")
 
     def _on_error(self, text: str) -> None:
         if self._is_current():
@@ -1073,6 +1022,7 @@ class MainWindow(QtWidgets.QMainWindow):
         view = StreamView(opts, f"Second view — {source_title(spec)}")
         dock = StreamDock(view, self)
         view.failed.connect(lambda text, v=view: self.show_message(f"{v.title}: {text}", "error"))
+        view.warned.connect(lambda text, v=view: self.show_message(f"{v.title}: {text}", "warning"))
         dock.closed.connect(self._second_closed)
         self.addDockWidget(QtCore.Qt.DockWidgetArea.RightDockWidgetArea, dock)
         if not self.second_views:              # the first one: ~40 % of the width, the controls keep theirs

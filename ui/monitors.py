@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6 import QtCore, QtWidgets
+from PySide6 import QtCore, QtGui, QtWidgets
 
 HISTORY = 300                                   # samples kept per curve
 
@@ -100,9 +100,16 @@ class MonitorsPanel(QtWidgets.QWidget):
         self.ram = _Series(self.mem_plot, "process RAM", "#c678dd")
         self.gpu_alloc = _Series(self.mem_plot, "GPU allocated", "#56b6c2", optional=True)
         self.gpu_reserved = _Series(self.mem_plot, "GPU reserved", "#d19a66", optional=True)
+        small = QtGui.QFont()
+        small.setPointSizeF(max(6.5, small.pointSizeF() * 0.85))
         for p in (self.fps_plot, self.lat_plot, self.mem_plot):
+            # compact: a 1280x720 screen leaves these plots ~100 px; the time axis (seconds since
+            # the run started) needs no label of its own row, and the title uses a smaller font
+            p.setTitle(p.titleLabel.text, size="9pt")
             p.showGrid(x=True, y=True, alpha=0.2)
-            p.setLabel("bottom", "s")
+            for side in ("left", "bottom"):
+                p.getAxis(side).setStyle(tickFont=small)
+            p.getAxis("bottom").setToolTip("seconds since the run started")
             p.disableAutoRange()                 # ranges are set in refresh()
 
         # KV page map

@@ -70,9 +70,6 @@ class ReviewBar(QtWidgets.QWidget):
         self.distance: Optional[float] = None
         self.clicked_index: Optional[int] = None
 
-        lay = QtWidgets.QHBoxLayout(self)
-        lay.setContentsMargins(0, 2, 0, 0)
-        lay.setSpacing(6)
         self.slider = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
         self.slider.setRange(0, 0)
         self.slider.setEnabled(False)
@@ -97,10 +94,25 @@ class ReviewBar(QtWidgets.QWidget):
         self.info = QtWidgets.QLabel("")
         self.info.setStyleSheet("color: #8a8f98;")
         self.info.setMinimumWidth(60)
-        for w in (QtWidgets.QLabel("Timeline"), self.slider, self.frame_label, self.mode, self.live,
-                  QtWidgets.QLabel("Camera"), self.camera, self.thumbs, self.measure, self.info):
-            lay.addWidget(w)
-        lay.setStretchFactor(self.slider, 1)
+        # the timeline (label, slider, position) and the tools; side by side when there is room,
+        # else the tools go under the timeline, so the slider keeps a usable width at 1280x720
+        self._head, self._tools = QtWidgets.QWidget(), QtWidgets.QWidget()
+        for box, widgets in ((self._head, (QtWidgets.QLabel("Timeline"), self.slider, self.frame_label)),
+                             (self._tools, (self.mode, self.live, QtWidgets.QLabel("Camera"), self.camera,
+                                            self.thumbs, self.measure, self.info))):
+            row = QtWidgets.QHBoxLayout(box)
+            row.setContentsMargins(0, 0, 0, 0)
+            row.setSpacing(6)
+            for w in widgets:
+                row.addWidget(w)
+        self._head.layout().setStretchFactor(self.slider, 1)
+        self._tools.layout().addStretch(1)
+        self._grid = QtWidgets.QGridLayout(self)
+        self._grid.setContentsMargins(0, 2, 0, 0)
+        self._grid.setSpacing(6)
+        self._grid.setSizeConstraint(QtWidgets.QLayout.SizeConstraint.SetNoConstraint)   # minimumSizeHint
+        self.one_row: Optional[bool] = None
+        self._arrange(True)
 
         self._debounce = QtCore.QTimer(self, singleShot=True, interval=120, timeout=self._apply_scrub)
         self.slider.valueChanged.connect(self._on_slider)
@@ -127,6 +139,31 @@ class ReviewBar(QtWidgets.QWidget):
         self.thumbs.toggled.connect(lambda *_: self.update_thumbnails())
 
     # -- session ------------------------------------------------------------------------------
+
+    MIN_TIMELINE_PX = 360        # the slider's width before the tools move under it
+
+    def _arrange(self, one_row: bool) -> None:
+        if one_row == self.one_row:
+            return
+        self.one_row = one_row
+        self._grid.removeWidget(self._head)
+        self._grid.removeWidget(self._tools)
+        self._grid.addWidget(self._head, 0, 0)
+        self._grid.addWidget(self._tools, 0, 1) if one_row else self._grid.addWidget(self._tools, 1, 0)
+        self._grid.setColumnStretch(0, 1)
+        self._grid.setColumnStretch(1, 0)
+        self.updateGeometry()
+
+    def minimumSizeHint(self) -> QtCore.QSize:
+        """As narrow as the two-row arrangement allows (the one-row one must not hold the window wide)."""
+        h = super().minimumSizeHint().height()
+        return QtCore.QSize(max(self._head.minimumSizeHint().width(), self._tools.minimumSizeHint().width()), h)
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        need = self._tools.sizeHint().width() + self._head.minimumSizeHint().width() + self.MIN_TIMELINE_PX
+        self._arrange(e.size().width() >= need)
+
     def reset(self) -> None:
         """A new run or session: forget the old timeline."""
         self.timeline = None

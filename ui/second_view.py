@@ -32,6 +32,7 @@ class StreamView(QtWidgets.QWidget):
     runFinished = QtCore.Signal(object)      # the worker's summary dict
     framesShown = QtCore.Signal(int)         # frames in this view so far
     failed = QtCore.Signal(str)              # a user-facing error of this stream
+    warned = QtCore.Signal(str)              # an input warning of this stream (truncated, skipped)
 
     def __init__(self, options: RunOptions, title: str, parent: Optional[QtWidgets.QWidget] = None):
         super().__init__(parent)
@@ -81,6 +82,7 @@ class StreamView(QtWidgets.QWidget):
         w.stats.connect(self._on_stats)
         w.realigned.connect(lambda seg, T, frames: self.viewer.apply_realign(seg, T, frames))
         w.error.connect(self._on_error)
+        w.warning.connect(self.warned)
         w.finished.connect(self._on_finished)
         self._handle = h
         h.start()

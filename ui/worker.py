@@ -12,6 +12,7 @@ flags of the driver's `RunControl`, so they return at once.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -45,7 +46,6 @@ class RunOptions:
     display_stride: int = 2                      # per-frame point subsampling for the viewer
     display_hz: float = 30.0
     stats_hz: float = 4.0
-    decode_max_side: Optional[int] = 960         # frames are resized on the worker side
     webcam_resolution: Optional[tuple] = None    # (w, h) requested from a webcam
     model: Any = None                            # a loaded network for neural engines (optional)
     max_pending: int = 32                        # display packets waiting for the GUI before the engine waits
@@ -98,7 +98,12 @@ class _DisplaySink(Sink):
             self.w.message.emit(e.message)
 
     def on_message(self, text) -> None:
-        self.w.message.emit(text)
+        # the source's own warnings (a truncated video, a skipped image) are the user's to see
+        source = self.w.driver.source if self.w.driver is not None else None
+        if text in (getattr(source, "warnings", None) or ()):
+            self.w.warning.emit(text)
+        else:
+            self.w.message.emit(text)
 
     def on_stats(self, stats) -> None:
         self.w.stats.emit(stats)
@@ -120,11 +125,26 @@ class _DisplaySink(Sink):
             self.w.frameResult.emit(pending)
 
 
+def disk_full(exc: BaseException) -> bool:
+    """Whether a store failure is a full disk: engine.io.store.DiskFullError where it exists,
+    else ENOSPC in the exception chain or its message (StoreError carries the OS text)."""
+    from engine.io import store
+    cls = getattr(store, "DiskFullError", None)
+    e: Optional[BaseException] = exc
+    while e is not None:
+        if (cls is not None and isinstance(e, cls)) or getattr(e, "errno", None) == errno.ENOSPC:
+            return True
+        e = e.__cause__ or e.__context__
+    text = str(exc).lower()
+    return "no space left" in text or "disk full" in text or os.strerror(errno.ENOSPC).lower() in text
+
+
 class EngineWorker(QtCore.QObject, Controls):
     frameResult = QtCore.Signal(object)      # list[DisplayFrame], coalesced
     stats = QtCore.Signal(object)            # dict: session.stats() + run counters
     realigned = QtCore.Signal(int, object, object)   # segment, 4x4 similarity (absolute), frames (first, last) | None
-    message = QtCore.Signal(str)             # info / warning text for the status bar
+    message = QtCore.Signal(str)             # info text for the status bar
+    warning = QtCore.Signal(str)             # an input warning (truncated video, skipped image): the banner
     error = QtCore.Signal(str)               # user-facing failure; the run ends
     opened = QtCore.Signal(object)           # dict: source name, kind, frames, fps, session folder
     finished = QtCore.Signal(object)         # dict summary (always emitted, exactly once)
@@ -167,10 +187,11 @@ class EngineWorker(QtCore.QObject, Controls):
         self._running = True
         summary = {"results": 0, "frames": 0, "dropped": 0, "error": None, "stopped": False,
                    "cut_short": "", "session": None}
-        source = session = store = None
+        source = session = store = opened_store = None
         display = _DisplaySink(self)
         try:
             source, session, store = self._open()
+            opened_store = store
             summary["session"] = self.session_folder
             self.driver = RunDriver(source, session, [StoreSink(store), display], speed=self.options.speed,
                                     max_frames=self.options.max_frames, stats_hz=self.options.stats_hz,
@@ -180,13 +201,24 @@ class EngineWorker(QtCore.QObject, Controls):
             summary["stopped"] = result.stopped
             summary["cut_short"] = result.cut_short
         except EngineError as exc:
-            summary["error"] = str(exc)
-            self.error.emit(str(exc))
+            if disk_full(exc):
+                summary["disk_full"] = True
+                summary["error"] = (f"Disk full: no space left for the session folder {self.session_folder}. "
+                                    "The run stopped; the frames stored before it are kept there (free "
+                                    f"some space, then open or export them). ({exc})")
+            else:
+                summary["error"] = str(exc)
+            self.error.emit(summary["error"])
         except Exception as exc:  # a bug must not take the window down; show it and log it
             log.error("engine worker failed:\n%s", traceback.format_exc())
             summary["error"] = f"Internal error: {type(exc).__name__}: {exc}"
             self.error.emit(summary["error"])
         finally:
+            # the store sink closes the store, unless finishing failed before it could (a full
+            # disk fails marking the session too): closing again joins its writer threads, closes
+            # its files and releases its lock, whatever happened (close is idempotent)
+            if store is None and opened_store is not None:
+                store = opened_store
             for obj, what in ((session, "engine session"), (source, "source"), (store, "session store")):
                 if obj is not None:
                     try:
@@ -228,7 +260,7 @@ class EngineWorker(QtCore.QObject, Controls):
         from engine.io.store import SessionStore, new_session_folder
 
         o = self.options
-        source = open_source(o.source, fps=o.config.fps, loop=o.loop, max_side=o.decode_max_side,
+        source = open_source(o.source, fps=o.config.fps, loop=o.loop, max_side=o.config.decode_max_side or None,
                              resolution=o.webcam_resolution)
         try:
             if o.start_frame:

@@ -94,7 +94,7 @@ def test_bench_flags_cover_the_streaming_engine():
     flags = {o for a in sub._actions for o in a.option_strings}
     caps = engine_capabilities("lingbot-map")
     for name in caps["fields"]:
-        if name not in ("checkpoint", "mode", "fps"):
+        if name not in ("checkpoint", "mode", "fps", "decode_max_side"):   # bench: no input decoding
             assert flag_name(name) in flags, name
     args = parser.parse_args(["bench", "--kv-compression", "token_merge", "--kv-keep-ratio", "0.25",
                               "--kv-dtype", "int8", "--no-cuda-graphs"])

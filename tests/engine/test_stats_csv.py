@@ -31,3 +31,35 @@ def test_bimodal_rss_reports_level_and_swing(tmp_path):
     assert abs(s["rss_mb_median_change"] - 0.0625) < 1e-9 and s["rss_mb_p10_change"] == 0
     assert "frame 2000: RSS median 640 MB (p10 640, p90 680" in format_windows(s)
     assert s["rss_mb_median_2000"] == 640            # the older key stays
+
+
+def test_recorder_writes_rows_from_its_own_thread(tmp_path):
+    """Rows come from the recorder's thread while the caller's thread is busy; a failing sample
+    gives a blank row (never a hole); close() writes the final counts once and ends the thread."""
+    import threading
+    import time
+
+    from engine.stats_csv import StatsRecorder
+
+    state = {"stats": {"results_total": 1}, "fail": False}
+
+    def sample():
+        if state["fail"]:
+            raise RuntimeError("boom")
+        return state["stats"], None
+
+    p = tmp_path / "rows.csv"
+    rec = StatsRecorder(p, sample, interval_s=0.05)
+    time.sleep(0.6)                               # the caller's thread does not call anything
+    state["fail"] = True
+    time.sleep(0.2)
+    state["fail"] = False
+    state["stats"] = {"results_total": 42}        # a new snapshot (replaced whole)
+    rec.close()
+    rows = list(csv.DictReader(open(p)))
+    assert len(rows) >= 6 and rec.errors >= 1
+    assert any(r["frames"] == "" for r in rows)   # the failed samples: blank, not missing
+    assert rows[-1]["frames"] == "42"
+    assert sum(r["frames"] == "42" for r in rows) <= 2
+    assert not any(t.name == "stats-csv" for t in threading.enumerate())
+    rec.close()                                   # twice is fine
