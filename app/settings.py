@@ -54,28 +54,17 @@ def defaults() -> dict:
     return d if isinstance(d, dict) else {}
 
 
-RETENTION_KEYS = {"max_gb": "sessions/max_gb", "max_age_days": "sessions/max_age_days"}
-
-
 def retention_limits(settings: Optional["AppSettings"] = None) -> tuple[float, float]:
-    """(max_gb, max_age_days) of the sessions folder (0 = no limit): the app settings' values,
-    else the defaults of engine.io.retention. Without `settings` the user's settings are read
-    (the CLI shares the GUI's sessions folder and limits); no Qt → the defaults."""
-    from engine.io.retention import DEFAULT_MAX_AGE_DAYS, DEFAULT_MAX_GB
+    """engine.io.retention.retention_limits of `settings`, by default the user's settings (the CLI
+    shares the GUI's sessions folder and limits); no Qt -> the defaults."""
+    from engine.io.retention import retention_limits as limits_of
 
     if settings is None:
         try:
             settings = AppSettings()
         except ImportError:
-            return DEFAULT_MAX_GB, DEFAULT_MAX_AGE_DAYS
-
-    def num(key, default):
-        v = settings.get(RETENTION_KEYS[key], default)
-        try:
-            return max(0.0, float(v))
-        except (TypeError, ValueError):
-            return default
-    return num("max_gb", DEFAULT_MAX_GB), num("max_age_days", DEFAULT_MAX_AGE_DAYS)
+            return limits_of(None)
+    return limits_of(settings)
 
 
 class AppSettings:

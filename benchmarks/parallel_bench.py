@@ -93,7 +93,7 @@ def _sync_time(fn, reps: int = 3):
 
 def _model(device):
     from engine.models.recipe import random_init_
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     with torch.device(device):
         model = build_model(MODEL)
     random_init_(model, 0)
@@ -236,7 +236,7 @@ def _scale_phase_part(rank, world, model, args, log):
 
 def _vggt_model():
     from engine.models.recipe import random_init_
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     with torch.device(DEV):
         m = build_model(VGGT_MODEL)
     random_init_(m, 0)

@@ -73,7 +73,7 @@ def height_for_width(width: int) -> int:
 
 # ------------------------------------------------------------------ weights
 def build_bench_model(cfg: BenchConfig):
-    from .models import build_model
+    from .model_zoo import build_model
     from .models.recipe import random_init_
     dev = torch.device(cfg.device)
     if dev.type == "cuda" and not torch.cuda.is_available():

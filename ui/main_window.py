@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from engine.api import EngineError, engine_capabilities
@@ -24,6 +23,7 @@ from engine.memory import bound_heap, trim_heap
 from engine.scene import DEFAULT_POINT_BUDGET, MAX_POINT_BUDGET, MIN_POINT_BUDGET
 
 from . import gc_guard
+from .image_preview import ImagePreview
 from .monitors import MonitorsPanel
 from .review import ReviewBar
 from .review_confidence import ConfidenceControl
@@ -33,6 +33,16 @@ from .viewer import COLOR_MODES, PointCloudViewer
 from .worker import RunOptions, WorkerHandle
 
 log = logging.getLogger(__name__)
+
+
+def _shipped_defaults() -> dict:
+    """resources/default_settings.json, {} when missing or unreadable (the window still opens)."""
+    from resources import default_settings
+    try:
+        d = default_settings()
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
 
 PREVIEW_HZ = 5.0
 STATUS_HZ = 4.0
@@ -65,104 +75,6 @@ class Banner(QtWidgets.QFrame):
         self.label.setText(text)
         self.level = level
         self.show()
-
-
-class _ImageLabel(QtWidgets.QLabel):
-    """Shows an RGB array scaled to fit (aspect kept)."""
-
-    def __init__(self, title: str):
-        super().__init__()
-        self.setAlignment(QtCore.Qt.AlignmentFlag.AlignCenter)
-        self.setMinimumSize(160, 120)
-        self.setSizePolicy(QtWidgets.QSizePolicy.Policy.Ignored, QtWidgets.QSizePolicy.Policy.Ignored)
-        self.setStyleSheet("background: #141518; color: #777;")
-        self.setText(title)
-        self._img: Optional[QtGui.QImage] = None
-        # which frame this pane shows (the two panes may show different frames)
-        self.caption = QtWidgets.QLabel(self)
-        self.caption.setStyleSheet("background: rgba(20, 21, 24, 190); color: #d8dce2; padding: 1px 4px;")
-        self.caption.hide()
-
-    def set_caption(self, text: str) -> None:
-        self.caption.setText(text)
-        self.caption.adjustSize()
-        self.caption.move(2, 2)
-        self.caption.setVisible(bool(text))
-
-    def set_rgb(self, rgb: np.ndarray) -> None:
-        rgb = np.ascontiguousarray(rgb[:, :, :3], dtype=np.uint8)
-        h, w = rgb.shape[:2]
-        self._img = QtGui.QImage(rgb.data, w, h, 3 * w, QtGui.QImage.Format.Format_RGB888).copy()
-        self._rescale()
-
-    def clear_image(self, title: str) -> None:
-        self._img = None
-        self.clear()
-        self.setText(title)
-
-    def _rescale(self) -> None:
-        if self._img is not None:
-            self.setPixmap(QtGui.QPixmap.fromImage(self._img).scaled(
-                self.size(), QtCore.Qt.AspectRatioMode.KeepAspectRatio,
-                QtCore.Qt.TransformationMode.SmoothTransformation))
-
-    def resizeEvent(self, e) -> None:
-        super().resizeEvent(e)
-        self._rescale()
-
-
-class ImagePreview(QtWidgets.QWidget):
-    """The current input frame and its depth map (turbo colours, near = blue), stacked."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        lay = QtWidgets.QVBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.setSpacing(4)
-        self.rgb = _ImageLabel("input frame")
-        self.depth = _ImageLabel("depth")
-        lay.addWidget(self.rgb, 1)
-        lay.addWidget(self.depth, 1)
-        try:
-            self._cmap = pg.colormap.get("turbo")
-        except Exception:  # older pyqtgraph without turbo
-            self._cmap = pg.colormap.get("viridis")
-        self._lut = np.asarray(self._cmap.getLookupTable(0.0, 1.0, 256, alpha=False), np.uint8)
-        self.shown_index = None
-        self.depth_shown_index = None
-
-    def show_frame(self, f, note: str = "") -> None:
-        """Show a DisplayFrame: its image in the top pane and, when it has one, its depth map in
-        the bottom pane; each pane's caption names the frame it shows (a frame without depth
-        leaves the last depth map on screen, captioned with its own frame)."""
-        if f.image is not None:
-            self.rgb.set_rgb(f.image)
-            self.shown_index = f.index
-            self.rgb.set_caption(f"frame {f.index}" + (" · keyframe" if f.is_keyframe else "") + note)
-        if f.depth_map is not None:
-            d = np.asarray(f.depth_map, np.float32)
-            ok = np.isfinite(d) & (d > 0)
-            if not ok.any():
-                return                             # keep the last useful depth map on screen
-            hi = float(np.percentile(d[ok], 98)) if ok.any() else 1.0
-            idx = (np.clip(np.where(ok, d, 0.0) * (255.0 / max(hi, 1e-6)), 0, 255)).astype(np.uint8)
-            rgb = self._lut[idx]
-            rgb[~ok] = 0                           # no depth: black
-            self.depth.set_rgb(rgb)
-            self.depth_shown_index = f.index
-        if self.depth_shown_index is not None:
-            same = self.depth_shown_index == self.shown_index
-            self.depth.set_caption(f"depth · frame {self.depth_shown_index}")
-            self.depth.caption.setToolTip("" if same else "the newest frame with depth "
-                                          "(the engine computes depth on keyframes only)")
-
-    def clear(self) -> None:
-        self.rgb.clear_image("input frame")
-        self.depth.clear_image("depth")
-        self.rgb.set_caption("")
-        self.depth.set_caption("")
-        self.shown_index = None
-        self.depth_shown_index = None
 
 
 class LoopGapProbe(QtCore.QObject):
@@ -496,8 +408,7 @@ class MainWindow(QtWidgets.QMainWindow):
         s = self.settings
         if s is None:
             return
-        from app.settings import defaults
-        d = defaults()
+        d = _shipped_defaults()
         dv, ds = d.get("viewer", {}) or {}, d.get("source", {}) or {}
         self.settings_panel.set_config(s.load_config())
         self.source_panel.restore(s.get("source/state", {}))
@@ -857,9 +768,8 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def retention_limits(self) -> tuple:
         """(max_gb, max_age_days) of the sessions folder from the app settings."""
-        from app.settings import retention_limits
-        from engine.io.retention import DEFAULT_MAX_AGE_DAYS, DEFAULT_MAX_GB
-        return retention_limits(self.settings) if self.settings is not None else (DEFAULT_MAX_GB, DEFAULT_MAX_AGE_DAYS)
+        from engine.io.retention import retention_limits
+        return retention_limits(self.settings)
 
     def sessions_dialog(self):
         """File > Sessions folder: the folder, its size and the retention limits (ui/sessions_dialog.py)."""

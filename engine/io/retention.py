@@ -21,6 +21,23 @@ from .store import RUNNING_FILE, default_session_root
 DEFAULT_MAX_GB = 20.0          # ~2.5 hours of webcam sessions
 DEFAULT_MAX_AGE_DAYS = 30.0
 
+# Where an app's settings store keeps the limits (any object with `get(key, default)`, e.g. the
+# GUI's QSettings wrapper): the CLI and the GUI share one sessions folder and one pair of limits.
+RETENTION_KEYS = {"max_gb": "sessions/max_gb", "max_age_days": "sessions/max_age_days"}
+
+
+def retention_limits(settings=None) -> tuple[float, float]:
+    """(max_gb, max_age_days) of the sessions folder (0 = no limit) read from `settings` (the
+    RETENTION_KEYS), each falling back to its default when absent or not a number; without a
+    settings store, the defaults."""
+    def num(key, default):
+        v = settings.get(RETENTION_KEYS[key], default) if settings is not None else default
+        try:
+            return max(0.0, float(v))
+        except (TypeError, ValueError):
+            return default
+    return num("max_gb", DEFAULT_MAX_GB), num("max_age_days", DEFAULT_MAX_AGE_DAYS)
+
 
 @dataclass
 class SessionEntry:

@@ -8,7 +8,7 @@ import torch
 
 def random_model(name: str = "lingbot-map", device: str = "cuda", seed: int = 0) -> torch.nn.Module:
     """`name` built on `device` with `random_init_(model, seed)` weights (float32)."""
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     from engine.models.recipe import random_init_
     with torch.device(device):
         model = build_model(name)
