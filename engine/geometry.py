@@ -220,7 +220,7 @@ def backproject(depth: np.ndarray, K: np.ndarray, c2w: np.ndarray, stride: int =
     z = d[valid]
     cam = np.stack([rx[valid] * z, ry[valid] * z, z], axis=1)
     c2w = np.asarray(c2w, dtype=np.float64)
-    pts = cam @ c2w[:3, :3].T + c2w[:3, 3]
+    pts = apply_to_points(c2w, cam)
     mask = np.zeros((h, w), dtype=bool)
     mask[np.ix_(vs, us)] = valid
     return pts.astype(np.float32), mask
@@ -243,7 +243,7 @@ def camera_frustum(K: np.ndarray, c2w: np.ndarray, w: int, h: int, near: float,
                    np.float64)
     cam = np.linalg.solve(np.asarray(K, np.float64), uv1.T).T * np.array([[near]] * 4 + [[look_depth]])
     c2w = np.asarray(c2w, np.float64)
-    world = cam @ c2w[:3, :3].T + c2w[:3, 3]
+    world = apply_to_points(c2w, cam)
     return np.concatenate([c2w[None, :3, 3], world[:4]]).astype(np.float32), world[4]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..api import EngineError
-from ..geometry import rays_at, sim3_matrix
+from ..geometry import apply_to_points, rays_at, sim3_matrix
 from .sim3 import irls_sim3
 
 
@@ -21,7 +21,7 @@ def _sample_points(c2w: np.ndarray, K: np.ndarray, depth: np.ndarray, step: int)
     z = depth.ravel()[idx].astype(np.float64)
     rx, ry = rays_at(u.ravel(), v.ravel(), K)
     cam = np.stack((rx * z, ry * z, z), axis=1)
-    return cam @ np.asarray(c2w)[:3, :3].T + np.asarray(c2w)[:3, 3], idx
+    return apply_to_points(c2w, cam), idx
 
 
 def overlap_correspondences(prev: list, new: list, points_per_frame: int = 4096):
