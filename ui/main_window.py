@@ -44,6 +44,7 @@ def _shipped_defaults() -> dict:
         return {}
     return d if isinstance(d, dict) else {}
 
+
 PREVIEW_HZ = 5.0
 STATUS_HZ = 4.0
 SPEEDS = (("As fast as possible", 0.0), ("Real time", 1.0), ("×0.5", 0.5), ("×2", 2.0), ("×4", 4.0))
