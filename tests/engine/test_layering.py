@@ -132,10 +132,10 @@ def violations(edges, module_prefixes, forbidden) -> list[str]:
 
 def engine_packages(modules, edges) -> list[str]:
     """engine's subpackages other than models and kv, plus the top-level engine modules importing one."""
-    subs = sorted({m.split(".")[1] for m in modules if m.count(".") >= 2 and m.startswith("engine.")}
-                  | {m.split(".")[1] for m, (_, pkg) in modules.items() if pkg and m.count(".") == 1
-                     and m.startswith("engine.")})
-    packages = [f"engine.{s}" for s in subs if s not in ("models", "kv")]
+    in_engine = [m.split(".") for m in modules if m.startswith("engine.")]
+    subpackages = {p[1] for p in in_engine if len(p) > 2} | {
+        p[1] for p in in_engine if len(p) == 2 and modules[".".join(p)][1]}
+    packages = [f"engine.{s}" for s in sorted(subpackages) if s not in ("models", "kv")]
     above = [m for m, (_, pkg) in modules.items() if m.startswith("engine.") and m.count(".") == 1 and not pkg
              and any(_inside(t, packages) for t, _ in edges[m])]
     return packages + sorted(above)
