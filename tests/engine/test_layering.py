@@ -5,7 +5,7 @@
   except `models` itself and `kv` (shared infrastructure the models use: page tables, attention
   backends) -- today engine.lingbot, engine.vggt, engine.geometric, engine.parallel, engine.io,
   engine.align -- and every top-level engine module that imports one of them (engine.model_zoo,
-  engine.windowed, engine.run_driver, ...). Top-level modules that import none (engine.api, the
+  engine.windowed, engine.scheduler, ...). Top-level modules that import none (engine.api, the
   engine's contract: errors and settings; engine.host_copy) stay usable from the models;
 - `ui` does not import `app` (app -> ui -> engine);
 - nothing shipped (app, engine, ui) imports `benchmarks` or `tests`;
