@@ -56,22 +56,17 @@ def defaults() -> dict:
     return d if isinstance(d, dict) else {}
 
 
-RETENTION_KEYS = {"max_gb": "sessions/max_gb", "max_age_days": "sessions/max_age_days"}
-
-
 def retention_limits(settings: Optional["AppSettings"] = None) -> tuple[float, float]:
-    """(max_gb, max_age_days) of the sessions folder (0 = no limit): the app settings' values,
-    checked against ui.settings_schema (a bad value: its default, with a logged warning). Without
-    `settings` the user's settings are read (the CLI shares the GUI's sessions folder and
-    limits); no Qt → the defaults."""
-    from ui.settings_schema import default
+    """engine.io.retention.retention_limits of `settings`, by default the user's settings (the CLI
+    shares the GUI's sessions folder and limits); no Qt -> the defaults."""
+    from engine.io.retention import retention_limits as limits_of
 
     if settings is None:
         try:
             settings = AppSettings()
         except ImportError:
-            return default(RETENTION_KEYS["max_gb"]), default(RETENTION_KEYS["max_age_days"])
-    return settings.value(RETENTION_KEYS["max_gb"]), settings.value(RETENTION_KEYS["max_age_days"])
+            return limits_of(None)
+    return limits_of(settings)
 
 
 class AppSettings:

@@ -136,7 +136,7 @@ def cmd_weights(args) -> None:
     from concurrent.futures import ProcessPoolExecutor
     import torch
     sys.path.insert(0, str(REPO))
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     t0 = time.perf_counter()
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in build_model("lingbot-map").state_dict().items()}
@@ -278,7 +278,7 @@ def _dense_flashinfer():
 def _ours_model(weights: str, device: str, name: str = "lingbot-map", **overrides):
     import torch
     sys.path.insert(0, str(REPO))
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     m = build_model(name, **overrides)
     if weights == "recipe":
         from engine.models.recipe import fill_recipe

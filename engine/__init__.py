@@ -25,7 +25,7 @@ __all__ = [
 def __getattr__(name):
     # build_model / load_checkpoint pull in torch; keep `import engine` light.
     if name == "build_model":
-        from .models import build_model
+        from .model_zoo import build_model
         return build_model
     if name == "load_checkpoint":
         from .checkpoint import load_checkpoint

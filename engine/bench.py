@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import math
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -73,30 +72,9 @@ def height_for_width(width: int) -> int:
 
 
 # ------------------------------------------------------------------ weights
-@torch.no_grad()
-def random_init_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Fill every parameter with recipe-scaled random values, drawn on its own device."""
-    gen = {}
-    for name, p in model.named_parameters():
-        dev = p.device
-        if dev not in gen:
-            gen[dev] = torch.Generator(device=dev).manual_seed(seed)
-        z = torch.randn(p.shape, generator=gen[dev], device=dev, dtype=torch.float32)
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf.endswith("weight") and p.ndim == 1:
-            z = 1.0 + 0.05 * z
-        elif leaf.endswith("weight"):
-            z = z / math.sqrt(max(1, math.prod(p.shape[1:])))
-        elif leaf.endswith("bias"):
-            z = 0.02 * z
-        elif leaf == "gamma":
-            z = 0.2 + 0.02 * z
-        p.copy_(z)
-    return model
-
-
 def build_bench_model(cfg: BenchConfig):
-    from .models import build_model
+    from .model_zoo import build_model
+    from .models.recipe import random_init_
     dev = torch.device(cfg.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EngineError("bench: device 'cuda' was asked for but no CUDA GPU is available; use --device cpu")

@@ -382,7 +382,7 @@ def architecture_shapes(arch: str = "lingbot-map") -> dict[str, tuple[int, ...]]
     (no memory, no weights). Unknown names raise EngineError."""
     import torch
 
-    from .models import build_model
+    from .model_zoo import build_model
 
     with torch.device("meta"):
         model = build_model(arch)

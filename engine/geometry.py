@@ -1,8 +1,24 @@
-"""Geometry shared by the store, the exporters and the viewer: depth back-projection, point
-collection over results, and applying re-alignment similarities to segments.
+"""Camera geometry of the engine, defined once: the pixel-centre convention, pixels <-> rays and
+depth back-projection, intrinsics rescaling, the SO(3) / SE(3) / Sim(3) operations, and moving
+results by the re-alignment similarities. Every module uses these (engine/align fits similarities
+with them; engine/pose.py encodes poses; the store, the exporters, the viewer and the engines).
 
-Conventions (DESIGN.md): poses are camera-to-world 4x4, OpenCV camera axes (x right, y down,
-z forward); pixel (u, v) integer coordinates are pixel centres, as in OpenCV's K.
+Conventions (DESIGN.md "Conventions"):
+- Poses are camera-to-world 4x4, OpenCV camera axes (x right, y down, z forward).
+- **Pixel centres are at integer coordinates** (OpenCV's K): pixel (u, v) looks along
+  K⁻¹ (u, v, 1); the image spans [-0.5, w - 0.5]. Where another convention meets ours, the
+  conversion is made at that border and nowhere else:
+  - COLMAP puts the first pixel's centre at (0.5, 0.5): engine/io/colmap.py adds 0.5 to the
+    principal point and to every 2-D observation it writes;
+  - resizing an image by s maps a pixel centre u to (u + 0.5)·s − 0.5 (`scale_intrinsics`;
+    engine.intrinsics.Intrinsics.scaled_to uses it);
+  - the neural heads' decoded intrinsics put the principal point at (W/2, H/2) (engine/pose.py,
+    as upstream decodes them, whose own unprojection also uses integer pixel coordinates): that
+    K is used as given, with no half-pixel shift, so our points match upstream's.
+- A similarity maps x → s·R·x + t; as a 4x4 matrix it is [[s·R, t], [0, 1]]. Moving a camera
+  pose by a similarity keeps it rigid (rotation R·R_c, centre mapped by the similarity) and
+  multiplies its depth by s, so back-projecting the moved camera gives exactly the similarity
+  applied to the old points.
 
 Re-alignment: an EngineEvent("realign", segment, transform) gives the 4x4 similarity that maps
 the segment's results as emitted to world. A later event for the same segment replaces the
@@ -16,14 +32,170 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 
+# --- rotations, rigid transforms and similarities ---------------------------------------------
+
+def sim3_matrix(s: float, R: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """4×4 [[s·R, t], [0, 1]]."""
+    T = np.eye(4)
+    T[:3, :3] = float(s) * np.asarray(R, np.float64)
+    T[:3, 3] = np.asarray(t, np.float64).ravel()
+    return T
+
+
+def sim3_split(T: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """(s, R, t) of a 4×4 similarity; raises ValueError for a reflection or a singular matrix."""
+    T = np.asarray(T, np.float64)
+    s = float(np.cbrt(np.linalg.det(T[:3, :3])))
+    if not np.isfinite(s) or s <= 0:
+        raise ValueError("not a proper similarity (det <= 0)")
+    return s, T[:3, :3] / s, T[:3, 3].copy()
+
+
+def sim3_inverse(T: np.ndarray) -> np.ndarray:
+    """Inverse of a similarity (4×4) or of a stack of them (…×4×4; a proper similarity assumed,
+    s² read from the rows of s·R, as the pose graph's residuals use it)."""
+    T = np.asarray(T, np.float64)
+    if T.ndim > 2:
+        A = T[..., :3, :3]
+        s2 = np.einsum("...ij,...ij->...", A, A) / 3.0          # s² (rows of s·R have norm s)
+        Ainv = np.swapaxes(A, -1, -2) / s2[..., None, None]
+        out = np.zeros_like(T)
+        out[..., :3, :3] = Ainv
+        out[..., :3, 3] = -np.einsum("...ij,...j->...i", Ainv, T[..., :3, 3])
+        out[..., 3, 3] = 1.0
+        return out
+    s, R, t = sim3_split(T)
+    return sim3_matrix(1.0 / s, R.T, -(R.T @ t) / s)
+
+
+def invert_se3(T: np.ndarray) -> np.ndarray:
+    """Inverse of rigid transforms (…×4×4): [Rᵀ, −Rᵀt]. (A similarity: `sim3_inverse`.)"""
+    T = np.asarray(T, dtype=np.float64)
+    out = np.zeros_like(T)
+    Rt = np.swapaxes(T[..., :3, :3], -1, -2)
+    out[..., :3, :3] = Rt
+    out[..., :3, 3] = -np.einsum("...ij,...j->...i", Rt, T[..., :3, 3])
+    out[..., 3, 3] = 1.0
+    return out
+
+
+def so3_exp(w: np.ndarray) -> np.ndarray:
+    """Rotation vectors (…×3) → rotation matrices (…×3×3), stable near zero."""
+    w = np.asarray(w, np.float64)
+    th = np.linalg.norm(w, axis=-1)[..., None, None]
+    small = th < 1e-8
+    ths = np.where(small, 1.0, th)
+    a = np.where(small, 1.0 - th ** 2 / 6.0, np.sin(ths) / ths)
+    b = np.where(small, 0.5 - th ** 2 / 24.0, (1.0 - np.cos(ths)) / ths ** 2)
+    z = np.zeros(w.shape[:-1])
+    W = np.stack([np.stack([z, -w[..., 2], w[..., 1]], -1),
+                  np.stack([w[..., 2], z, -w[..., 0]], -1),
+                  np.stack([-w[..., 1], w[..., 0], z], -1)], -2)
+    return np.eye(3) + a * W + b * (W @ W)
+
+
+def so3_log(R: np.ndarray) -> np.ndarray:
+    """Rotation matrices (…×3×3) → rotation vectors (…×3); handles angles near 0 and π."""
+    R = np.asarray(R, np.float64)
+    c = np.clip((np.trace(R, axis1=-2, axis2=-1) - 1.0) / 2.0, -1.0, 1.0)
+    th = np.arccos(c)
+    v = np.stack([R[..., 2, 1] - R[..., 1, 2], R[..., 0, 2] - R[..., 2, 0], R[..., 1, 0] - R[..., 0, 1]], -1)
+    sin = np.sin(th)
+    small = sin < 1e-6
+    k = np.where(small, 0.5 + th ** 2 / 12.0, th / (2.0 * np.where(small, 1.0, sin)))
+    out = v * k[..., None]
+    near_pi = small & (th > 1.0)
+    if np.any(near_pi):   # axis from the symmetric part: R + I = 2 n nᵀ at θ = π
+        Rp = R[near_pi]
+        B = (Rp + np.eye(3)) / 2.0
+        j = np.argmax(np.einsum("nii->ni", B), axis=1)
+        n = B[np.arange(len(Rp)), :, j] / np.sqrt(np.maximum(B[np.arange(len(Rp)), j, j], 1e-12))[:, None]
+        out[near_pi] = n * th[near_pi][:, None]
+    return out
+
+
+def sim3_exp(x: np.ndarray) -> np.ndarray:
+    """The optimisation chart: x = (ω[3], u[3], σ) (…×7) → 4×4 [[e^σ·exp(ω), u], [0, 1]].
+    (Not the group exponential — a simple, global-enough chart; identity at 0.)"""
+    x = np.asarray(x, np.float64)
+    T = np.zeros(x.shape[:-1] + (4, 4))
+    T[..., :3, :3] = np.exp(x[..., 6])[..., None, None] * so3_exp(x[..., :3])
+    T[..., :3, 3] = x[..., 3:6]
+    T[..., 3, 3] = 1.0
+    return T
+
+
+def sim3_log(T: np.ndarray) -> np.ndarray:
+    """Inverse of `sim3_exp` (…×4×4 → …×7)."""
+    T = np.asarray(T, np.float64)
+    s = np.cbrt(np.linalg.det(T[..., :3, :3]))
+    R = T[..., :3, :3] / s[..., None, None]
+    return np.concatenate([so3_log(R), T[..., :3, 3], np.log(s)[..., None]], -1)
+
+
+# --- moving poses, points and depth by a similarity -------------------------------------------
+
+def apply_to_c2w(S: np.ndarray, c2w: np.ndarray) -> np.ndarray:
+    """Camera-to-world pose(s) (4×4 or N×4×4) moved by the similarity S: still rigid, rotation
+    R_S·R, centre mapped by S. Pair it with `apply_to_depth(depth, s)`."""
+    s, R, t = sim3_split(S)
+    P = np.array(c2w, np.float64, copy=True)
+    P[..., :3, :3] = R @ P[..., :3, :3]
+    P[..., :3, 3] = s * (P[..., :3, 3] @ R.T) + t
+    return P
+
+
+def apply_to_points(S: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """N×3 points mapped by the similarity S."""
+    S = np.asarray(S, np.float64)
+    return np.asarray(X, np.float64) @ S[:3, :3].T + S[:3, 3]
+
+
+def apply_to_depth(depth: Optional[np.ndarray], s: float) -> Optional[np.ndarray]:
+    """A depth map of a camera moved by a similarity of scale s (0 = no depth stays 0)."""
+    if depth is None:
+        return None
+    return (np.asarray(depth, np.float32) * np.float32(s)).astype(np.float32)
+
+
+def correction(old_pose: np.ndarray, new_pose: np.ndarray) -> np.ndarray:
+    """The world similarity C with new_pose = C · old_pose (both 4×4 similarities, e.g. a
+    keyframe's pose before and after a pose-graph optimisation): apply C to everything that
+    keyframe anchors (its depth, its points, the frames tracked from it)."""
+    return np.asarray(new_pose, np.float64) @ sim3_inverse(old_pose)
+
+
+# --- intrinsics -------------------------------------------------------------------------------
+
+def scale_intrinsics(K: np.ndarray, src_hw: tuple[int, int], dst_hw: tuple[int, int]) -> np.ndarray:
+    """Intrinsics for an image resized from src_hw to dst_hw (h, w): focal lengths and skew scale,
+    a pixel centre u moves to (u + 0.5)·s − 0.5 (integer pixel centres)."""
+    sy, sx = dst_hw[0] / src_hw[0], dst_hw[1] / src_hw[1]
+    K = np.asarray(K, dtype=np.float64).copy()
+    K[0, 0] *= sx
+    K[0, 1] *= sx
+    K[1, 1] *= sy
+    K[0, 2] = (K[0, 2] + 0.5) * sx - 0.5
+    K[1, 2] = (K[1, 2] + 0.5) * sy - 0.5
+    return K
+
+
+# --- pixels, rays and depth -------------------------------------------------------------------
+
+def rays_at(u, v, K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Camera-frame rays (x/z, y/z) of pixels (u, v) (arrays that broadcast; integer = centre)."""
+    K = np.asarray(K, dtype=np.float64)
+    ry = (v - K[1, 2]) / K[1, 1]
+    rx = (u - K[0, 2]) / K[0, 0] - (K[0, 1] / K[0, 0]) * ry
+    return rx, ry
+
+
 def pixel_rays(h: int, w: int, K: np.ndarray, stride: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Camera-frame rays (x/z, y/z) of the pixel centres of a strided grid: (rx, ry, (vs, us))."""
-    K = np.asarray(K, dtype=np.float64)
     us = np.arange(0, w, stride)
     vs = np.arange(0, h, stride)
-    rx = (us - K[0, 2]) / K[0, 0] - (K[0, 1] / K[0, 0]) * ((vs[:, None] - K[1, 2]) / K[1, 1])
-    ry = np.broadcast_to((vs[:, None] - K[1, 2]) / K[1, 1], rx.shape)
-    return rx, ry, (vs, us)
+    rx, ry = rays_at(us, vs[:, None], K)
+    return rx, np.broadcast_to(ry, rx.shape), (vs, us)
 
 
 def backproject(depth: np.ndarray, K: np.ndarray, c2w: np.ndarray, stride: int = 1,
@@ -48,7 +220,7 @@ def backproject(depth: np.ndarray, K: np.ndarray, c2w: np.ndarray, stride: int =
     z = d[valid]
     cam = np.stack([rx[valid] * z, ry[valid] * z, z], axis=1)
     c2w = np.asarray(c2w, dtype=np.float64)
-    pts = cam @ c2w[:3, :3].T + c2w[:3, 3]
+    pts = apply_to_points(c2w, cam)
     mask = np.zeros((h, w), dtype=bool)
     mask[np.ix_(vs, us)] = valid
     return pts.astype(np.float32), mask
@@ -71,7 +243,7 @@ def camera_frustum(K: np.ndarray, c2w: np.ndarray, w: int, h: int, near: float,
                    np.float64)
     cam = np.linalg.solve(np.asarray(K, np.float64), uv1.T).T * np.array([[near]] * 4 + [[look_depth]])
     c2w = np.asarray(c2w, np.float64)
-    world = cam @ c2w[:3, :3].T + c2w[:3, 3]
+    world = apply_to_points(c2w, cam)
     return np.concatenate([c2w[None, :3, 3], world[:4]]).astype(np.float32), world[4]
 
 
@@ -98,16 +270,6 @@ def collect_points(results: Iterable, conf_threshold: float = 0.0, stride: int =
 
 
 # --- re-alignment -----------------------------------------------------------------------------
-
-def split_similarity(T: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    """Decompose a 4x4 similarity [sR t; 0 1] into (s, R, t)."""
-    T = np.asarray(T, dtype=np.float64)
-    A = T[:3, :3]
-    s = float(np.cbrt(np.linalg.det(A)))
-    if not np.isfinite(s) or s <= 0:
-        raise ValueError("re-alignment transform is not a proper similarity (det <= 0)")
-    return s, A / s, T[:3, 3].copy()
-
 
 def segment_transforms(events: Iterable) -> dict[int, np.ndarray]:
     """segment -> 4x4 similarity from the whole-segment "realign" events (the last one per segment
@@ -153,15 +315,9 @@ def result_transforms(keys: Sequence[tuple[int, int]], events: Iterable) -> list
 
 
 def apply_similarity(r, T: np.ndarray):
-    """A copy of FrameResult `r` moved by the similarity T: c2w stays rigid (rotation R_T R,
-    camera centre mapped by T) and the depth is multiplied by the scale, so back-projecting the
-    new result gives exactly T applied to the old points."""
-    s, R, t = split_similarity(T)
-    c2w = np.eye(4)
-    c2w[:3, :3] = R @ np.asarray(r.c2w, dtype=np.float64)[:3, :3]
-    c2w[:3, 3] = s * (R @ np.asarray(r.c2w, dtype=np.float64)[:3, 3]) + t
-    depth = None if r.depth is None else (np.asarray(r.depth, dtype=np.float32) * np.float32(s))
-    return dataclasses.replace(r, c2w=c2w, depth=depth)
+    """A copy of FrameResult `r` moved by the similarity T (`apply_to_c2w`, `apply_to_depth`):
+    back-projecting the new result gives exactly T applied to the old points."""
+    return dataclasses.replace(r, c2w=apply_to_c2w(T, r.c2w), depth=apply_to_depth(r.depth, sim3_split(T)[0]))
 
 
 def apply_realignments(results: Sequence, events: Iterable) -> list:

@@ -79,8 +79,8 @@ class Intrinsics:
         return np.array([[self.fx, 0.0, self.cx], [0.0, self.fy, self.cy], [0.0, 0.0, 1.0]])
 
     def scaled_to(self, width: int, height: int, tolerance: float = 0.02) -> "Intrinsics":
-        """The same camera at another resolution. Pixel centres follow the usual convention
-        (a pixel's centre at integer coordinates), so cx' = (cx + 0.5) * s - 0.5."""
+        """The same camera at another resolution (engine.geometry.scale_intrinsics: integer pixel
+        centres, so cx' = (cx + 0.5) * s - 0.5)."""
         if (width, height) == (self.width, self.height):
             return self
         sx, sy = width / self.width, height / self.height
@@ -88,8 +88,9 @@ class Intrinsics:
             raise IntrinsicsError(
                 f"intrinsics are for {self.width}x{self.height} but the frames are {width}x{height} "
                 "(a different aspect ratio): is this the right intrinsics file for this input?")
-        return Intrinsics(self.fx * sx, self.fy * sy, (self.cx + 0.5) * sx - 0.5,
-                          (self.cy + 0.5) * sy - 0.5, int(width), int(height))
+        from .geometry import scale_intrinsics
+        K = scale_intrinsics(self.matrix(), (self.height, self.width), (height, width))
+        return Intrinsics(float(K[0, 0]), float(K[1, 1]), float(K[0, 2]), float(K[1, 2]), int(width), int(height))
 
 
 def read_intrinsics(path: Union[str, Path]) -> Intrinsics:

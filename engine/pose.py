@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.spatial.transform import Rotation
 
+from .geometry import invert_se3
+
 FOV_MIN, FOV_MAX = 1e-3, np.pi - 1e-3
 
 
@@ -78,13 +80,3 @@ def encode_pose(c2w, K, image_hw: tuple[int, int], convention: str = "c2w") -> n
     fov_h = 2.0 * np.arctan((H / 2.0) / K[..., 1, 1])
     fov_w = 2.0 * np.arctan((W / 2.0) / K[..., 0, 0])
     return np.concatenate([T[..., :3, 3], matrix_to_quat(T[..., :3, :3]), fov_h[..., None], fov_w[..., None]], axis=-1)
-
-
-def invert_se3(T: np.ndarray) -> np.ndarray:
-    T = np.asarray(T, dtype=np.float64)
-    out = np.zeros_like(T)
-    Rt = np.swapaxes(T[..., :3, :3], -1, -2)
-    out[..., :3, :3] = Rt
-    out[..., :3, 3] = -np.einsum("...ij,...j->...i", Rt, T[..., :3, 3])
-    out[..., 3, 3] = 1.0
-    return out

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from engine.api import EngineError, engine_capabilities
@@ -23,6 +22,7 @@ from engine.intrinsics import attach_found_intrinsics
 from engine.memory import bound_heap, trim_heap
 
 from . import gc_guard, window_settings
+from .image_preview import ImagePreview
 from .monitors import MonitorsPanel
 from .review import ReviewBar
 from .review_confidence import ConfidenceControl
@@ -34,6 +34,7 @@ from .viewer import COLOR_MODES, PointCloudViewer
 from .worker import RunOptions, WorkerHandle
 
 log = logging.getLogger(__name__)
+
 
 PREVIEW_HZ = 5.0
 STATUS_HZ = 4.0
@@ -67,102 +68,6 @@ class Banner(QtWidgets.QFrame):
         self.show()
 
 
-class _ImageLabel(QtWidgets.QLabel):
-    """Shows an RGB array scaled to fit (aspect kept)."""
-
-    def __init__(self, title: str):
-        super().__init__()
-        self.setAlignment(QtCore.Qt.AlignmentFlag.AlignCenter)
-        self.setMinimumSize(160, 120)
-        self.setSizePolicy(QtWidgets.QSizePolicy.Policy.Ignored, QtWidgets.QSizePolicy.Policy.Ignored)
-        self.setStyleSheet("background: #141518; color: #777;")
-        self.setText(title)
-        self._img: Optional[QtGui.QImage] = None
-        # which frame this pane shows (the two panes may show different frames)
-        self.caption = QtWidgets.QLabel(self)
-        self.caption.setStyleSheet("background: rgba(20, 21, 24, 190); color: #d8dce2; padding: 1px 4px;")
-        self.caption.hide()
-
-    def set_caption(self, text: str) -> None:
-        self.caption.setText(text)
-        self.caption.adjustSize()
-        self.caption.move(2, 2)
-        self.caption.setVisible(bool(text))
-
-    def set_rgb(self, rgb: np.ndarray) -> None:
-        rgb = np.ascontiguousarray(rgb[:, :, :3], dtype=np.uint8)
-        h, w = rgb.shape[:2]
-        self._img = QtGui.QImage(rgb.data, w, h, 3 * w, QtGui.QImage.Format.Format_RGB888).copy()
-        self._rescale()
-
-    def clear_image(self, title: str) -> None:
-        self._img = None
-        self.clear()
-        self.setText(title)
-
-    def _rescale(self) -> None:
-        if self._img is not None:
-            self.setPixmap(QtGui.QPixmap.fromImage(self._img).scaled(
-                self.size(), QtCore.Qt.AspectRatioMode.KeepAspectRatio,
-                QtCore.Qt.TransformationMode.SmoothTransformation))
-
-    def resizeEvent(self, e) -> None:
-        super().resizeEvent(e)
-        self._rescale()
-
-
-class ImagePreview(QtWidgets.QWidget):
-    """The current input frame and its depth map (turbo colours, near = blue), stacked."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        lay = QtWidgets.QVBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.setSpacing(4)
-        self.rgb = _ImageLabel("input frame")
-        self.depth = _ImageLabel("depth")
-        lay.addWidget(self.rgb, 1)
-        lay.addWidget(self.depth, 1)
-        try:
-            self._cmap = pg.colormap.get("turbo")
-        except Exception:  # older pyqtgraph without turbo
-            self._cmap = pg.colormap.get("viridis")
-        self._lut = np.asarray(self._cmap.getLookupTable(0.0, 1.0, 256, alpha=False), np.uint8)
-        self.shown_index = None
-        self.depth_shown_index = None
-
-    def show_frame(self, f, note: str = "") -> None:
-        """Show a DisplayFrame: its image in the top pane and, when it has one, its depth map in
-        the bottom pane; each pane's caption names the frame it shows (a frame without depth
-        leaves the last depth map on screen, captioned with its own frame)."""
-        if f.image is not None:
-            self.rgb.set_rgb(f.image)
-            self.shown_index = f.index
-            self.rgb.set_caption(f"frame {f.index}" + (" · keyframe" if f.is_keyframe else "") + note)
-        if f.depth_map is not None:
-            d = np.asarray(f.depth_map, np.float32)
-            ok = np.isfinite(d) & (d > 0)
-            if not ok.any():
-                return                             # keep the last useful depth map on screen
-            hi = float(np.percentile(d[ok], 98)) if ok.any() else 1.0
-            idx = (np.clip(np.where(ok, d, 0.0) * (255.0 / max(hi, 1e-6)), 0, 255)).astype(np.uint8)
-            rgb = self._lut[idx]
-            rgb[~ok] = 0                           # no depth: black
-            self.depth.set_rgb(rgb)
-            self.depth_shown_index = f.index
-        if self.depth_shown_index is not None:
-            same = self.depth_shown_index == self.shown_index
-            self.depth.set_caption(f"depth · frame {self.depth_shown_index}")
-            self.depth.caption.setToolTip("" if same else "the newest frame with depth "
-                                          "(the engine computes depth on keyframes only)")
-
-    def clear(self) -> None:
-        self.rgb.clear_image("input frame")
-        self.depth.clear_image("depth")
-        self.rgb.set_caption("")
-        self.depth.set_caption("")
-        self.shown_index = None
-        self.depth_shown_index = None
 
 
 MESSAGES_KEPT = 1000          # newest messages kept in MainWindow.messages (issue #7: bounded)
@@ -806,9 +711,8 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def retention_limits(self) -> tuple:
         """(max_gb, max_age_days) of the sessions folder from the app settings."""
-        from app.settings import retention_limits
-        from engine.io.retention import DEFAULT_MAX_AGE_DAYS, DEFAULT_MAX_GB
-        return retention_limits(self.settings) if self.settings is not None else (DEFAULT_MAX_GB, DEFAULT_MAX_AGE_DAYS)
+        from engine.io.retention import retention_limits
+        return retention_limits(self.settings)
 
     def sessions_dialog(self):
         """File > Sessions folder: the folder, its size and the retention limits (ui/sessions_dialog.py)."""

@@ -36,7 +36,7 @@ class StreamView(QtWidgets.QWidget):
 
     def __init__(self, options: RunOptions, title: str, parent: Optional[QtWidgets.QWidget] = None):
         super().__init__(parent)
-        from .main_window import ImagePreview   # the same preview panes as the main view
+        from .image_preview import ImagePreview   # the same preview panes as the main view
         self.options = options
         self.title = title
         self.viewer = PointCloudViewer(capacity=1 << 18)

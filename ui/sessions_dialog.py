@@ -5,7 +5,7 @@ Every run is saved as a session folder under the sessions folder ($RECONSTUDIO_S
 the folder is within the size limit and no session is older than the age limit (engine.io.retention);
 only session folders are removed, and never one that a ReconStudio process has open (a run writing
 it, a window showing it, an export reading it). The limits live in the app settings
-(app.settings.RETENTION_KEYS); 0 = no limit. Sizes per engine: docs/benchmarks_io.md.
+(engine.io.retention.RETENTION_KEYS); 0 = no limit. Sizes per engine: docs/benchmarks_io.md.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 class SessionsDialog(QtWidgets.QDialog):
     def __init__(self, parent=None, *, settings=None, root: Optional[str] = None, keep=()):
         super().__init__(parent)
-        from app.settings import retention_limits
+        from engine.io.retention import retention_limits
         from engine.io.store import default_session_root
 
         self.setWindowTitle("Sessions folder")
@@ -32,7 +32,7 @@ class SessionsDialog(QtWidgets.QDialog):
         form = QtWidgets.QFormLayout()
         form.addRow("Folder:", self.path_label)
         form.addRow("Holds:", self.usage_label)
-        max_gb, max_days = retention_limits(settings) if settings is not None else retention_limits()
+        max_gb, max_days = retention_limits(settings)
         self.max_gb = QtWidgets.QDoubleSpinBox(minimum=0.0, maximum=100_000.0, decimals=1, suffix=" GB",
                                                value=max_gb, specialValueText="no limit")
         self.max_gb.setToolTip("When a new run starts, the oldest sessions are removed until the folder "
@@ -74,7 +74,7 @@ class SessionsDialog(QtWidgets.QDialog):
         return float(self.max_gb.value()), float(self.max_days.value())
 
     def save(self) -> None:
-        from app.settings import RETENTION_KEYS
+        from engine.io.retention import RETENTION_KEYS
 
         if self.settings is not None:
             self.settings.set(RETENTION_KEYS["max_gb"], self.max_gb.value())

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import splu
 
-from .sim3 import sim3_exp, sim3_inverse, sim3_log
+from ..geometry import sim3_exp, sim3_inverse, sim3_log
 
 __all__ = ["Sim3PoseGraph"]
 
@@ -37,18 +37,6 @@ class _Edge:
     Z: np.ndarray          # measured T_i⁻¹ T_j
     sqrt_info: np.ndarray  # 7×7, r_w = sqrt_info @ r
     huber: Optional[float]
-
-
-def _inv_batch(T: np.ndarray) -> np.ndarray:
-    """Inverse of a batch of similarities (…×4×4)."""
-    A = T[..., :3, :3]
-    s2 = np.einsum("...ij,...ij->...", A, A) / 3.0          # s² (rows of s·R have norm s)
-    Ainv = np.swapaxes(A, -1, -2) / s2[..., None, None]
-    out = np.zeros_like(T)
-    out[..., :3, :3] = Ainv
-    out[..., :3, 3] = -np.einsum("...ij,...j->...i", Ainv, T[..., :3, 3])
-    out[..., 3, 3] = 1.0
-    return out
 
 
 class Sim3PoseGraph:
@@ -108,11 +96,11 @@ class Sim3PoseGraph:
     def _arrays(self):
         E = self.edges
         return (np.array([e.i for e in E]), np.array([e.j for e in E]),
-                _inv_batch(np.array([e.Z for e in E])), np.array([e.sqrt_info for e in E]))
+                sim3_inverse(np.array([e.Z for e in E])), np.array([e.sqrt_info for e in E]))
 
     @staticmethod
     def _res(Ti, Tj, Zinv, L):
-        r = sim3_log(Zinv @ _inv_batch(Ti) @ Tj)
+        r = sim3_log(Zinv @ sim3_inverse(Ti) @ Tj)
         return np.einsum("nij,nj->ni", L, r)
 
     def cost(self) -> float:

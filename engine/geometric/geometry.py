@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..geometry import so3_exp as _so3_exp
+
 
 def skew(v: np.ndarray) -> np.ndarray:
     """N×3 → N×3×3 cross-product matrices."""
@@ -15,15 +17,8 @@ def skew(v: np.ndarray) -> np.ndarray:
 
 
 def so3_exp(w: np.ndarray) -> np.ndarray:
-    """Rodrigues for N×3 rotation vectors → N×3×3 (stable near zero)."""
-    w = np.atleast_2d(np.asarray(w, np.float64))
-    th = np.linalg.norm(w, axis=1)
-    small = th < 1e-8
-    ths = np.where(small, 1.0, th)
-    a = np.where(small, 1.0 - th ** 2 / 6.0, np.sin(ths) / ths)
-    b = np.where(small, 0.5 - th ** 2 / 24.0, (1.0 - np.cos(ths)) / ths ** 2)
-    W = skew(w)
-    return np.eye(3)[None] + a[:, None, None] * W + b[:, None, None] * (W @ W)
+    """Rodrigues for N×3 rotation vectors → N×3×3 (engine.geometry.so3_exp on a 2-D batch)."""
+    return _so3_exp(np.atleast_2d(np.asarray(w, np.float64)))
 
 
 def c2w_from_rt(R: np.ndarray, t: np.ndarray) -> np.ndarray:

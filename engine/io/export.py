@@ -383,9 +383,9 @@ def _colmap_image(r) -> np.ndarray:
 
 def _image_K(r) -> np.ndarray:
     """K for r.image (results keep K for the depth/image resolution; equal sizes in the store)."""
-    from .store import scale_K
+    from ..geometry import scale_intrinsics
 
     img = np.asarray(r.image)
     if r.depth is None or not img.size or img.shape[:2] == np.shape(r.depth):
         return np.asarray(r.K, np.float64)
-    return scale_K(r.K, np.shape(r.depth), img.shape[:2])
+    return scale_intrinsics(r.K, np.shape(r.depth), img.shape[:2])

@@ -17,6 +17,7 @@ the same way); a removal killed half-way is finished by the next one.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import stat
@@ -32,6 +33,29 @@ DEFAULT_MAX_GB = 20.0          # hours of geometric sessions, NOT an hour of neu
 DEFAULT_MAX_AGE_DAYS = 30.0
 REMOVING_PREFIX = ".reconstudio-removing-"
 _CONFIG_MAX_BYTES = 1 << 20          # a session's config.json is a few KB; a bigger file is not ours
+
+# Where an app's settings store keeps the limits (any object with `get(key, default)`, e.g. the
+# GUI's QSettings wrapper): the CLI and the GUI share one sessions folder and one pair of limits.
+RETENTION_KEYS = {"max_gb": "sessions/max_gb", "max_age_days": "sessions/max_age_days"}
+
+
+def retention_limits(settings=None) -> tuple[float, float]:
+    """(max_gb, max_age_days) of the sessions folder (0 = no limit) read from `settings` (the
+    RETENTION_KEYS). A settings store with a checking `value(key)` (the app's AppSettings: it warns
+    once per bad key) reads through it; otherwise a value that is not a finite number >= 0 falls
+    back to its default -- never to "no limit". Without a settings store, the defaults."""
+    defaults = {"max_gb": DEFAULT_MAX_GB, "max_age_days": DEFAULT_MAX_AGE_DAYS}
+    if settings is not None and callable(getattr(settings, "value", None)):
+        return tuple(float(settings.value(RETENTION_KEYS[k])) for k in ("max_gb", "max_age_days"))
+
+    def num(key):
+        v = settings.get(RETENTION_KEYS[key], defaults[key]) if settings is not None else defaults[key]
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            return defaults[key]
+        return f if math.isfinite(f) and f >= 0 else defaults[key]
+    return num("max_gb"), num("max_age_days")
 
 
 @dataclass

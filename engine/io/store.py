@@ -43,6 +43,7 @@ from typing import Optional, Union
 import numpy as np
 
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
+from ..geometry import scale_intrinsics
 from .atomic import OutputError, atomic_open
 from .lease import LOCK_FILE, hold_session
 
@@ -109,18 +110,6 @@ def _target_size(h: int, w: int, max_side: int) -> tuple[int, int]:
     return max(1, round(h * s)), max(1, round(w * s))
 
 
-def scale_K(K: np.ndarray, src_hw: tuple[int, int], dst_hw: tuple[int, int]) -> np.ndarray:
-    """Intrinsics for an image resized from src_hw to dst_hw (pixel-centre convention)."""
-    sy, sx = dst_hw[0] / src_hw[0], dst_hw[1] / src_hw[1]
-    K = np.asarray(K, dtype=np.float64).copy()
-    K[0, 0] *= sx
-    K[0, 1] *= sx
-    K[1, 1] *= sy
-    K[0, 2] = (K[0, 2] + 0.5) * sx - 0.5
-    K[1, 2] = (K[1, 2] + 0.5) * sy - 0.5
-    return K
-
-
 def _resize(a: np.ndarray, hw: tuple[int, int], nearest: bool) -> np.ndarray:
     if a.shape[:2] == hw:
         return a
@@ -140,7 +129,7 @@ def downsample_result(r: FrameResult, max_side: int) -> FrameResult:
     image = _resize(image, dst, nearest=False) if image.size else image
     return FrameResult(
         index=int(r.index), timestamp=float(r.timestamp), is_keyframe=bool(r.is_keyframe),
-        c2w=np.asarray(r.c2w, dtype=np.float64), K=scale_K(r.K, src, dst),
+        c2w=np.asarray(r.c2w, dtype=np.float64), K=scale_intrinsics(r.K, src, dst),
         image=np.ascontiguousarray(image, dtype=np.uint8),
         depth=None if r.depth is None else _resize(np.asarray(r.depth, np.float32), dst, nearest=True),
         conf=None if r.conf is None else _resize(np.asarray(r.conf, np.float32), dst, nearest=True),

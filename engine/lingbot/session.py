@@ -101,7 +101,7 @@ def load_lingbot_map(cfg: SessionConfig, device: torch.device, dtype: torch.dtyp
         raise EngineError("LingBot-Map needs weights: choose a checkpoint file (lingbot-map.pt, "
                           "lingbot-map-long.pt or a .safetensors export) in the settings")
     from ..checkpoint import load_checkpoint
-    from ..models import build_model
+    from ..model_zoo import build_model
     with torch.device(device):
         model = build_model(str(cfg.model or "lingbot-map"))
     model.set_dtype(dtype)

@@ -187,7 +187,7 @@ class VGGTChunkedSession(SessionTiming):
         n_old = len(self._carry)
         S = np.eye(4)
         if n_old:
-            from ..windowed import overlap_similarity
+            from ..align import overlap_similarity
             prev = [self._placed[idx] for idx, _, _ in self._carry]
             try:
                 S, info = overlap_similarity(prev, raw[:n_old])

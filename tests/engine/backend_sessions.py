@@ -30,8 +30,8 @@ def backend_results(model, backend: str, frames, check=None) -> list:
 def assert_matches_sdpa(backend: str, check=None) -> None:
     """14 random frames through `backend` and through SDPA on one full-size bf16 model: as many
     results, poses and depth within 5e-2 relative."""
-    from engine.bench import BenchConfig, build_bench_model
-    model = build_bench_model(BenchConfig(device="cuda"))
+    from tests.engine.factories import random_model
+    model = random_model("lingbot-map", "cuda")
     gen = torch.Generator().manual_seed(3)
     frames = [torch.rand(3, 378, 518, generator=gen) for _ in range(14)]
     b = backend_results(model, "sdpa", frames)

@@ -60,7 +60,7 @@ def tiny_sessions_against_sdpa(monkeypatch, make_backend, frames: int = 14, spec
     from engine import SessionConfig, open_session
     from engine import kv as kv_mod
     from engine.kv.cudnn import CuDNNBackend
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     from engine.models.recipe import fill_recipe
 
     made = {}

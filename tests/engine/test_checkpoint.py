@@ -362,7 +362,7 @@ def test_compare_shapes():
 # --- the real architecture (its small configuration) ----------------------------------------------
 
 def _tiny_lingbot(seed):
-    from engine.models import build_model
+    from engine.model_zoo import build_model
 
     model = build_model("lingbot-map-tiny")
     g = torch.Generator().manual_seed(seed)
@@ -387,7 +387,7 @@ def test_lingbot_map_tiny_round_trip(tmp_path, fmt, wrapper, dtype):
 
 
 def test_lingbot_map_tiny_on_meta_device(tmp_path):
-    from engine.models import build_model
+    from engine.model_zoo import build_model
 
     sd = _sd(_tiny_lingbot(1))
     path = _save(sd, tmp_path / "tiny.safetensors", "safetensors")
@@ -401,7 +401,7 @@ def test_lingbot_map_tiny_on_meta_device(tmp_path):
 
 def test_lingbot_map_tiny_does_not_take_the_full_size_file(tmp_path):
     from engine.checkpoint import read_key_list
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     from tests.conftest import FIXTURES
 
     shapes = read_key_list(FIXTURES / "lingbot_map_keys.tsv")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import SessionConfig, open_session
-from engine.models import build_model
+from engine.model_zoo import build_model
 from engine.models.compile import blocks_compiled, compile_blocks, compile_blocks_requested, uncompile_blocks
 from engine.models.recipe import fill_recipe
 
@@ -49,8 +49,8 @@ def test_cuda_compiled_session_matches_default():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     import os
-    from engine.bench import BenchConfig, build_bench_model
-    model = build_bench_model(BenchConfig(device="cuda"))
+    from tests.engine.factories import random_model
+    model = random_model("lingbot-map", "cuda")
     gen = torch.Generator().manual_seed(4)
     frames = [torch.rand(3, 378, 518, generator=gen) for _ in range(10)]
     out = {}

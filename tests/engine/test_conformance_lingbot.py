@@ -17,7 +17,7 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def model():
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     from engine.models.recipe import fill_recipe
     torch.set_num_threads(2)
     m = fill_recipe(build_model("lingbot-map"))

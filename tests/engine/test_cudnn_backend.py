@@ -175,7 +175,7 @@ def test_session_setting_is_validated_and_clear_on_cpu():
     """backend="cudnn" is a choice of the typed setting; on the CPU opening a session says why not."""
     from engine import EngineError, SessionConfig, open_session
     from engine.api import setting_fields
-    from engine.models import build_model
+    from engine.model_zoo import build_model
 
     assert "cudnn" in dict((f.name, m) for f, m in setting_fields())["backend"]["choices"]
     import numpy as np

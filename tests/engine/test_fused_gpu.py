@@ -117,9 +117,9 @@ def test_qk_norm_rope_equals_the_unfused_path(kind, monkeypatch):
 @needs
 def test_fused_session_equals_the_unfused_session(monkeypatch):
     from engine import SessionConfig, open_session
-    from engine.bench import BenchConfig, build_bench_model
+    from tests.engine.factories import random_model
     from tests.engine.backend_sessions import rel
-    model = build_bench_model(BenchConfig(device="cuda"))
+    model = random_model("lingbot-map", "cuda")
     gen = torch.Generator().manual_seed(3)
     frames = [torch.rand(3, 378, 518, generator=gen) for _ in range(12)]
     out = {}

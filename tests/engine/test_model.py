@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.api import EngineError
-from engine.models import build_model
+from engine.model_zoo import build_model
 from engine.models.recipe import fill_recipe, recipe_tensor
 from engine.models import sections
 from engine.models.rope import Rope2D, VideoRope3D

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from engine.pose import decode_pose, encode_pose, intrinsics_from_fov, invert_se3, quat_to_matrix
+from engine.geometry import invert_se3
+from engine.pose import decode_pose, encode_pose, intrinsics_from_fov, quat_to_matrix
 
 
 def _random_poses(n, seed=0):

@@ -110,7 +110,7 @@ def _session_cfg(**kw):
 def _run_session(cfg):
     import numpy as np
     from engine import open_session
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     from engine.models.recipe import fill_recipe
     model = fill_recipe(build_model("lingbot-map-tiny"))
     seen = []                         # frames per aggregator call (shows the split)

@@ -8,7 +8,7 @@ import pytest
 
 from engine import SessionConfig, open_session
 from engine.api import EngineError, FrameResult
-from engine.models import build_model
+from engine.model_zoo import build_model
 from engine.models.recipe import fill_recipe
 from engine.preprocess import Prepared, PreprocessError, preprocess
 from engine.run_driver import CollectSink, Prefetch, RunDriver, SequenceSource

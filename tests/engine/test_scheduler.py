@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from engine import EngineError, SessionConfig, open_session
-from engine.models import build_model
+from engine.model_zoo import build_model
 from engine.models.recipe import fill_recipe
 from engine.scheduler import AdmissionError, StreamScheduler, stream_cache_bytes
 

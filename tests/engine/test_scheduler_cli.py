@@ -1,11 +1,11 @@
-"""`reconstudio run A B`: several inputs through the stream scheduler (app/cmd_run_multi.py)."""
+"""`reconstudio run A B`: several inputs through the stream scheduler (app/cmd_run.py, `run_many`)."""
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from app.cli import main
-from engine.models import build_model
+from engine.model_zoo import build_model
 from engine.models.recipe import fill_recipe
 
 

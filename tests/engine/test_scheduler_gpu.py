@@ -29,7 +29,7 @@ def _run(model, **opts):
 
 
 def test_side_streams_and_pipeline_equal_plain_batching():
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     from engine.models.recipe import fill_recipe
     with torch.device("cuda"):
         model = fill_recipe(build_model("lingbot-map-tiny"))

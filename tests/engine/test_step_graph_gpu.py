@@ -30,9 +30,9 @@ def _run(model, scope, frames):
 def test_step_graphs_equal_the_eager_steps(height):
     """height 392 (a 640x480 input): 1,042 rows a frame, past one wave of cuDNN tiles on the H200,
     so the split's steps carry a wave tail (`chunked_lse`) -- graphed too."""
-    from engine.bench import BenchConfig, build_bench_model
+    from tests.engine.factories import random_model
     from tests.engine.backend_sessions import rel
-    model = build_bench_model(BenchConfig(device="cuda"))
+    model = random_model("lingbot-map", "cuda")
     gen = torch.Generator().manual_seed(3)
     frames = [torch.rand(3, height, 518, generator=gen) for _ in range(30)]
     try:

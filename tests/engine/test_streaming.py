@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine import EngineError, SessionConfig, engine_capabilities, open_session
-from engine.models import build_model
+from engine.model_zoo import build_model
 from engine.models.recipe import fill_recipe
 
 

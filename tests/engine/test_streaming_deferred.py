@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine import SessionConfig, open_session
-from engine.models import build_model
+from engine.model_zoo import build_model
 from engine.models.recipe import fill_recipe
 
 
@@ -76,8 +76,8 @@ def test_cuda_deferred_equals_synchronous_full_size():
     import torch
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from engine.bench import BenchConfig, build_bench_model
-    model = build_bench_model(BenchConfig(device="cuda"))
+    from tests.engine.factories import random_model
+    model = random_model("lingbot-map", "cuda")
     gen = torch.Generator().manual_seed(9)
     frames = [torch.rand(3, 378, 518, generator=gen) for _ in range(12)]
     out = {}

@@ -27,9 +27,9 @@ def test_cuda_graphs_match_eager(scope):
     """The graphed patch embed / frame blocks / depth head ("fixed", the default) -- and with "all"
     also the global-block halves and the static-shape camera head -- give what eager gives, frame
     after frame (static buffers are refilled every step, nothing of a previous frame leaks)."""
-    from engine.bench import BenchConfig, build_bench_model
+    from tests.engine.factories import random_model
 
-    model = build_bench_model(BenchConfig(device="cuda"))
+    model = random_model("lingbot-map", "cuda")
     model.aggregator.graph_scope = scope
     gen = torch.Generator().manual_seed(5)
     frames = [torch.rand(3, 378, 518, generator=gen) for _ in range(12)]
@@ -60,9 +60,9 @@ def test_close_frees_gpu_memory_at_once():
     Python's cycle collector off: allocated memory goes back to the model's (plus the small caches
     the model keeps across sessions: RoPE tables, resized position embedding, cuBLAS workspace)."""
     import gc
-    from engine.bench import BenchConfig, build_bench_model
+    from tests.engine.factories import random_model
 
-    model = build_bench_model(BenchConfig(device="cuda")).set_dtype(torch.bfloat16)   # as the sessions use it
+    model = random_model("lingbot-map", "cuda").set_dtype(torch.bfloat16)   # as the sessions use it
     gen = torch.Generator().manual_seed(7)
     frames = [torch.rand(3, 378, 518, generator=gen) for _ in range(8)]
     torch.cuda.synchronize()

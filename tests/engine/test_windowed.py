@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from engine import EngineError, SessionConfig, build_model, open_session
-from engine.align import apply_to_c2w, sim3_inverse, sim3_matrix, so3_exp, umeyama
+from engine.align import (apply_to_c2w, overlap_correspondences, overlap_similarity, sim3_inverse, sim3_matrix,
+                          so3_exp, umeyama)
 from engine.geometry import apply_realignments
 from engine.models.recipe import fill_recipe
 from engine.pose import encode_pose, intrinsics_from_fov
-from engine.windowed import overlap_correspondences, overlap_similarity
 
 H, W = 56, 70
 
@@ -43,9 +43,9 @@ def _true_c2w(i):
 
 
 def _true_depth(c2w):
-    """Depth of the plane z = 4 (world) seen by camera c2w."""
+    """Depth of the plane z = 4 (world) seen by camera c2w (integer pixel centres, engine.geometry)."""
     v, u = np.mgrid[0:H, 0:W]
-    d = np.stack(((u + 0.5 - K_TRUE[0, 2]) / K_TRUE[0, 0], (v + 0.5 - K_TRUE[1, 2]) / K_TRUE[1, 1],
+    d = np.stack(((u - K_TRUE[0, 2]) / K_TRUE[0, 0], (v - K_TRUE[1, 2]) / K_TRUE[1, 1],
                   np.ones((H, W))), -1) @ c2w[:3, :3].T
     return ((4.0 - c2w[2, 3]) / d[..., 2]).astype(np.float32)
 

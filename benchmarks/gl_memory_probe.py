@@ -1,6 +1,6 @@
 """Host memory held by the 3D view's OpenGL driver per point drawn (issue #7, docs/benchmarks_gui.md).
 
-    xvfb-run -a -s "-screen 0 1600x1000x24" python scripts/gl_memory_probe.py --points 2000000 \
+    xvfb-run -a -s "-screen 0 1600x1000x24" python benchmarks/gl_memory_probe.py --points 2000000 \
         [--lp-threads N] [--redraws 10]
 
 A bare `PointCloudViewer` (1600x1000) is fed frames of 50k random points until --points are

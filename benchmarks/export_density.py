@@ -1,7 +1,7 @@
 """Export density benchmark: points drawn in the GUI after a run against the PLY the GUI exports
 and the PLY `reconstudio run --ply` writes for the same clip, at several absolute thresholds.
 
-    QT_QPA_PLATFORM=xcb xvfb-run -a .venv/bin/python scripts/export_density.py [CLIP] [--engine geometric]
+    QT_QPA_PLATFORM=xcb xvfb-run -a .venv/bin/python benchmarks/export_density.py [CLIP] [--engine geometric]
 
 Prints one line per threshold (figures for docs/benchmarks_io.md); writes into a temp folder.
 """

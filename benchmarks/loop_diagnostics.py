@@ -2,7 +2,7 @@
 of ../shared/data: rgb/*.jpg, intrinsics.txt) and counts, for every place-recognition query, the
 candidates above the score ratio and the verifications that passed, and for every verification
 the descriptor pairs between the two keyframes' map points (30 needed) and the PnP inliers.
-Usage: python scripts/loop_diagnostics.py SEQ [--frames N] [--no-flow]   (docs/benchmarks_geometric.md)
+Usage: python benchmarks/loop_diagnostics.py SEQ [--frames N] [--no-flow]   (docs/benchmarks_geometric.md)
 """
 import argparse
 import collections

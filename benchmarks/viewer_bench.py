@@ -7,7 +7,7 @@
    goes through the one run driver (engine.run_driver). `--engine synthetic` drives the GUI with
    dense 518x392 depth per frame, as the neural engine does.
 
-    xvfb-run -a -s "-screen 0 1600x1000x24" python -m ui.bench_viewer [--input VIDEO] [--frames N]
+    xvfb-run -a -s "-screen 0 1600x1000x24" python -m benchmarks.viewer_bench [--input VIDEO] [--frames N]
         [--engine geometric|synthetic] [--skip-append]
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ def bench_append(repeats: int = 30) -> dict:
     from PySide6 import QtWidgets
     from vispy import gloo
 
-    from .viewer import PointCloudViewer, pack_rgb
+    from ui.viewer import PointCloudViewer, pack_rgb
     app = QtWidgets.QApplication.instance() or QtWidgets.QApplication([])
     v = PointCloudViewer(capacity=1 << 22)          # 4M: no regrowth inside the measurement
     v.resize(640, 480)
@@ -86,7 +86,7 @@ def _worker_only(video: str, frames: int, engine: str = "geometric") -> float:
     that acknowledges at once: what the GUI costs the engine side, minus drawing."""
     from PySide6 import QtCore
 
-    from .worker import RunOptions, WorkerHandle
+    from ui.worker import RunOptions, WorkerHandle
     with tempfile.TemporaryDirectory() as tmp:
         h = WorkerHandle(RunOptions(source=video, config=_config(engine), session_root=tmp,
                                     max_frames=frames, loop=True))
@@ -108,7 +108,7 @@ def _gui(video: str, frames: int, engine: str = "geometric") -> tuple[float, np.
 
     from app.settings import AppSettings
 
-    from .main_window import MainWindow
+    from ui.main_window import MainWindow
     with tempfile.TemporaryDirectory() as tmp:
         w = MainWindow(settings=AppSettings(f"{tmp}/s.ini"), session_root=f"{tmp}/sessions")
         w.resize(1600, 1000)

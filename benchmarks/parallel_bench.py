@@ -1,6 +1,6 @@
 """Benchmarks of issue #13 on GPUs (figures go to docs/benchmarks.md).
 
-    python -m engine.parallel.bench --out DIR [--ring-frames 32,64,128,256] [--scale-sizes 8,32,64,128]
+    python -m benchmarks.parallel_bench --out DIR [--ring-frames 32,64,128,256] [--scale-sizes 8,32,64,128]
                                     [--streams 4] [--frames 40]
 
 With 2+ GPUs it spawns 2 processes (one per GPU, NCCL; NVLink multicast stays off) and measures
@@ -92,8 +92,8 @@ def _sync_time(fn, reps: int = 3):
 
 
 def _model(device):
-    from ..bench import random_init_
-    from ..models import build_model
+    from engine.models.recipe import random_init_
+    from engine.model_zoo import build_model
     with torch.device(device):
         model = build_model(MODEL)
     random_init_(model, 0)
@@ -101,7 +101,7 @@ def _model(device):
 
 
 def _cfg(**kw):
-    from ..api import SessionConfig
+    from engine.api import SessionConfig
     base = dict(engine="lingbot-map", device=DEV, dtype="bf16" if DEV == "cuda" else "fp32", backend="sdpa",
                 image_width=W, model=MODEL)
     base.update(kw)
@@ -115,8 +115,8 @@ def _frames(n, seed):
 
 def _ring_attention_part(rank, world, args, log):
     import torch.distributed as dist
-    from .lingbot_ring import gather_frames
-    from .ring_attention import attention_lse, ring_attention, split_lengths
+    from engine.parallel.lingbot_ring import gather_frames
+    from engine.parallel.ring_attention import attention_lse, ring_attention, split_lengths
     rows = []
     for n in args.ring_frames:
         L = n * TOKENS
@@ -188,7 +188,7 @@ def _vggt_images(n):
 
 def _scale_phase_part(rank, world, model, args, log):
     import torch.distributed as dist
-    from ..lingbot.session import LingBotMapSession
+    from engine.lingbot.session import LingBotMapSession
     rows = []
 
     def run(S, ring):
@@ -235,8 +235,8 @@ def _scale_phase_part(rank, world, model, args, log):
 
 
 def _vggt_model():
-    from ..bench import random_init_
-    from ..models import build_model
+    from engine.models.recipe import random_init_
+    from engine.model_zoo import build_model
     with torch.device(DEV):
         m = build_model(VGGT_MODEL)
     random_init_(m, 0)
@@ -246,7 +246,7 @@ def _vggt_model():
 def _vggt_chunk_part(rank, world, args, log):
     """Part 3: one VGGT chunk on one GPU (rank 0) against the chunk split over the ring."""
     import torch.distributed as dist
-    from .vggt_ring import chunk_forward
+    from engine.parallel.vggt_ring import chunk_forward
     model = _vggt_model()
     heads = ("camera", "depth")
 
@@ -317,7 +317,7 @@ def _vggt_chunk_part(rank, world, args, log):
 def _noise_floor_part(args, log):
     """Part 0: one GPU, bf16 against fp32 on the inputs of parts 2 and 3 (the rounding a bf16 run
     carries anyway; a ring whose deviation from one GPU is of this size is exact to bf16)."""
-    from ..lingbot.session import LingBotMapSession
+    from engine.lingbot.session import LingBotMapSession
     rows = {}
     S = args.noise_floor[0]
     outs = {}
@@ -366,8 +366,8 @@ def _variant(name: str, streams: int):
 def _breakdown(model, sched, streams, frames, rounds):
     """CUDA-event time per model section over `rounds` more rounds (stream time between the
     events: GPU work plus any GPU idle inside the section), ms per round, and the wall time."""
-    from ..bench import SectionTimer
-    from ..models.sections import timing
+    from engine.bench import SectionTimer
+    from engine.models.sections import timing
     timer = SectionTimer(mem.cuda)
     mem.sync()
     t0 = time.perf_counter()
@@ -388,7 +388,7 @@ def _breakdown(model, sched, streams, frames, rounds):
 
 
 def _scheduler_row(model, args, log, backend, variant):
-    from ..scheduler import StreamScheduler, stream_cache_bytes
+    from engine.scheduler import StreamScheduler, stream_cache_bytes
     n, max_batch, opts = _variant(variant, args.streams)
     cfg = _cfg(backend=backend)
     mem.sync()

@@ -1,8 +1,8 @@
 """I/O benchmark (figures, not tests): frame decoding, session-store writes, reload, exports.
 
-    python -m engine.io.bench [--data ../shared/data] [--frames 200] [--json OUT] [--density]
-    python -m engine.io.bench --writers 1,2,3     (only: what a background store sustains)
-    python -m engine.io.bench --formats [SESSION ...] (only: store format 2 against 3, per frame)
+    python -m benchmarks.io_bench [--data ../shared/data] [--frames 200] [--json OUT] [--density]
+    python -m benchmarks.io_bench --writers 1,2,3     (only: what a background store sustains)
+    python -m benchmarks.io_bench --formats [SESSION ...] (only: store format 2 against 3, per frame)
 
 Uses the real ICL-NUIM clip and frames for decoding, and real 7-Scenes depth maps (with the
 matching colour frames) as dense engine results for the store and the exporters.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..api import FrameResult, SessionConfig
+from engine.api import FrameResult, SessionConfig
 
 
 def _timeit(fn, repeat=1):
@@ -51,10 +51,10 @@ def _dense_results(data: Path, n: int, size) -> list:
 
 
 def run(data: Path, frames: int) -> dict:
-    from .export import export_npz, export_ply, export_tum
-    from ..geometry import collect_points
-    from .sources import open_source
-    from .store import SessionStore, load_session
+    from engine.io.export import export_npz, export_ply, export_tum
+    from engine.geometry import collect_points
+    from engine.io.sources import open_source
+    from engine.io.store import SessionStore, load_session
 
     res: dict = {"machine": f"{platform.machine()} {platform.processor() or ''} {platform.node()}".strip(),
                  "frames": frames}
@@ -112,9 +112,9 @@ def density(data: Path, frames: int) -> dict:
     """Store size against export density: every layout of the session store, on dense engine
     results (every frame with depth, as a neural engine gives), points exported at stride 2 of the
     RESULT resolution against the points the viewer draws from the live results (stride 2)."""
-    from ..geometry import collect_points
-    from .export import plan_export
-    from .store import SessionStore, load_session
+    from engine.geometry import collect_points
+    from engine.io.export import plan_export
+    from engine.io.store import SessionStore, load_session
 
     res: dict = {}
     for label, size in (("518x378", (518, 378)), ("640x480", (640, 480))):
@@ -147,7 +147,7 @@ def writer_capacity(data: Path, frames: int, counts) -> dict:
     results written back to back (no engine between them), timed to the end of `close` (all on
     disk). A run's engine can go no faster than this for long (the queue fills)."""
     import os
-    from .store import SessionStore
+    from engine.io.store import SessionStore
     res: dict = {"cpu_count": os.cpu_count()}
     rs = _dense_results(data, frames, (518, 392))
     with tempfile.TemporaryDirectory() as tmp:

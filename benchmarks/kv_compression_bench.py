@@ -1,7 +1,7 @@
 """KV compression / quantization figures (docs/benchmarks_kv.md "Compression knobs").
 
-    PYTHONPATH=. python3 scripts/kv_compression_bench.py --device cuda --out out/kvc   # H200
-    PYTHONPATH=. python3 scripts/kv_compression_bench.py --device cpu --model lingbot-map-tiny \
+    PYTHONPATH=. python3 benchmarks/kv_compression_bench.py --device cuda --out out/kvc   # H200
+    PYTHONPATH=. python3 benchmarks/kv_compression_bench.py --device cpu --model lingbot-map-tiny \
         --patches 4x5 --frames 12 --out /tmp/kvc                                         # smoke test
 
 1. global attention of one layer (16 heads x 64, 999 patch tokens = 518x378, 8 scale frames) per

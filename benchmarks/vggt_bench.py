@@ -1,8 +1,8 @@
 """Benchmark (not a test): VGGT-1B chunked session memory and speed, VGGT's offline pass, and
 LingBot-Map in windowed mode, on one GPU. Prints one line per measurement and writes JSON.
 
-    python3 scripts/vggt_bench.py --out out/vggt_bench.json            # H200, full size, bf16
-    python3 scripts/vggt_bench.py --tiny --device cpu --frames 60      # smoke run of the script
+    python3 benchmarks/vggt_bench.py --out out/vggt_bench.json            # H200, full size, bf16
+    python3 benchmarks/vggt_bench.py --tiny --device cpu --frames 60      # smoke run of the script
 
 VGGT runs at --width x --height (518x392); LingBot-Map windowed at --width x --windowed-height
 (518x378, its benchmark default). The windowed phase writes a row at every window boundary, so each

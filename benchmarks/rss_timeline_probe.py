@@ -2,10 +2,10 @@
 `reconstudio gui` run, beside the viewer's events (thinning pass planned / applied, draw, upload
 chunks, heap trims). Issue #7, docs/benchmarks_gui.md ("The RSS swing").
 
-    xvfb-run -a -s "-screen 0 1600x1000x24" python scripts/rss_timeline_probe.py OUT.tsv -- \
+    xvfb-run -a -s "-screen 0 1600x1000x24" python benchmarks/rss_timeline_probe.py OUT.tsv -- \
         gui --input video.mp4 --loop --engine synthetic --synthetic-fps 25 --max-frames 1500 \
         --autostart --exit-when-done --size 1600x1000 --session-dir DIR --settings tmp.ini
-    python scripts/rss_timeline_probe.py --report OUT.tsv [--after 30]
+    python benchmarks/rss_timeline_probe.py --report OUT.tsv [--after 30]
 
 OUT.tsv rows: `t  S  rss_mb  mmapped_mb arena_in_use_mb arena_mb mmapped_blocks` (a sample) or
 `t  E  event  detail`. The report prints, per draw and per thinning pass, the RSS before it and

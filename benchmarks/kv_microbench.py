@@ -2,7 +2,7 @@
 for each backend (SDPA zero-copy view, SDPA gather, FlashInfer paged prefill), plus the
 agreement of their outputs. Prints a table and writes JSON.
 
-    python -m engine.kv.microbench --device cuda --dtype bf16 --json out.json
+    python -m benchmarks.kv_microbench --device cuda --dtype bf16 --json out.json
 
 Defaults are the released configuration at 518x378: 999 patches + 6 specials per frame,
 16 heads x 64, 8 scale frames, window 64; `--frames` cached frames before the measured step
@@ -14,7 +14,7 @@ fp8 SDPA (dequantise the visible set), and FlashInfer's fp8 kernels (`--fp8-kind
 with bf16 q and e4m3 K/V, paged; "fa3" = FA3 fp8 with q in e4m3, dense and paged);
 every output is compared with an fp32 attention over the bf16 keys/values.
 
-    python -m engine.kv.microbench --device cuda --kv-dtype fp8 --fp8-kinds kv,fa3 --json fp8.json
+    python -m benchmarks.kv_microbench --device cuda --kv-dtype fp8 --fp8-kinds kv,fa3 --json fp8.json
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from .backends import FlashInferBackend, SDPABackend, flashinfer_available
-from .paged_cache import PagedKVCache, parse_dtype
+from engine.kv.backends import FlashInferBackend, SDPABackend, flashinfer_available
+from engine.kv.paged_cache import PagedKVCache, parse_dtype
 
 
 def _fill(cache: PagedKVCache, frames: int, gen: torch.Generator) -> None:

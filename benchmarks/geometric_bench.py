@@ -1,8 +1,8 @@
 """Benchmark of the geometric engine: accuracy, speed and robustness on a shared sequence.
 
-    python -m engine.geometric.bench /work/shared/data/icl_livingroom_kt3 [--max-side 640] [--json]
-    python -m engine.geometric.bench SEQ --robustness      # blank-stretch and jump-cut clips
-    python -m engine.geometric.bench SEQ --soak 12000      # memory over the clip looped (headless)
+    python -m benchmarks.geometric_bench /work/shared/data/icl_livingroom_kt3 [--max-side 640] [--json]
+    python -m benchmarks.geometric_bench SEQ --robustness      # blank-stretch and jump-cut clips
+    python -m benchmarks.geometric_bench SEQ --soak 12000      # memory over the clip looped (headless)
 
 Frames are decoded before timing starts, so the figures are the engine's own: tracking FPS
 (input → pose, wall clock and CPU time of the tracking thread), overall push FPS, keyframe rate
@@ -33,8 +33,8 @@ def _rolled(img, deg):
 
 def _run(seq, frames, order, cfg, roll=None):
     """Push frames[order[k]] (black where order[k] < 0), rolled by roll[k] degrees if given."""
-    from ..api import open_session
-    from ..run_driver import CollectSink, RunDriver, SequenceSource
+    from engine.api import open_session
+    from engine.run_driver import CollectSink, RunDriver, SequenceSource
 
     def image(k):
         i = order[k]
@@ -51,7 +51,7 @@ def _run(seq, frames, order, cfg, roll=None):
 
 
 def speed_and_accuracy(seq, frames, cfg) -> dict:
-    from ..metrics import ate
+    from engine.metrics import ate
     n = len(frames)
     res, st, ev, wall = _run(seq, frames, list(range(n)), cfg)
     idx = [r.index for r in res]
@@ -76,7 +76,7 @@ def speed_and_accuracy(seq, frames, cfg) -> dict:
 def robustness(seq, frames, cfg) -> list:
     """Clips made from the real frames: a black stretch, a jump cut (a whip pan), and a fast roll
     (the image turns 20° per frame up to 60° and stays there)."""
-    from ..metrics import ate
+    from engine.metrics import ate
     n = len(frames)
     cut = min(100, n // 2)
     clips = {
@@ -106,11 +106,11 @@ def soak(seq, cfg, n_frames: int, every: int = 1000, marks=(2000, 6000, 12000), 
     (`GeometricSession.memory()`), optionally the Python heap traced by tracemalloc."""
     import time
     import tracemalloc
-    from ..api import open_session
-    from ..io.sources import open_source
-    from ..memory import bound_heap
-    from ..run_driver import RunDriver, Sink
-    from ..stats_csv import rss_mb
+    from engine.api import open_session
+    from engine.io.sources import open_source
+    from engine.memory import bound_heap
+    from engine.run_driver import RunDriver, Sink
+    from engine.stats_csv import rss_mb
     bound_heap()
     video = seq.root / "video.mp4"
     src = open_source(str(video if video.exists() else seq.root / "rgb"), loop=True)
@@ -150,7 +150,7 @@ def soak(seq, cfg, n_frames: int, every: int = 1000, marks=(2000, 6000, 12000), 
 def _settings(pairs):
     """--set KEY=VALUE pairs → (SessionConfig fields, extra knobs); values are JSON where they parse."""
     import dataclasses
-    from ..api import SessionConfig
+    from engine.api import SessionConfig
     names = {f.name for f in dataclasses.fields(SessionConfig)}
     fields, extra = {}, {}
     for kv in pairs:
@@ -164,9 +164,9 @@ def _settings(pairs):
 
 
 def main(argv=None) -> int:
-    from ..api import SessionConfig
-    from ..evaluate import load_sequence
-    p = argparse.ArgumentParser(prog="python -m engine.geometric.bench", description=__doc__.split("\n\n")[0])
+    from engine.api import SessionConfig
+    from engine.evaluate import load_sequence
+    p = argparse.ArgumentParser(prog="python -m benchmarks.geometric_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("sequence")
     p.add_argument("--max-frames", type=int, default=None)
     p.add_argument("--max-side", type=int, default=640)

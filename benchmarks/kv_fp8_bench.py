@@ -1,9 +1,9 @@
 """fp8 KV on the GPU: build FlashInfer's fp8 kernels, and the full model's peak memory with fp8
-weights + fp8 KV (docs/benchmarks_kv.md "fp8 KV through FlashInfer"). Run by scripts/kv_fp8_gpu.sh.
+weights + fp8 KV (docs/benchmarks_kv.md "fp8 KV through FlashInfer"). Run by benchmarks/kv_fp8_gpu.sh.
 
-    python3 scripts/kv_fp8_bench.py build kv            # JIT-build FA2 bf16-q / e4m3-KV (prints s)
-    python3 scripts/kv_fp8_bench.py build fa3           # JIT-build FA3 e4m3-q / e4m3-KV
-    python3 scripts/kv_fp8_bench.py memory --out m.json [--wait-for FILE --deadline-s 120]
+    python3 benchmarks/kv_fp8_bench.py build kv            # JIT-build FA2 bf16-q / e4m3-KV (prints s)
+    python3 benchmarks/kv_fp8_bench.py build fa3           # JIT-build FA3 e4m3-q / e4m3-KV
+    python3 benchmarks/kv_fp8_bench.py memory --out m.json [--wait-for FILE --deadline-s 120]
 
 `memory` builds LingBot-Map (random weights, bf16) once and streams random 518x378 frames
 (999 patches; the 2026-12-01 runs streamed 640x480 frames, i.e. 518x392 = 1,036 patches), window 64, 8 scale frames, special cap 1024, every frame a keyframe, CUDA graphs off,
