@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Optional, Union
 
+from .errors import StoreError
+
 try:
     import fcntl
 except ImportError:                       # not POSIX: the recorded pid / start time only
@@ -44,7 +46,6 @@ _O_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) |
 
 
 def _gone(folder: Path):
-    from .store import StoreError
     return StoreError(f"Session folder {folder} no longer exists (removed by the sessions limits or by hand)")
 
 
@@ -171,7 +172,6 @@ def hold_session(folder: Union[str, Path], role: str = "open", strict: bool = Fa
         if not folder.is_dir():
             raise _gone(folder)
         if time.monotonic() > deadline:
-            from .store import StoreError
             raise StoreError(f"Session folder {folder} is being removed (sessions limits)")
         time.sleep(0.02)
 

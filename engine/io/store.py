@@ -45,6 +45,7 @@ import numpy as np
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from ..geometry import scale_intrinsics
 from .atomic import OutputError, atomic_open
+from .errors import StoreError
 from .lease import LOCK_FILE, hold_session
 
 SESSION_FORMAT = "reconstudio-session"    # config.json "format": the marker retention requires
@@ -56,10 +57,6 @@ RUNNING_FILE = LOCK_FILE           # held by every process that has the folder o
 STALE_TMP_S = 60.0                 # temp files older than this are leftovers of a killed writer
 DISK_FULL_REASON = "disk full"     # config.json "cut_short" of a session whose disk filled up
 _DISK_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-
-
-class StoreError(EngineError):
-    """A session folder cannot be created or read."""
 
 
 class DiskFullError(StoreError):
