@@ -21,6 +21,7 @@ from pathlib import Path
 
 from app.config_flags import add_session_flags, given_settings
 
+EXIT_EMPTY_EXPORT = 1             # an export would hold no point / no pose (the others are written)
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
@@ -163,45 +164,87 @@ def _check_output_dir(path: str, flag: str) -> Path:
     return p
 
 
-def _export(loaded, args, outputs: dict) -> dict:
-    """All requested exports through engine.io.export.export_results (the GUI's function too);
-    an export that keeps almost nothing is still written (the user asked for it), with a warning
-    printed before the files are written."""
-    from engine.io.export import export_results, plan_export
+def _export(source, args, outputs: dict) -> tuple[dict, str]:
+    """All requested exports through engine.io.export.export_results (the GUI's function too),
+    streamed from the session folder `source`, small ones first, with a progress bar. Returns
+    (summary, error): error is "" or why an export was not written (it would hold no point / no
+    pose); the others are written all the same. An export that keeps almost nothing is written
+    with a warning. Ctrl-C / SIGTERM meanwhile abort the export being written (whole or absent:
+    no temp file left) and skip the rest."""
+    from engine.io.export import EmptyExportError, export_results
 
     opts = dict(conf_threshold=args.conf_threshold, stride=args.stride, keyframes_only=args.keyframes_only)
-    if set(outputs) - {"trajectory"}:
-        plan = plan_export(loaded, **opts)
-        if plan["warning"]:
-            print(f"warning: {plan['warning']}", file=sys.stderr)
-    out = export_results(loaded, {("tum" if k == "trajectory" else k): v for k, v in outputs.items()},
-                         frustums=not args.no_frustums, max_points=args.max_points, **opts)
+    error = ""
+    with _abort_on_signals():
+        try:
+            out = export_results(source, {("tum" if k == "trajectory" else k): v for k, v in outputs.items()},
+                                 frustums=not args.no_frustums, max_points=args.max_points,
+                                 progress=not args.quiet, **opts)
+        except EmptyExportError as exc:
+            out = {"files": exc.files, "frames": 0, "points": 0, "warning": None, "cut_short": ""}
+            error = str(exc)
+    if out.get("warning"):
+        print(f"warning: {out['warning']}", file=sys.stderr)
     if out.get("cut_short"):
         print(f"warning: this session was cut short ({out['cut_short']}): the export holds only "
               "what was done", file=sys.stderr)
-    return out
+    return out, error
+
+
+@contextlib.contextmanager
+def _abort_on_signals():
+    """During the exports Ctrl-C and SIGTERM raise KeyboardInterrupt: the export being written
+    removes its temp file (engine.io.atomic) and the exports not yet started are skipped, so a
+    stop signal (e.g. a second one after the run was stopped) never leaves a half-written file."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _report_export(out: dict, error: str, args, what: str, outputs: dict) -> int:
+    """The files written, the summary line, the error of an empty export (exit 1)."""
+    if not args.quiet:
+        for f in out.get("files", []):
+            print(f"wrote {f}", file=sys.stderr)
+        if not error and set(outputs) - {"trajectory"}:
+            print(f"{out['frames']} frames, {out['points']:,} points exported {what}(confidence >= "
+                  f"{args.conf_threshold:g}, stride {args.stride})", file=sys.stderr)
+        elif not error:
+            print(f"{out['frames']} poses exported {what}".rstrip(), file=sys.stderr)
+    if error:
+        print(f"reconstudio run: error: {error}", file=sys.stderr)
+        return EXIT_EMPTY_EXPORT
+    return 0
 
 
 def _export_only(args, outputs: dict) -> int:
-    """INPUT is a saved session folder: export it again (other threshold / stride), no engine."""
-    from engine.io.export import export_session
-    from engine.io.store import load_session
+    """INPUT is a saved session folder: export it again (other threshold / stride), no engine.
+    Streamed: the poses are read first (small members only), frames one at a time."""
+    from engine.io.session_reader import read_session
 
     if not outputs:
         raise _BadInput(f"{args.input} is a saved session: give --ply, --npz, --trajectory, --colmap "
                         "and/or --glb to export it")
-    loaded = load_session(args.input)
-    for problem in loaded.problems:
+    reader = read_session(args.input)
+    for problem in reader.problems:
         print(f"warning: {problem}", file=sys.stderr)
-    if not loaded.results:
+    if not reader.poses:
         raise _BadInput(f"session {args.input} holds no frames")
-    out = _export(loaded, args, outputs)
-    if not args.quiet:
-        for f in out["files"]:
-            print(f"wrote {f}", file=sys.stderr)
-        print(f"{out['frames']} frames, {out['points']} points exported from session {loaded.folder} "
-              f"(confidence >= {args.conf_threshold:g}, stride {args.stride})", file=sys.stderr)
-    return 0
+    out, error = _export(reader, args, outputs)
+    return _report_export(out, error, args, f"from session {reader.folder} ", outputs)
 
 
 def main(args) -> int:
@@ -228,7 +271,7 @@ def _run(args) -> int:
 
     from engine.api import open_session
     from engine.io.sources import open_source
-    from engine.io.store import SessionStore, default_session_root, load_session, new_session_folder
+    from engine.io.store import SessionStore, default_session_root, new_session_folder
     from engine.run_driver import CallbackSink, RunDriver, StoreSink
 
     outputs = {flag: _check_output(getattr(args, flag), f"--{flag}")
@@ -324,9 +367,6 @@ def _run(args) -> int:
         print(f"interrupted ({summary.interrupted}): the session keeps the {summary.results} results done; "
               + ("writing the requested exports from them" if outputs else "no exports were requested"),
               file=sys.stderr)
-    out = {}
-    if outputs:
-        out = _export(load_session(folder), args, outputs)
     if not args.quiet:
         fps = summary.stats.get("fps")
         elapsed = summary.wall_s
@@ -334,12 +374,11 @@ def _run(args) -> int:
         print(f"{summary.frames_in} frames → {summary.results} results in {elapsed:.1f} s "
               f"({summary.frames_in / max(elapsed, 1e-9):.1f} frames/s overall"
               f"{f', engine {fps:.1f} fps' if fps else ''}{dropped}); session: {folder}", file=sys.stderr)
-        for f in out.get("files", []):
-            print(f"wrote {f}", file=sys.stderr)
-        if outputs:
-            print(f"{out['points']} points exported (confidence >= {args.conf_threshold:g}, "
-                  f"stride {args.stride})", file=sys.stderr)
-    return EXIT_INTERRUPTED if interrupted else 0
+    code = 0
+    if outputs:
+        out, error = _export(folder, args, outputs)
+        code = _report_export(out, error, args, "", outputs)
+    return EXIT_INTERRUPTED if interrupted else code
 
 
 def _write_stats_json(path: Path, stats: dict, run: dict) -> None:

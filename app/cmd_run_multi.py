@@ -32,7 +32,7 @@ def run_many(args, inputs: list) -> int:
     from app import cmd_run as base
     from engine.api import EngineError
     from engine.io.sources import open_source
-    from engine.io.store import SessionStore, default_session_root, load_session, new_session_folder
+    from engine.io.store import SessionStore, default_session_root, new_session_folder
     from engine.scheduler import AdmissionError, StreamScheduler
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
@@ -165,6 +165,7 @@ def run_many(args, inputs: list) -> int:
                 pass
     elapsed = time.perf_counter() - t0
     total = sum(r["results"] for r in runs)
+    export_failed = False
     for r in runs:
         outputs = {f: _per_input(base._check_output(getattr(args, f), f"--{f}"), r["name"]) for f in flags}
         if getattr(args, "colmap", None):
@@ -173,9 +174,12 @@ def run_many(args, inputs: list) -> int:
         note = f", {dropped} dropped" if dropped else ""
         log(f"{r['name']}: {r['frames_in']} frames -> {r['results']} results{note}; session {r['store'].folder}")
         if outputs and r["results"]:
-            out = base._export(load_session(r["store"].folder), args, outputs)
+            out, error = base._export(r["store"].folder, args, outputs)
             for f in out.get("files", []):
                 log(f"wrote {f}")
+            if error:
+                print(f"reconstudio run: error: {r['name']}: {error}", file=sys.stderr)
+                export_failed = True
     s = sched.stats() if sched is not None else {}
     if stats_json:
         for r in runs:
@@ -188,4 +192,4 @@ def run_many(args, inputs: list) -> int:
         f"together; {s.get('rounds', 0)} rounds, largest batch {s.get('largest_batch', 0)})")
     if total == 0:
         return base.EXIT_INTERRUPTED if interrupted else base.EXIT_BAD_INPUT
-    return base.EXIT_INTERRUPTED if interrupted else 0
+    return base.EXIT_INTERRUPTED if interrupted else (base.EXIT_EMPTY_EXPORT if export_failed else 0)
