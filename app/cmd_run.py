@@ -5,6 +5,9 @@ folder as it arrives (crash-safe, reopenable in the GUI), and at the end the req
 (PLY, NPZ, TUM trajectory) are written from that folder with re-alignments applied. Bad input
 is one line on stderr and exit code 2; Ctrl-C or SIGTERM stops after the current frame, keeps and
 exports what was done, marks the session as cut short (exit 130). The loop is engine.run_driver's.
+Exports stream from the session folder, small ones first (trajectory, COLMAP, PLY, GLB, NPZ); one
+that would hold no point (no pose) is not written and the run exits 1 saying why; a signal during
+the exports aborts the one being written (whole or absent, no temp file) and exits 130.
 
 INPUT may also be a saved session folder: its results are exported again (e.g. with another
 confidence threshold or stride) without running an engine.

@@ -14,6 +14,11 @@
                                                 PLY, NPZ, TUM, COLMAP (engine.io.colmap) and
                                                 GLB (engine.io.glb) with one set of options
 
+Memory: export_results streams a session folder one frame at a time (engine.io.session_reader):
+the trajectory reads the poses only; PLY and NPZ are written frame by frame (memory: one frame);
+COLMAP and GLB keep their own output (points, records) and one image at a time. Exports are
+written small first (EXPORT_ORDER), each atomically, so a stop during them keeps the finished ones.
+
 Density: `stride` always counts pixels of the ENGINE'S RESULT resolution (what the viewer's
 "Subsample" means too); a session stored at a lower resolution (old stores kept 256 px) gets the
 equivalent stride at its own resolution. `conf_threshold` is in the engine's absolute confidence
