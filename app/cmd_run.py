@@ -186,6 +186,10 @@ def _export(source, args, outputs: dict) -> tuple[dict, str]:
         except EmptyExportError as exc:
             out = {"files": exc.files, "frames": 0, "points": 0, "warning": None, "cut_short": ""}
             error = str(exc)
+        except KeyboardInterrupt:
+            print("reconstudio run: exports stopped: those finished are whole, the one being written "
+                  "was removed, the rest were not written", file=sys.stderr)
+            raise
     if out.get("warning"):
         print(f"warning: {out['warning']}", file=sys.stderr)
     if out.get("cut_short"):

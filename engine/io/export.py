@@ -342,8 +342,9 @@ def plan_export(source, events=(), *, conf_threshold: float = 0.0, stride: int =
             "warning": almost_nothing(kept, total)}
 
 
-def _frame_parts(r, conf_threshold: float, stride: int):
-    """(points, colors, conf, uv [M,2] pixel coordinates in r.image) of one result."""
+def _frame_parts(r, conf_threshold: float, stride: int, with_uv: bool = True):
+    """(points, colors, conf, uv [M,2] pixel coordinates in r.image, or None without with_uv)
+    of one result."""
     from ..geometry import backproject, image_at
 
     if r.depth is None:
@@ -356,6 +357,8 @@ def _frame_parts(r, conf_threshold: float, stride: int):
     img = np.asarray(r.image)
     colors = image_at(img, h, w)[mask].astype(np.uint8)
     conf = (np.asarray(r.conf, np.float32)[mask] if r.conf is not None else np.ones(len(pts), np.float32))
+    if not with_uv:
+        return pts, colors, conf, None
     ih, iw = img.shape[:2] if img.size else (h, w)
     # pixel centres map between sizes as (u + 0.5) * s - 0.5
     uv = np.stack([(us + 0.5) * iw / w - 0.5, (vs + 0.5) * ih / h - 0.5], axis=1)
@@ -371,15 +374,15 @@ class _PointStream:
         self.thin, self.progress = thin, progress
         self.kept = self.total = 0
 
-    def frames(self, desc: str):
+    def frames(self, desc: str, with_uv: bool = False):
         self.kept = self.total = 0
         with _progress(self.progress, len(self.sel), desc) as bar:
             for pose in self.sel:
                 r = self.reader.frame(pose)
-                parts = _frame_parts(r, self.conf_threshold, self.stride)
+                parts = _frame_parts(r, self.conf_threshold, self.stride, with_uv)
                 self.total += _frame_count(r, self.conf_threshold, self.stride)[1]
                 if self.thin > 1:
-                    parts = tuple(a[::self.thin] for a in parts)
+                    parts = tuple(None if a is None else a[::self.thin] for a in parts)
                 self.kept += len(parts[0])
                 yield pose, r, parts
                 bar.update(1)
@@ -489,7 +492,7 @@ def _export_colmap_stream(folder, stream: "_PointStream", image_format: str) -> 
     from .colmap import export_colmap
 
     def frames():
-        for pose, r, parts in stream.frames("COLMAP"):
+        for pose, r, parts in stream.frames("COLMAP", with_uv=True):
             yield {"index": r.index, "c2w": r.c2w, "image": _colmap_image(r), "K": _image_K(r),
                    "points": parts[0], "colors": parts[1], "uv": parts[3]}
     return export_colmap(folder, frames(), image_format=image_format)
