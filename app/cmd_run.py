@@ -245,7 +245,7 @@ def _export_only(args, outputs: dict) -> int:
     if not outputs:
         raise _BadInput(f"{args.input} is a saved session: give --ply, --npz, --trajectory, --colmap "
                         "and/or --glb to export it")
-    reader = read_session(args.input)
+    reader = read_session(args.input, progress=not args.quiet)
     for problem in reader.problems:
         print(f"warning: {problem}", file=sys.stderr)
     if not reader.poses:

@@ -426,7 +426,7 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
     outputs = {k: v for k, v in outputs.items() if v}
     for kind, path in outputs.items():
         _clean_leftovers(kind, path)
-    reader = open_frames(source, events)
+    reader = open_frames(source, events, progress=progress)
     sel = select_results(reader.poses, until, keyframes_only)
     if not sel:
         raise EmptyExportError("nothing to export: no frames" + (f" up to frame {until}" if until is not None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
@@ -29,6 +30,7 @@ from ..geometry import apply_similarity, result_transforms
 
 _POSE_MEMBERS = ("index", "timestamp", "c2w", "K", "is_keyframe", "segment")
 _READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+POSE_READERS = 4            # threads reading poses: ~2.5x one on 2 cores (docs/benchmarks_io.md)
 
 
 @dataclasses.dataclass
@@ -109,10 +111,13 @@ def results_reader(results: Sequence, events: Iterable = ()) -> FrameReader:
     return FrameReader(poses, list(events), results=results)
 
 
-def read_session(folder, progress=None, extra_events: Iterable = ()) -> FrameReader:
+def read_session(folder, progress: bool = False, extra_events: Iterable = ()) -> FrameReader:
     """A FrameReader over a session folder: config.json, events.jsonl and every frame's pose.
     Leftover temp files of a killed writer are removed first (as `load_session` does).
-    `progress(n)`: called after each frame file's pose is read (a progress bar)."""
+    `progress`: a tqdm bar on stderr if reading the poses takes more than a couple of seconds."""
+    import sys
+
+    from tqdm import tqdm
     from .store import StoreError, _event_from_json, clean_stale_temp_files
 
     folder = Path(folder).expanduser()
@@ -131,13 +136,23 @@ def read_session(folder, progress=None, extra_events: Iterable = ()) -> FrameRea
         problems.append(f"config.json unreadable ({exc}); default settings assumed")
         config = SessionConfig()
     poses = []
-    for p in frames_dir.glob("*.npz") if frames_dir.is_dir() else ():
+    paths = sorted(frames_dir.glob("*.npz")) if frames_dir.is_dir() else []
+
+    def one(p):
         try:
-            poses.append(read_pose(p))
+            return read_pose(p)
         except _READ_ERRORS as exc:
-            problems.append(f"skipped damaged frame file {p.name} ({type(exc).__name__})")
-        if progress is not None:
-            progress(1)
+            return exc
+    # a few threads overlap the files' reads (the GIL is released while waiting for the disk)
+    with ThreadPoolExecutor(POSE_READERS) as pool, \
+            tqdm(total=len(paths), desc="reading poses", unit="frame", file=sys.stderr, disable=not progress,
+                 delay=2.0, dynamic_ncols=True, leave=False) as bar:
+        for p, got in zip(paths, pool.map(one, paths, chunksize=32)):
+            if isinstance(got, BaseException):
+                problems.append(f"skipped damaged frame file {p.name} ({type(got).__name__})")
+            else:
+                poses.append(got)
+            bar.update(1)
     events = []
     ev_path = folder / "events.jsonl"
     if ev_path.exists():
@@ -156,7 +171,7 @@ def read_session(folder, progress=None, extra_events: Iterable = ()) -> FrameRea
     return FrameReader(poses, events, info=info, config=config, folder=folder, problems=problems)
 
 
-def open_frames(source, events: Iterable = ()) -> FrameReader:
+def open_frames(source, events: Iterable = (), progress: bool = False) -> FrameReader:
     """A FrameReader from a session folder, a FrameReader, a LoadedSession or a list of results;
     `events` are replayed after the source's own."""
     events = list(events)
@@ -165,7 +180,7 @@ def open_frames(source, events: Iterable = ()) -> FrameReader:
             raise ValueError("a FrameReader already holds its events")
         return source
     if isinstance(source, (str, Path)):
-        return read_session(source, extra_events=events)
+        return read_session(source, progress=progress, extra_events=events)
     if hasattr(source, "results") and hasattr(source, "events"):
         reader = results_reader(source.results, list(source.events) + events)
         reader.info = dict(getattr(source, "info", {}) or {})
