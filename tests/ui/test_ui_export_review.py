@@ -86,6 +86,9 @@ def test_export_keeping_almost_nothing_asks_first(qtbot, make_window, shared_dat
     n = len(asked)
     w.export("tum", str(tmp_path / "t.txt"))    # a trajectory has no points: no question
     assert len(asked) == n and (tmp_path / "t.txt").exists()
+    w.set_conf_threshold(1000.0)                # nothing kept: written anyway? no, an error, said
+    assert w.export("ply", str(tmp_path / "none.ply")) is None
+    assert not (tmp_path / "none.ply").exists() and "0 points" in w.banner.label.text()
 
 
 def test_file_export_menu_writes_in_the_background(qtbot, make_window, shared_data, tmp_path, monkeypatch):
