@@ -381,8 +381,8 @@ class _PointStream:
                 r = self.reader.frame(pose)
                 parts = _frame_parts(r, self.conf_threshold, self.stride, with_uv)
                 self.total += _frame_count(r, self.conf_threshold, self.stride)[1]
-                if self.thin > 1:
-                    parts = tuple(None if a is None else a[::self.thin] for a in parts)
+                if self.thin > 1:     # copies: a strided view would keep the whole frame's arrays alive
+                    parts = tuple(None if a is None else a[::self.thin].copy() for a in parts)
                 self.kept += len(parts[0])
                 yield pose, r, parts
                 bar.update(1)
