@@ -84,7 +84,7 @@ def main() -> int:
         build(folder, SESSIONS[name], REPO, args.python)      # sessions are built by this checkout
         n = len(list((folder / "frames").glob("*.npz")))
         for case in args.cases:
-            row = measure(folder, CASES[case], args.root / "out", args.code, args.python)
+            row = measure(folder, CASES[case], args.root / f"out-{name}-{case}-{os.getpid()}", args.code, args.python)
             print(f"{name:6s} {n:6d} frames  {case:15s} rc {row['rc']}  peak RSS {row['max_rss_mb']:8.0f} MB  "
                   f"{row['wall_s']:7.1f} s  {n / row['wall_s']:7.1f} frames/s  output "
                   f"{row['bytes_out'] / 1e6:8.1f} MB", flush=True)
