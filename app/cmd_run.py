@@ -6,7 +6,10 @@ folder as it arrives (crash-safe, reopenable in the GUI), and at the end the req
 is one line on stderr and exit code 2; Ctrl-C or SIGTERM stops after the current frame, keeps and
 exports what was done, marks the session as cut short (exit 130). A full disk ends the run the same
 way, with "disk full" and exit 74 (the exports still written where they fit). The loop is
-engine.run_driver's.
+engine.run_driver's. Exports stream from the session folder, small ones first (trajectory, COLMAP,
+PLY, GLB, NPZ); one that would hold no point (no pose) is not written and the run exits 1 saying
+why; a signal during the exports aborts the one being written (whole or absent, no temp file) and
+exits 130.
 
 INPUT may also be a saved session folder: its results are exported again (e.g. with another
 confidence threshold or stride) without running an engine. Several INPUTs run together through
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from app.config_flags import add_session_flags, given_settings
 
+EXIT_EMPTY_EXPORT = 1             # an export would hold no point / no pose (the others are written)
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 EXIT_DISK_FULL = 74               # sysexits' EX_IOERR: the session's disk filled during the run
@@ -178,48 +182,93 @@ def _check_output_dir(path: str, flag: str) -> Path:
     return p
 
 
-def _export(loaded, args, outputs: dict) -> dict:
-    """All requested exports through engine.io.export.export_results (the GUI's function too);
-    an export that keeps almost nothing is still written (the user asked for it), with a warning
-    printed before the files are written."""
-    from engine.io.export import export_results, plan_export
+def _export(source, args, outputs: dict) -> tuple[dict, str]:
+    """All requested exports through engine.io.export.export_results (the GUI's function too),
+    streamed from the session folder `source`, small ones first, with a progress bar. Returns
+    (summary, error): error is "" or why an export was not written (it would hold no point / no
+    pose); the others are written all the same. An export that keeps almost nothing is written
+    with a warning. Ctrl-C / SIGTERM meanwhile abort the export being written (whole or absent:
+    no temp file left) and skip the rest."""
+    from engine.io.export import EmptyExportError, export_results
 
     opts = dict(conf_threshold=args.conf_threshold, stride=args.stride, keyframes_only=args.keyframes_only)
-    if set(outputs) - {"trajectory"}:
-        plan = plan_export(loaded, **opts)
-        if plan["warning"]:
-            print(f"warning: {plan['warning']}", file=sys.stderr)
-    out = export_results(loaded, {("tum" if k == "trajectory" else k): v for k, v in outputs.items()},
-                         frustums=not args.no_frustums, max_points=args.max_points, **opts)
+    error = ""
+    with _abort_on_signals():
+        try:
+            out = export_results(source, {("tum" if k == "trajectory" else k): v for k, v in outputs.items()},
+                                 frustums=not args.no_frustums, max_points=args.max_points,
+                                 progress=not args.quiet, **opts)
+        except EmptyExportError as exc:
+            out = {"files": exc.files, "frames": 0, "points": 0, "warning": None, "cut_short": ""}
+            error = str(exc)
+        except KeyboardInterrupt:
+            print("reconstudio run: exports stopped: those finished are whole, the one being written "
+                  "was removed, the rest were not written", file=sys.stderr)
+            raise
+    if out.get("warning"):
+        print(f"warning: {out['warning']}", file=sys.stderr)
     if out.get("cut_short"):
         print(f"warning: this session was cut short ({out['cut_short']}): the export holds only "
               "what was done", file=sys.stderr)
-    return out
+    return out, error
+
+
+@contextlib.contextmanager
+def _abort_on_signals():
+    """During the exports Ctrl-C and SIGTERM raise KeyboardInterrupt: the export being written
+    removes its temp file (engine.io.atomic) and the exports not yet started are skipped, so a
+    stop signal (e.g. a second one after the run was stopped) never leaves a half-written file."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _report_export(out: dict, error: str, args, what: str, outputs: dict) -> int:
+    """The files written, the summary line, the error of an empty export (exit 1)."""
+    if not args.quiet:
+        for f in out.get("files", []):
+            print(f"wrote {f}", file=sys.stderr)
+        if not error and set(outputs) - {"trajectory"}:
+            print(f"{out['frames']} frames, {out['points']:,} points exported {what}(confidence >= "
+                  f"{args.conf_threshold:g}, stride {args.stride})", file=sys.stderr)
+        elif not error:
+            print(f"{out['frames']} poses exported {what}".rstrip(), file=sys.stderr)
+    if error:
+        print(f"reconstudio run: error: {error}", file=sys.stderr)
+        return EXIT_EMPTY_EXPORT
+    return 0
 
 
 def _export_only(args, outputs: dict) -> int:
-    """INPUT is a saved session folder: export it again (other threshold / stride), no engine."""
-    from engine.io.export import export_session
-    from engine.io.store import load_session
+    """INPUT is a saved session folder: export it again (other threshold / stride), no engine.
+    Streamed: the poses are read first (small members only), frames one at a time."""
+    from engine.io.session_reader import read_session
 
     if not outputs:
         raise _BadInput(f"{args.input} is a saved session: give --ply, --npz, --trajectory, --colmap "
                         "and/or --glb to export it")
     from engine.io.lease import hold_session
-    lease = hold_session(args.input, role="export")   # retention elsewhere leaves it alone meanwhile
-    loaded = load_session(args.input)
-    for problem in loaded.problems:
-        print(f"warning: {problem}", file=sys.stderr)
-    if not loaded.results:
-        raise _BadInput(f"session {args.input} holds no frames")
-    out = _export(loaded, args, outputs)
-    lease.release()
-    if not args.quiet:
-        for f in out["files"]:
-            print(f"wrote {f}", file=sys.stderr)
-        print(f"{out['frames']} frames, {out['points']} points exported from session {loaded.folder} "
-              f"(confidence >= {args.conf_threshold:g}, stride {args.stride})", file=sys.stderr)
-    return 0
+    with hold_session(args.input, role="export"):   # retention elsewhere leaves it alone meanwhile
+        reader = read_session(args.input, progress=not args.quiet)
+        for problem in reader.problems:
+            print(f"warning: {problem}", file=sys.stderr)
+        if not reader.poses:
+            raise _BadInput(f"session {args.input} holds no frames")
+        out, error = _export(reader, args, outputs)
+    return _report_export(out, error, args, f"from session {reader.folder} ", outputs)
 
 
 def main(args) -> int:
@@ -246,7 +295,7 @@ def _run(args) -> int:
 
     from engine.api import open_session
     from engine.io.sources import open_source
-    from engine.io.store import DiskFullError, SessionStore, default_session_root, load_session, new_session_folder
+    from engine.io.store import DiskFullError, SessionStore, default_session_root, new_session_folder
     from engine.run_driver import CallbackSink, RunDriver, StoreSink
 
     outputs = {flag: _check_output(getattr(args, flag), f"--{flag}")
@@ -348,11 +397,6 @@ def _run(args) -> int:
     if disk_full is not None:
         print(f"reconstudio run: error: {disk_full}" + ("; writing the requested exports from it" if outputs
                                                        else ""), file=sys.stderr)
-    out = {}
-    if outputs:
-        from engine.io.lease import hold_session
-        with hold_session(folder, role="export"):
-            out = _export(load_session(folder), args, outputs)
     if not args.quiet:
         fps = summary.stats.get("fps")
         elapsed = summary.wall_s
@@ -360,14 +404,15 @@ def _run(args) -> int:
         print(f"{summary.frames_in} frames → {summary.results} results in {elapsed:.1f} s "
               f"({summary.frames_in / max(elapsed, 1e-9):.1f} frames/s overall"
               f"{f', engine {fps:.1f} fps' if fps else ''}{dropped}); session: {folder}", file=sys.stderr)
-        for f in out.get("files", []):
-            print(f"wrote {f}", file=sys.stderr)
-        if outputs:
-            print(f"{out['points']} points exported (confidence >= {args.conf_threshold:g}, "
-                  f"stride {args.stride})", file=sys.stderr)
+    code = 0
+    if outputs:
+        from engine.io.lease import hold_session
+        with hold_session(folder, role="export"):
+            out, error = _export(folder, args, outputs)
+        code = _report_export(out, error, args, "", outputs)
     if disk_full is not None:
         return EXIT_DISK_FULL
-    return EXIT_INTERRUPTED if interrupted else 0
+    return EXIT_INTERRUPTED if interrupted else code
 
 
 def _write_stats_json(path: Path, stats: dict, run: dict) -> None:
@@ -457,7 +502,7 @@ def _per_input(path: Path, name: str) -> Path:
 def run_many(args, inputs: list) -> int:
     from engine.api import EngineError
     from engine.io.sources import open_source
-    from engine.io.store import SessionStore, default_session_root, load_session, new_session_folder
+    from engine.io.store import SessionStore, default_session_root, new_session_folder
     from engine.scheduler import AdmissionError, StreamScheduler
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
@@ -590,6 +635,7 @@ def run_many(args, inputs: list) -> int:
                 pass
     elapsed = time.perf_counter() - t0
     total = sum(r["results"] for r in runs)
+    export_failed = False
     for r in runs:
         outputs = {f: _per_input(_check_output(getattr(args, f), f"--{f}"), r["name"]) for f in flags}
         if getattr(args, "colmap", None):
@@ -598,9 +644,12 @@ def run_many(args, inputs: list) -> int:
         note = f", {dropped} dropped" if dropped else ""
         log(f"{r['name']}: {r['frames_in']} frames -> {r['results']} results{note}; session {r['store'].folder}")
         if outputs and r["results"]:
-            out = _export(load_session(r["store"].folder), args, outputs)
+            out, error = _export(r["store"].folder, args, outputs)
             for f in out.get("files", []):
                 log(f"wrote {f}")
+            if error:
+                print(f"reconstudio run: error: {r['name']}: {error}", file=sys.stderr)
+                export_failed = True
     s = sched.stats() if sched is not None else {}
     if stats_json:
         for r in runs:
@@ -613,4 +662,4 @@ def run_many(args, inputs: list) -> int:
         f"together; {s.get('rounds', 0)} rounds, largest batch {s.get('largest_batch', 0)})")
     if total == 0:
         return EXIT_INTERRUPTED if interrupted else EXIT_BAD_INPUT
-    return EXIT_INTERRUPTED if interrupted else 0
+    return EXIT_INTERRUPTED if interrupted else (EXIT_EMPTY_EXPORT if export_failed else 0)

@@ -840,8 +840,7 @@ class MainWindow(QtWidgets.QMainWindow):
 
         def job() -> dict:
             from engine.io.export import export_results
-            from engine.io.store import load_session
-            return export_results(load_session(folder), {kind: path}, **opts)
+            return export_results(folder, {kind: path}, **opts)     # streamed from the folder
 
         def report(out: Optional[dict], error: Optional[str]) -> None:
             if error:

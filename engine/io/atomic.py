@@ -1,15 +1,20 @@
 """Atomic file writes: write a temp file in the destination folder, then `os.replace` it.
 
 A reader (or a crash) never sees a half-written file under the final name: either the old file,
-the new one, or nothing.
+the new one, or nothing. The temp file is `.NAME.PID-XXXXXXXX.tmp` beside the destination: a
+killed writer's leftover names its process, so `clean_temp_files` removes it as soon as that
+process is gone (the next export into the folder), never one a live writer is still filling.
 """
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import re
 import tempfile
+import time
 from pathlib import Path
-from typing import IO, Iterator, Union
+from typing import IO, Iterator, Optional, Union
 
 from ..api import EngineError
 
@@ -19,6 +24,46 @@ class OutputError(EngineError):
 
 
 TMP_SUFFIX = ".tmp"
+STALE_UNNAMED_TMP_S = 60.0      # a temp file without a writer PID (older versions): stale after this
+_TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[^.]*" + re.escape(TMP_SUFFIX) + "$")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                 # exists, owned by someone else
+        return True
+    return True
+
+
+def clean_temp_files(folder: Union[str, Path], name: Optional[str] = None) -> int:
+    """Remove the temp files of `atomic_open` writers that are gone (killed mid-write) from
+    `folder` (only those for the destination `name`, if given); returns how many. A temp file
+    whose writer is still running is kept; one without a PID only once it is a minute old."""
+    removed = 0
+    pattern = f".{glob.escape(name)}.*{TMP_SUFFIX}" if name else f".*{TMP_SUFFIX}"
+    try:
+        candidates = list(Path(folder).glob(pattern))
+    except OSError:
+        return 0
+    for p in candidates:
+        m = _TMP_RE.match(p.name)
+        with contextlib.suppress(OSError):
+            if m and (name is None or m["name"] == name):
+                if _pid_alive(int(m["pid"])):
+                    continue
+            elif m or (name and "." in p.name[len(name) + 2:-len(TMP_SUFFIX)]):
+                continue            # another destination's temp file
+            elif time.time() - p.stat().st_mtime < STALE_UNNAMED_TMP_S:
+                continue
+            if p.is_file():
+                p.unlink()
+                removed += 1
+    return removed
 
 
 @contextlib.contextmanager
@@ -29,7 +74,7 @@ def atomic_open(path: Union[str, Path], mode: str = "wb", *, fsync: bool = False
     try:
         if make_parents:
             path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=TMP_SUFFIX, dir=path.parent)
     except OSError as exc:
         raise OutputError(f"Cannot write {path}: {exc.strerror or exc}") from None
     try:

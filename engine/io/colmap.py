@@ -18,9 +18,14 @@ COLMAP conventions (https://colmap.github.io/format.html), all handled here:
   image's observation list; an observation without a 3D point would carry POINT3D_ID -1.
 
 Every file is written atomically; images are JPEG (quality 95) by default, PNG on request.
+`frames` may be a generator: one frame's image is held at a time (the model's records, the size
+of the output, are kept until the end). The six sparse/0 files are committed together at the
+end, after every image: an export stopped midway (an exception, Ctrl-C) removes the images it
+added and leaves any earlier model in the folder as it was.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Sequence, Union
 
@@ -74,6 +79,17 @@ def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg",
     except OSError as exc:
         raise OutputError(f"COLMAP export: cannot create {folder}: {exc.strerror or exc}") from None
 
+    added: list = []                                  # images this export created
+    try:
+        return _write_model(frames, ext, sparse, images_dir, binary, added, folder)
+    except BaseException:
+        for p in added:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        raise
+
+
+def _write_model(frames, ext, sparse, images_dir, binary, added, folder) -> dict:
     cameras: dict[tuple, int] = {}
     cam_lines, img_lines, pt_lines = [], [], []
     bin_cams, bin_imgs, bin_pts = [], [], []          # the same records for the binary files
@@ -91,6 +107,8 @@ def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg",
             bin_cams.append((cameras[key], w, h, params))
         cam_id = cameras[key]
         name = f"{int(f['index']):06d}{ext}"
+        if not (images_dir / name).exists():
+            added.append(images_dir / name)
         with atomic_open(images_dir / name, "wb") as fh:
             fh.write(_encode(img, ext))
         q, t = w2c_qvec_tvec(f["c2w"])
@@ -121,22 +139,23 @@ def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg",
         bin_imgs.append((image_id, q, t, cam_id, name, uv_bin, ids_bin))
 
     header = "# ReconStudio export (camera poses world-to-camera, OpenCV axes)\n"
-    with atomic_open(sparse / "cameras.txt", "w") as fh:
+    with contextlib.ExitStack() as commit:     # every sparse file renamed into place at the end
+        fh = commit.enter_context(atomic_open(sparse / "cameras.txt", "w"))
         fh.write(header + "# CAMERA_ID, MODEL, WIDTH, HEIGHT, PARAMS[]\n"
                  f"# Number of cameras: {len(cam_lines)}\n" + "".join(l + "\n" for l in cam_lines))
-    with atomic_open(sparse / "images.txt", "w") as fh:
+        fh = commit.enter_context(atomic_open(sparse / "images.txt", "w"))
         n_img = len(img_lines) // 2
         fh.write(header + "# IMAGE_ID, QW, QX, QY, QZ, TX, TY, TZ, CAMERA_ID, NAME\n"
                  "# POINTS2D[] as (X, Y, POINT3D_ID)\n"
                  f"# Number of images: {n_img}, mean observations per image: "
                  f"{n_points / max(n_img, 1):.1f}\n" + "".join(l + "\n" for l in img_lines))
-    with atomic_open(sparse / "points3D.txt", "w") as fh:
+        fh = commit.enter_context(atomic_open(sparse / "points3D.txt", "w"))
         fh.write(header + "# POINT3D_ID, X, Y, Z, R, G, B, ERROR, TRACK[] as (IMAGE_ID, POINT2D_IDX)\n"
                  f"# Number of points: {n_points}, mean track length: 1\n")
         for chunk in pt_lines:                 # one string per frame, lines end in "\n"
             fh.write(chunk)
-    if binary:
-        _write_binary(sparse, bin_cams, bin_imgs, bin_pts)
+        if binary:
+            _write_binary(sparse, bin_cams, bin_imgs, bin_pts, commit)
     return {"images": len(img_lines) // 2, "cameras": len(cam_lines), "points": n_points,
             "folder": str(folder)}
 
@@ -144,39 +163,39 @@ def export_colmap(folder: PathLike, frames: Sequence, image_format: str = "jpg",
 PINHOLE_MODEL_ID = 1
 
 
-def _write_binary(sparse: Path, cams, imgs, pts) -> None:
+def _write_binary(sparse: Path, cams, imgs, pts, commit: contextlib.ExitStack) -> None:
     """cameras.bin / images.bin / points3D.bin (little-endian, COLMAP's read_write_model layout):
     cameras: u64 n, then per camera i32 id, i32 model, u64 width, u64 height, f64 params[4];
     images: u64 n, then i32 id, f64 qvec[4], f64 tvec[3], i32 camera, name + NUL, u64 n2d,
     (f64 x, f64 y, i64 point3D_id) per observation; points3D: u64 n, then u64 id, f64 xyz[3],
     u8 rgb[3], f64 error, u64 track length, (i32 image, i32 point2D_idx) per track element."""
-    with atomic_open(sparse / "cameras.bin", "wb") as f:
-        f.write(np.uint64(len(cams)).tobytes())
-        rec = np.dtype([("id", "<i4"), ("model", "<i4"), ("w", "<u8"), ("h", "<u8"), ("p", "<f8", 4)])
-        a = np.zeros(len(cams), rec)
-        for i, (cid, w, h, params) in enumerate(cams):
-            a[i] = (cid, PINHOLE_MODEL_ID, w, h, params)
+    f = commit.enter_context(atomic_open(sparse / "cameras.bin", "wb"))
+    f.write(np.uint64(len(cams)).tobytes())
+    rec = np.dtype([("id", "<i4"), ("model", "<i4"), ("w", "<u8"), ("h", "<u8"), ("p", "<f8", 4)])
+    a = np.zeros(len(cams), rec)
+    for i, (cid, w, h, params) in enumerate(cams):
+        a[i] = (cid, PINHOLE_MODEL_ID, w, h, params)
+    f.write(a.tobytes())
+    f = commit.enter_context(atomic_open(sparse / "images.bin", "wb"))
+    f.write(np.uint64(len(imgs)).tobytes())
+    head = np.dtype([("id", "<i4"), ("q", "<f8", 4), ("t", "<f8", 3), ("cam", "<i4")])
+    obs = np.dtype([("x", "<f8"), ("y", "<f8"), ("pid", "<i8")])
+    for image_id, q, t, cam_id, name, uv, ids in imgs:
+        h = np.zeros(1, head)
+        h[0] = (image_id, q, t, cam_id)
+        f.write(h.tobytes())
+        f.write(name.encode("utf-8") + b"\0")
+        f.write(np.uint64(len(ids)).tobytes())
+        o = np.zeros(len(ids), obs)
+        if len(ids):
+            o["x"], o["y"], o["pid"] = uv[:, 0], uv[:, 1], ids
+        f.write(o.tobytes())
+    f = commit.enter_context(atomic_open(sparse / "points3D.bin", "wb"))
+    f.write(np.uint64(sum(len(p[0]) for p in pts)).tobytes())
+    rec = np.dtype([("id", "<u8"), ("xyz", "<f8", 3), ("rgb", "u1", 3), ("err", "<f8"), ("n", "<u8"),
+                    ("img", "<i4"), ("idx", "<i4")])          # every track has one element
+    for ids, xyz, rgb, err, image_id in pts:
+        a = np.zeros(len(ids), rec)
+        a["id"], a["xyz"], a["rgb"], a["err"], a["n"] = ids, xyz, rgb, err, 1
+        a["img"], a["idx"] = image_id, np.arange(len(ids))
         f.write(a.tobytes())
-    with atomic_open(sparse / "images.bin", "wb") as f:
-        f.write(np.uint64(len(imgs)).tobytes())
-        head = np.dtype([("id", "<i4"), ("q", "<f8", 4), ("t", "<f8", 3), ("cam", "<i4")])
-        obs = np.dtype([("x", "<f8"), ("y", "<f8"), ("pid", "<i8")])
-        for image_id, q, t, cam_id, name, uv, ids in imgs:
-            h = np.zeros(1, head)
-            h[0] = (image_id, q, t, cam_id)
-            f.write(h.tobytes())
-            f.write(name.encode("utf-8") + b"\0")
-            f.write(np.uint64(len(ids)).tobytes())
-            o = np.zeros(len(ids), obs)
-            if len(ids):
-                o["x"], o["y"], o["pid"] = uv[:, 0], uv[:, 1], ids
-            f.write(o.tobytes())
-    with atomic_open(sparse / "points3D.bin", "wb") as f:
-        f.write(np.uint64(sum(len(p[0]) for p in pts)).tobytes())
-        rec = np.dtype([("id", "<u8"), ("xyz", "<f8", 3), ("rgb", "u1", 3), ("err", "<f8"), ("n", "<u8"),
-                        ("img", "<i4"), ("idx", "<i4")])          # every track has one element
-        for ids, xyz, rgb, err, image_id in pts:
-            a = np.zeros(len(ids), rec)
-            a["id"], a["xyz"], a["rgb"], a["err"], a["n"] = ids, xyz, rgb, err, 1
-            a["img"], a["idx"] = image_id, np.arange(len(ids))
-            f.write(a.tobytes())

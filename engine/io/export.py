@@ -14,6 +14,11 @@
                                                 PLY, NPZ, TUM, COLMAP (engine.io.colmap) and
                                                 GLB (engine.io.glb) with one set of options
 
+Memory: export_results streams a session folder one frame at a time (engine.io.session_reader):
+the trajectory reads the poses only; PLY and NPZ are written frame by frame (memory: one frame);
+COLMAP and GLB keep their own output (points, records) and one image at a time. Exports are
+written small first (EXPORT_ORDER), each atomically, so a stop during them keeps the finished ones.
+
 Density: `stride` always counts pixels of the ENGINE'S RESULT resolution (what the viewer's
 "Subsample" means too); a session stored at a lower resolution (old stores kept 256 px) gets the
 equivalent stride at its own resolution. `conf_threshold` is in the engine's absolute confidence
@@ -21,14 +26,17 @@ units (the same number the viewer's threshold shows).
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
 
 from ..api import EngineError
-from ..geometry import apply_realignments, collect_points
-from .atomic import OutputError, atomic_open
+from .atomic import TMP_SUFFIX, OutputError, atomic_open
 
 PathLike = Union[str, Path]
 
@@ -203,7 +211,9 @@ FEW_POINTS = 500
 
 
 def _as_results(source, events=()) -> tuple[list, list, dict]:
-    """(results, events, info) from a LoadedSession, a session folder or a list of results."""
+    """(results, events, info) from a LoadedSession, a session folder or a list of results.
+    Holds every frame in memory: for small sessions and tests only; exports stream
+    (engine.io.session_reader)."""
     if isinstance(source, (str, Path)):
         from .store import load_session
         source = load_session(source)
@@ -224,24 +234,30 @@ def stored_stride(results: Sequence, stride: int, result_width: Optional[int] = 
 
 
 def select_results(results: Sequence, until: Optional[int] = None, keyframes_only: bool = False) -> list:
-    """The results an export covers: index <= `until` (None = all), keyframes only on request."""
+    """The results an export covers: index <= `until` (None = all), keyframes only on request.
+    Works on FrameResults and on session_reader.FramePose alike."""
     return [r for r in results if (until is None or r.index <= until) and (r.is_keyframe or not keyframes_only)]
 
 
-def count_points(results: Sequence, conf_threshold: float = 0.0, stride: int = 1) -> tuple[int, int]:
+def _frame_count(r, conf_threshold: float, stride: int) -> tuple[int, int]:
+    """(points kept by the threshold, valid points at this stride) of one result."""
+    if r.depth is None:
+        return 0, 0
+    d = np.asarray(r.depth)[::stride, ::stride]
+    valid = np.isfinite(d) & (d > 0)
+    n = int(np.count_nonzero(valid))
+    if r.conf is None:
+        return n, n
+    return int(np.count_nonzero(valid & (np.asarray(r.conf)[::stride, ::stride] >= conf_threshold))), n
+
+
+def count_points(results: Iterable, conf_threshold: float = 0.0, stride: int = 1) -> tuple[int, int]:
     """(points kept by the threshold, valid points at this stride) without back-projecting."""
     kept = total = 0
     for r in results:
-        if r.depth is None:
-            continue
-        d = np.asarray(r.depth)[::stride, ::stride]
-        valid = np.isfinite(d) & (d > 0)
-        n = int(np.count_nonzero(valid))
+        k, n = _frame_count(r, conf_threshold, stride)
+        kept += k
         total += n
-        if r.conf is None:
-            kept += n
-        else:
-            kept += int(np.count_nonzero(valid & (np.asarray(r.conf)[::stride, ::stride] >= conf_threshold)))
     return kept, total
 
 
@@ -255,21 +271,80 @@ def almost_nothing(kept: int, total: int) -> Optional[str]:
     return None
 
 
+class EmptyExportError(ExportError):
+    """An export would hold no point (PLY, GLB, COLMAP, NPZ) or no pose (trajectory). `files`:
+    what the same call did write (the exports that were not empty)."""
+
+    def __init__(self, message: str, files: Sequence = ()):
+        super().__init__(message)
+        self.files = list(files)
+
+
+# the geometric engine's first depth map needs its map initialised and a keyframe's stereo
+NO_DEPTH_HINT = ("no frame has depth yet: the geometric engine computes its first depth map once its "
+                 "map is initialised (some sideways motion) and a keyframe has a stereo partner, "
+                 "some tens of frames into a clip, and none with --no-depth")
+
+
+def _no_points_reason(reader, sel, conf_threshold: float) -> str:
+    if not any(p.has_depth for p in sel):
+        engine = str((reader.info or {}).get("engine") or getattr(reader.config, "engine", "") or "")
+        return NO_DEPTH_HINT if engine == "geometric" else "no exported frame has a depth map"
+    return (f"the confidence threshold {conf_threshold:g} keeps none of the points "
+            "(lower --conf-threshold / the viewer's Min confidence)")
+
+
+def _stride_from_reader(reader, sel, stride: int, result_width: Optional[int]) -> int:
+    """stored_stride of a streamed session: one frame with depth decoded for its width."""
+    stride = max(1, int(stride))
+    if not result_width or not sel:
+        return stride
+    first = next((p for p in sel if p.has_depth), sel[0])
+    return stored_stride([reader.frame(first)], stride, result_width)
+
+
+def _progress(enabled: bool, total: int, desc: str):
+    """A tqdm bar on stderr that shows only when a pass takes more than a couple of seconds."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="frame", file=sys.stderr, disable=not enabled,
+                delay=PROGRESS_DELAY_S, dynamic_ncols=True, leave=False)
+
+
+def _count_pass(reader, sel, conf_threshold: float, stride: int, progress: bool,
+                stop_at_first: bool = False) -> tuple[int, int]:
+    """count_points over the selection, streamed (stop_at_first: stop once a point is kept)."""
+    kept = total = 0
+    with _progress(progress, len(sel), "counting points") as bar:
+        for p in sel:
+            if p.has_depth:
+                k, n = _frame_count(reader.frame(p), conf_threshold, stride)
+                kept += k
+                total += n
+                if stop_at_first and kept:
+                    break
+            bar.update(1)
+    return kept, total
+
+
 def plan_export(source, events=(), *, conf_threshold: float = 0.0, stride: int = 1,
                 until: Optional[int] = None, keyframes_only: bool = False,
                 result_width: Optional[int] = None) -> dict:
     """What `export_results` would write, without writing: {"frames", "points", "points_total",
-    "stride_stored", "warning"} (warning: None or the "almost nothing" text)."""
-    results, _, _ = _as_results(source, events)
-    sel = select_results(results, until, keyframes_only)
-    s = stored_stride(sel, stride, result_width)
-    kept, total = count_points(sel, conf_threshold, s)
+    "stride_stored", "warning"} (warning: None or the "almost nothing" text). Streams the
+    session one frame at a time."""
+    from .session_reader import open_frames
+
+    reader = open_frames(source, events)
+    sel = select_results(reader.poses, until, keyframes_only)
+    s = _stride_from_reader(reader, sel, stride, result_width)
+    kept, total = _count_pass(reader, sel, conf_threshold, s, progress=False)
     return {"frames": len(sel), "points": kept, "points_total": total, "stride_stored": s,
             "warning": almost_nothing(kept, total)}
 
 
-def _frame_parts(r, conf_threshold: float, stride: int):
-    """(points, colors, conf, uv [M,2] pixel coordinates in r.image) of one result."""
+def _frame_parts(r, conf_threshold: float, stride: int, with_uv: bool = True):
+    """(points, colors, conf, uv [M,2] pixel coordinates in r.image, or None without with_uv)
+    of one result."""
     from ..geometry import backproject, image_at
 
     if r.depth is None:
@@ -282,19 +357,47 @@ def _frame_parts(r, conf_threshold: float, stride: int):
     img = np.asarray(r.image)
     colors = image_at(img, h, w)[mask].astype(np.uint8)
     conf = (np.asarray(r.conf, np.float32)[mask] if r.conf is not None else np.ones(len(pts), np.float32))
+    if not with_uv:
+        return pts, colors, conf, None
     ih, iw = img.shape[:2] if img.size else (h, w)
     # pixel centres map between sizes as (u + 0.5) * s - 0.5
     uv = np.stack([(us + 0.5) * iw / w - 0.5, (vs + 0.5) * ih / h - 0.5], axis=1)
     return pts, colors, conf, uv
 
 
+class _PointStream:
+    """The point exports' one way through the frames: per selected frame its FrameResult and
+    (points, colors, conf, uv), thinned by every k-th point; counts what it kept."""
+
+    def __init__(self, reader, sel, conf_threshold: float, stride: int, thin: int, progress: bool):
+        self.reader, self.sel, self.conf_threshold, self.stride = reader, sel, conf_threshold, stride
+        self.thin, self.progress = thin, progress
+        self.kept = self.total = 0
+
+    def frames(self, desc: str, with_uv: bool = False):
+        self.kept = self.total = 0
+        with _progress(self.progress, len(self.sel), desc) as bar:
+            for pose in self.sel:
+                r = self.reader.frame(pose)
+                parts = _frame_parts(r, self.conf_threshold, self.stride, with_uv)
+                self.total += _frame_count(r, self.conf_threshold, self.stride)[1]
+                if self.thin > 1:     # copies: a strided view would keep the whole frame's arrays alive
+                    parts = tuple(None if a is None else a[::self.thin].copy() for a in parts)
+                self.kept += len(parts[0])
+                yield pose, r, parts
+                bar.update(1)
+
+
 def export_results(source, outputs: dict, events: Iterable = (), *, conf_threshold: float = 0.0,
                    stride: int = 1, until: Optional[int] = None, keyframes_only: bool = False,
                    frustums: bool = True, image_format: str = "jpg", glb_opencv_axes: bool = False,
-                   result_width: Optional[int] = None, max_points: Optional[int] = None) -> dict:
+                   result_width: Optional[int] = None, max_points: Optional[int] = None,
+                   progress: bool = False) -> dict:
     """Export a run in any of EXPORT_FORMATS with the same options everywhere.
 
-    source: a LoadedSession, a session folder, or a sequence of FrameResults (then `events`).
+    source: a session folder (streamed one frame at a time: memory bounded by the exports' own
+    output, not the session's length), a session_reader.FrameReader, a LoadedSession, or a
+    sequence of FrameResults (then `events`).
     outputs: {format: path}; "colmap" is a folder (images/ + sparse/0/*.txt), the others files.
     conf_threshold: absolute confidence (points below are dropped; results without a
     confidence map are kept). stride: every N-th pixel at the engine's result resolution
@@ -303,64 +406,261 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
     keyframes_only: export keyframes only (all frames by default). frustums: draw camera
     frustums in the GLB. max_points: thin the exported points evenly (every k-th point of each
     frame) to at most this many — e.g. a COLMAP model to start Gaussian splatting from a dense
-    session (None = all). Re-alignment events are applied first.
+    session (None = all). Re-alignment events are applied first. progress: tqdm bars on stderr
+    for passes that take more than a couple of seconds.
+
+    Written in EXPORT_ORDER (small first: the trajectory needs the poses only, the NPZ is the
+    biggest), each file atomically: a kill leaves every export whole or absent, and the temp
+    files of an earlier killed export to the same place are removed first. An export that
+    would hold no point (no pose) raises EmptyExportError after the others are written.
 
     Returns {"frames", "points", "points_total", "files", "warning", "cut_short"} (cut_short: why
-    the session holds less than its run was asked for, "" if it does not); every file is written
-    atomically and the COLMAP model registers every exported frame.
+    the session holds less than its run was asked for, "" if it does not); the COLMAP model
+    registers every exported frame.
     """
+    from .session_reader import open_frames
+
     unknown = set(outputs) - set(EXPORT_FORMATS)
     if unknown:
         raise ExportError(f"unknown export format(s) {sorted(unknown)}; choose from {sorted(EXPORT_FORMATS)}")
     outputs = {k: v for k, v in outputs.items() if v}
-    results, events, info = _as_results(source, events)
-    aligned = sorted(apply_realignments(results, events), key=lambda r: r.index)
-    sel = select_results(aligned, until, keyframes_only)
+    for kind, path in outputs.items():
+        _clean_leftovers(kind, path)
+    reader = open_frames(source, events, progress=progress)
+    sel = select_results(reader.poses, until, keyframes_only)
     if not sel:
-        raise ExportError("nothing to export: no frames" + (f" up to frame {until}" if until is not None else ""))
-    s = stored_stride(sel, stride, result_width)
-    kept, total = count_points(sel, conf_threshold, s)
-    files = []
-    parts = None
-    if {"ply", "npz", "colmap", "glb"} & set(outputs):
-        parts = [_frame_parts(r, conf_threshold, s) for r in sel]
-        n_all = sum(len(p[0]) for p in parts)
-        if max_points and n_all > max_points:
-            # every k-th point of each frame (tracks stay consistent): at most max_points in all
-            k = -(-n_all // int(max_points))
-            parts = [tuple(a[::k] for a in p) for p in parts]
-        points = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, 3), np.float32)
-        colors = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, 3), np.uint8)
-        conf = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.float32)
-    if "ply" in outputs:
-        export_ply(outputs["ply"], points, colors, conf)
-        files.append(str(outputs["ply"]))
-    if "npz" in outputs:
-        export_npz(outputs["npz"], sel, points, colors, conf)
-        files.append(str(outputs["npz"]))
+        raise EmptyExportError("nothing to export: no frames" + (f" up to frame {until}" if until is not None
+                                                                  else " (the session holds no frame)"))
+    files: list = []
+    point_kinds = [k for k in EXPORT_ORDER if k in outputs and k != "tum"]
+    out = {"frames": len(sel), "points": 0, "points_total": 0, "stride_stored": max(1, int(stride)),
+           "files": files, "warning": None, "cut_short": _cut_short(reader.info)}
     if "tum" in outputs:
         export_tum(outputs["tum"], sel)
         files.append(str(outputs["tum"]))
-    if "colmap" in outputs:
-        from .colmap import export_colmap
-        frames = [{"index": r.index, "c2w": r.c2w, "image": _colmap_image(r),
-                   "K": _image_K(r), "points": p[0], "colors": p[1], "uv": p[3]}
-                  for r, p in zip(sel, parts)]
-        export_colmap(outputs["colmap"], frames, image_format=image_format)
-        files.append(str(outputs["colmap"]))
-    if "glb" in outputs:
-        from .glb import export_glb
-        cams = []
-        for r in sel:
-            img = _colmap_image(r)
-            cams.append((r.c2w, _image_K(r), img.shape[1], img.shape[0], r.is_keyframe,
-                         img if r.is_keyframe and np.size(r.image) else None))
-        export_glb(outputs["glb"], points, colors, cams, frustums=frustums, opencv_axes=glb_opencv_axes)
-        files.append(str(outputs["glb"]))
-    return {"frames": len(sel), "points": kept if parts is None else int(len(points)),
-            "points_total": total, "stride_stored": s, "files": files,
-            "warning": almost_nothing(kept, total) if parts is not None else None,
-            "cut_short": _cut_short(info)}
+    if not point_kinds:
+        return out
+    s = _stride_from_reader(reader, sel, stride, result_width)
+    out["stride_stored"] = s
+    thin = 1
+    if max_points:
+        kept, total = _count_pass(reader, sel, conf_threshold, s, progress)
+        if kept > max_points:
+            thin = -(-kept // int(max_points))   # every k-th point of each frame: tracks stay whole
+    elif any(p.has_depth for p in sel):
+        kept, total = _count_pass(reader, sel, conf_threshold, s, False, stop_at_first=True)
+    else:
+        kept = total = 0
+    if not kept:
+        raise EmptyExportError(f"{', '.join(k.upper() for k in point_kinds)} not written: the export would "
+                               f"hold 0 points ({_no_points_reason(reader, sel, conf_threshold)})", files)
+    stream = _PointStream(reader, sel, conf_threshold, s, thin, progress)
+    for kind in point_kinds:
+        path = outputs[kind]
+        if kind == "colmap":
+            _export_colmap_stream(path, stream, image_format)
+        elif kind == "ply":
+            _export_ply_stream(path, stream)
+        elif kind == "glb":
+            _export_glb_stream(path, stream, frustums, glb_opencv_axes)
+        else:
+            _export_npz_stream(path, reader, sel, stream, progress)
+        files.append(str(path))
+        out["points"], out["points_total"] = int(stream.kept), int(stream.total)
+    # almost nothing: judged before any thinning (max_points asks for fewer points on purpose)
+    out["warning"] = almost_nothing(kept if thin > 1 else out["points"], out["points_total"])
+    return out
+
+
+EXPORT_ORDER = ("tum", "colmap", "ply", "glb", "npz")
+PROGRESS_DELAY_S = 2.0
+
+
+def _clean_leftovers(kind: str, path) -> None:
+    """Temp files a killed export to this place left behind (engine.io.atomic.clean_temp_files)."""
+    from .atomic import clean_temp_files
+    path = Path(path).expanduser()
+    if kind == "colmap":
+        for d in (path / "images", path / "sparse" / "0"):
+            if d.is_dir():
+                clean_temp_files(d)
+    elif path.parent.is_dir():
+        clean_temp_files(path.parent, path.name)
+
+
+def _export_colmap_stream(folder, stream: "_PointStream", image_format: str) -> dict:
+    from .colmap import export_colmap
+
+    def frames():
+        for pose, r, parts in stream.frames("COLMAP", with_uv=True):
+            yield {"index": r.index, "c2w": r.c2w, "image": _colmap_image(r), "K": _image_K(r),
+                   "points": parts[0], "colors": parts[1], "uv": parts[3]}
+    return export_colmap(folder, frames(), image_format=image_format)
+
+
+def _ply_header(n: int, pad_to: int = 0) -> bytes:
+    """The PLY header of n vertices of PLY_VERTEX_DTYPE, padded by a comment to `pad_to` bytes
+    (the count is written last, over the same number of header bytes)."""
+    props = "".join(f"property {t} {name}\n" for name, t in
+                    (("x", "float"), ("y", "float"), ("z", "float"), ("red", "uchar"),
+                     ("green", "uchar"), ("blue", "uchar"), ("confidence", "float")))
+    head = ("ply\nformat binary_little_endian 1.0\n"
+            "comment ReconStudio point cloud (camera-to-world, OpenCV axes)\n")
+    tail = f"element vertex {int(n)}\n{props}end_header\n"
+    if pad_to:
+        fill = pad_to - len(head) - len(tail) - len("comment \n")
+        head += "comment " + " " * max(0, fill) + "\n"
+    return (head + tail).encode("ascii")
+
+
+PLY_MAX_DIGITS = 20       # room the header keeps for the vertex count
+
+
+def _ply_vertices(points, colors, conf) -> np.ndarray:
+    n = len(points)
+    vertex = np.empty(n, dtype=PLY_VERTEX_DTYPE)
+    points = np.asarray(points, np.float32).reshape(-1, 3)
+    vertex["x"], vertex["y"], vertex["z"] = points[:, 0], points[:, 1], points[:, 2]
+    colors = np.clip(np.asarray(colors).reshape(-1, 3), 0, 255).astype(np.uint8)
+    vertex["red"], vertex["green"], vertex["blue"] = colors[:, 0], colors[:, 1], colors[:, 2]
+    vertex["confidence"] = np.asarray(conf, np.float32).reshape(-1)
+    return vertex
+
+
+def _export_ply_stream(path, stream: "_PointStream") -> int:
+    """Binary PLY written frame by frame; the vertex count goes into the header at the end."""
+    size = len(_ply_header(10 ** PLY_MAX_DIGITS - 1, 0)) + len("comment \n") + 1
+    n = 0
+    with atomic_open(path, "wb") as f:
+        f.write(_ply_header(0, size))
+        for _, _, (pts, cols, conf, _) in stream.frames("PLY"):
+            if len(pts):
+                f.write(_ply_vertices(pts, cols, conf).tobytes())
+                n += len(pts)
+        f.seek(0)
+        f.write(_ply_header(n, size))
+    return n
+
+
+def _export_glb_stream(path, stream: "_PointStream", frustums: bool, opencv_axes: bool) -> dict:
+    """The GLB holds its whole scene in memory (trimesh): the points kept, the cameras, and the
+    images of the keyframes that get a thumbnail only."""
+    from .glb import export_glb, thumbnail_picks
+
+    kf_positions = [i for i, p in enumerate(stream.sel) if p.is_keyframe]
+    thumbs = {kf_positions[j] for j in thumbnail_picks(len(kf_positions))}
+    pts, cols, cams = [], [], []
+    for i, (pose, r, parts) in enumerate(stream.frames("GLB")):
+        pts.append(parts[0])
+        cols.append(parts[1])
+        img = _colmap_image(r)
+        cams.append((r.c2w, _image_K(r), img.shape[1], img.shape[0], r.is_keyframe,
+                     img if i in thumbs and np.size(r.image) else None))
+    points = np.concatenate(pts) if pts else np.zeros((0, 3), np.float32)
+    colors = np.concatenate(cols) if cols else np.zeros((0, 3), np.uint8)
+    del pts, cols
+    return export_glb(path, points, colors, cams, frustums=frustums, opencv_axes=opencv_axes)
+
+
+def _npy_header(f, shape, dtype) -> None:
+    np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                              "fortran_order": False, "shape": tuple(int(x) for x in shape)})
+
+
+def _export_npz_stream(path, reader, sel, stream: "_PointStream", progress: bool) -> None:
+    """The NPZ of `export_npz`, written member by member: each per-frame stack (depth, conf,
+    images) is one pass over the frames straight into its zip member, the points go through
+    temp files beside the output; memory holds one frame and the per-frame poses."""
+    import tempfile
+    import zipfile
+
+    n = len(sel)
+    first = next((p for p in sel if p.has_depth), None)
+    hw = np.shape(reader.frame(first).depth if first is not None else reader.frame(sel[0]).image)[:2]
+    hw = tuple(int(x) for x in hw)
+    small = {
+        "c2w": np.array([p.c2w for p in sel], np.float64).reshape(n, 4, 4),
+        "K": np.array([p.K for p in sel], np.float64).reshape(n, 3, 3),
+        "timestamps": np.array([p.timestamp for p in sel], np.float64),
+        "index": np.array([p.index for p in sel], np.int64),
+        "is_keyframe": np.array([p.is_keyframe for p in sel], bool),
+        "segment": np.array([p.segment for p in sel], np.int64),
+        "has_depth": np.array([p.has_depth for p in sel], bool),
+        "image_size": np.array(hw, np.int64),
+    }
+    image_shapes: set = set()        # seen by the depth pass: `images` only when they all agree
+    pose_enc: list = []
+
+    def plane(r, name):
+        if name == "depth":
+            a = r.depth if r.depth is not None else np.zeros(hw, np.float32)
+        else:
+            a = (r.conf if r.conf is not None else
+                 np.ones(hw, np.float32) if r.depth is not None else np.zeros(hw, np.float32))
+        a = np.asarray(a, np.float32)
+        if a.shape != hw:
+            raise ExportError(f"NPZ export: the frames' {name} maps have different sizes {hw} and "
+                              f"{a.shape}; export from the session store (it keeps one resolution)")
+        return a
+
+    path = Path(path).expanduser()
+    tmp_files = []
+    try:
+        with atomic_open(path, "wb") as f, \
+                zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED, compresslevel=NPZ_DEFLATE_LEVEL) as z:
+            for name, a in small.items():
+                with z.open(f"{name}.npy", "w", force_zip64=True) as m:
+                    np.lib.format.write_array(m, a, allow_pickle=False)
+            stacks = [("depth", np.float32, hw), ("conf", np.float32, hw), ("images", np.uint8, None)]
+            for name, dtype, shape in stacks:
+                if name == "images":
+                    if len(image_shapes) != 1 or None in image_shapes:
+                        continue
+                    shape = next(iter(image_shapes))
+                with z.open(f"{name}.npy", "w", force_zip64=True) as m, \
+                        _progress(progress, n, f"NPZ ({name})") as bar:
+                    _npy_header(m, (n, *shape), dtype)
+                    for r in reader.frames(sel):
+                        if name == "depth":
+                            image_shapes.add(np.shape(r.image) if r.image is not None and np.size(r.image)
+                                             else None)
+                            pose_enc.append(None if r.pose_enc is None else np.asarray(r.pose_enc, np.float32))
+                        a = np.asarray(r.image, np.uint8) if name == "images" else plane(r, name)
+                        m.write(np.ascontiguousarray(a, dtype).tobytes())
+                        bar.update(1)
+            if all(e is not None for e in pose_enc):
+                with z.open("pose_enc.npy", "w", force_zip64=True) as m:
+                    np.lib.format.write_array(m, np.array(pose_enc), allow_pickle=False)
+            del pose_enc
+            # the points: one pass into three raw temp files, then each copied into its member
+            cols = [("points", np.float32, 3, 0), ("colors", np.uint8, 3, 1), ("point_conf", np.float32, None, 2)]
+            handles = []
+            for name, *_ in cols:
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=TMP_SUFFIX,
+                                           dir=path.parent)
+                tmp_files.append(tmp)
+                handles.append(os.fdopen(fd, "w+b"))
+            try:
+                for _, _, parts in stream.frames("NPZ (points)"):
+                    for h, (_, dtype, _, j) in zip(handles, cols):
+                        h.write(np.ascontiguousarray(parts[j], dtype).tobytes())
+                m_pts = stream.kept
+                for h, (name, dtype, width, _) in zip(handles, cols):
+                    h.seek(0)
+                    with z.open(f"{name}.npy", "w", force_zip64=True) as m:
+                        _npy_header(m, (m_pts, width) if width else (m_pts,), dtype)
+                        shutil.copyfileobj(h, m, COPY_CHUNK)
+            finally:
+                for h in handles:
+                    h.close()
+    finally:
+        for tmp in tmp_files:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+NPZ_DEFLATE_LEVEL = 1       # as the store: ~4x cheaper than zlib's default, nearly the same size
+COPY_CHUNK = 1 << 22
 
 
 def _cut_short(info: dict) -> str:

@@ -31,6 +31,14 @@ MAX_THUMBNAILS = 64
 THUMB_WIDTH = 160
 
 
+def thumbnail_picks(n_keyframes: int) -> np.ndarray:
+    """Which of `n_keyframes` keyframes (with images, in order) get a thumbnail: all, or
+    MAX_THUMBNAILS spread over the run. Lets a streamed export keep only those images."""
+    if n_keyframes <= MAX_THUMBNAILS:
+        return np.arange(n_keyframes)
+    return np.unique(np.linspace(0, n_keyframes - 1, MAX_THUMBNAILS).round().astype(int))
+
+
 def _lines(segments: np.ndarray, rgba, name: str):
     """A trimesh Path3D of independent segments [S,2,3] in one colour."""
     import trimesh
@@ -102,7 +110,7 @@ def export_glb(path: PathLike, points: np.ndarray, colors: np.ndarray, cameras: 
             if segs:
                 scene.add_geometry(_lines(np.array(segs), rgba, name), geom_name=name, node_name=name)
         if len(thumbs) > MAX_THUMBNAILS:         # spread over the run
-            thumbs = [thumbs[i] for i in np.linspace(0, len(thumbs) - 1, MAX_THUMBNAILS).round().astype(int)]
+            thumbs = [thumbs[i] for i in thumbnail_picks(len(thumbs))]
         for j, (rect, image) in enumerate(thumbs):
             scene.add_geometry(_thumbnail(rect, image), geom_name=f"thumbnail_{j:06d}", node_name=f"thumbnail_{j:06d}")
     if not scene.geometry:

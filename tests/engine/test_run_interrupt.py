@@ -72,3 +72,27 @@ def test_failed_start_leaves_no_session_folder(tmp_path, shared_data):
     assert r.returncode == 2 and "too small" in r.stderr
     root = tmp_path / "sessions"
     assert not root.exists() or not any(root.iterdir())
+
+
+def test_signal_during_the_exports_leaves_each_whole_or_absent(tmp_path, three_images):
+    """A stop signal while `run` writes its exports (e.g. the second SIGTERM of a stop grace):
+    the export being written is removed with its temp file, the ones written before stay whole."""
+    from plyfile import PlyData
+
+    sess, out = tmp_path / "sess", tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "app", "run", str(three_images), "--loop", "--engine", "synthetic",
+                    "--max-frames", "40", "--session-dir", str(sess), "--quiet"],
+                   cwd=REPO, env=_env(tmp_path), check=True, timeout=300)
+    cmd = [sys.executable, "-m", "app", "run", str(sess), "--trajectory", str(out / "t.txt"),
+           "--ply", str(out / "c.ply"), "--npz", str(out / "a.npz"), "--stride", "1", "--quiet"]
+    p = subprocess.Popen(cmd, cwd=REPO, env=_env(tmp_path), stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None and not list(out.glob(".a.npz.*.tmp")):
+        time.sleep(0.02)                 # the NPZ (written last) has started
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert not list(out.glob("*.tmp")) and not list(out.glob(".*"))
+    assert len((out / "t.txt").read_text().splitlines()) == 40                # whole
+    assert len(PlyData.read(str(out / "c.ply"))["vertex"].data) > 1000        # whole
+    assert not (out / "a.npz").exists()                                       # absent

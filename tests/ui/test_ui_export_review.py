@@ -70,7 +70,7 @@ def test_export_keeping_almost_nothing_asks_first(qtbot, make_window, shared_dat
     from PySide6 import QtWidgets
     w = make_window()
     _run(qtbot, w, shared_data, frames=4)
-    w.set_conf_threshold(4.99)                  # keeps ~0.3 % of the fake engine's points
+    w.set_conf_threshold(4.9)                   # keeps ~2 % of the fake engine's points (0 is an error)
     asked = []
     answer = [QtWidgets.QMessageBox.StandardButton.No]
     monkeypatch.setattr(QtWidgets.QMessageBox, "question",
@@ -86,6 +86,9 @@ def test_export_keeping_almost_nothing_asks_first(qtbot, make_window, shared_dat
     n = len(asked)
     w.export("tum", str(tmp_path / "t.txt"))    # a trajectory has no points: no question
     assert len(asked) == n and (tmp_path / "t.txt").exists()
+    w.set_conf_threshold(1000.0)                # nothing kept: written anyway? no, an error, said
+    assert w.export("ply", str(tmp_path / "none.ply")) is None
+    assert not (tmp_path / "none.ply").exists() and "0 points" in w.banner.label.text()
 
 
 def test_file_export_menu_writes_in_the_background(qtbot, make_window, shared_data, tmp_path, monkeypatch):

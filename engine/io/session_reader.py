@@ -1,0 +1,191 @@
+"""Read a session for export one frame at a time: memory bounded by one frame, not the session.
+
+`open_frames(source)` gives a `FrameReader` over a session folder (or an in-memory list of
+FrameResults, the same interface):
+
+    reader.poses          one `FramePose` per stored frame, sorted by index: index, timestamp,
+                          c2w (re-alignments applied), K, is_keyframe, segment, has_depth. Read
+                          from the frame files' small members only (np.load of an .npz is lazy
+                          per member), so a trajectory never inflates an image or a depth map.
+    reader.frame(pose)    the full FrameResult of one pose (decoded through the store's own
+                          `_result_from_npz`, so every store format reads), re-alignment applied
+    reader.frames(poses)  those, one at a time (a generator: the previous frame is garbage)
+
+A damaged frame file is skipped while the poses are read (and named in `reader.problems`, as
+`load_session` does); one that fails later, when its arrays are decoded, raises StoreError naming it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from ..api import FrameResult, SessionConfig
+from ..geometry import apply_similarity, result_transforms
+
+_POSE_MEMBERS = ("index", "timestamp", "c2w", "K", "is_keyframe", "segment")
+_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+POSE_READERS = 4            # threads reading poses: ~2.5x one on 2 cores (docs/benchmarks_io.md)
+
+
+@dataclasses.dataclass
+class FramePose:
+    """What a trajectory needs of a frame (and where to find the rest)."""
+    index: int
+    timestamp: float
+    c2w: np.ndarray
+    K: np.ndarray
+    is_keyframe: bool
+    segment: int
+    has_depth: bool
+    key: object = None                         # the frame file (folder) or list position
+    transform: Optional[np.ndarray] = None     # its re-alignment similarity (None: none)
+    depth: None = None                         # lets geometry.apply_similarity move a pose
+
+
+def _has_plane(files: Sequence[str], name: str) -> bool:
+    """The frame stores this plane in any of the store's encodings (`depth`, `depth_<codec>`)."""
+    return any(f == name or f.startswith(name + "_") for f in files)
+
+
+def read_pose(path: Path) -> FramePose:
+    """The pose members of one frame file, without touching its image, depth or confidence."""
+    with np.load(path, allow_pickle=False) as z:
+        v = {name: z[name] for name in _POSE_MEMBERS}
+        has_depth = _has_plane(z.files, "depth")
+    return FramePose(index=int(v["index"]), timestamp=float(v["timestamp"]),
+                     c2w=np.asarray(v["c2w"], np.float64).reshape(4, 4),
+                     K=np.asarray(v["K"], np.float64).reshape(3, 3), is_keyframe=bool(v["is_keyframe"]),
+                     segment=int(v["segment"]), has_depth=has_depth, key=path)
+
+
+class FrameReader:
+    """Poses of every frame up front (small), whole frames on demand; see the module docstring."""
+
+    def __init__(self, poses: list, events: Sequence, info: Optional[dict] = None,
+                 config: Optional[SessionConfig] = None, folder: Optional[Path] = None,
+                 problems: Optional[list] = None, results: Optional[Sequence] = None):
+        self.events = list(events)
+        self.info = dict(info or {})
+        self.config = config
+        self.folder = folder
+        self.problems = list(problems or [])
+        self._results = results
+        poses.sort(key=lambda p: p.index)
+        Ts = result_transforms([(p.segment, p.index) for p in poses], self.events) if poses else []
+        self.poses = [p if T is None else dataclasses.replace(apply_similarity(p, T), transform=T)
+                      for p, T in zip(poses, Ts)]
+
+    def __len__(self) -> int:
+        return len(self.poses)
+
+    def frame(self, pose: FramePose) -> FrameResult:
+        if self._results is not None:
+            r = self._results[pose.key]
+        else:
+            from .store import StoreError, _result_from_npz
+            try:
+                with np.load(pose.key, allow_pickle=False) as z:
+                    r = _result_from_npz(z)
+            except _READ_ERRORS as exc:
+                raise StoreError(f"cannot read frame file {pose.key} ({type(exc).__name__}: {exc})") from None
+        return r if pose.transform is None else apply_similarity(r, pose.transform)
+
+    def frames(self, poses: Iterable[FramePose]) -> Iterator[FrameResult]:
+        for p in poses:
+            yield self.frame(p)
+
+
+def results_reader(results: Sequence, events: Iterable = ()) -> FrameReader:
+    """A FrameReader over FrameResults already in memory (the live GUI, tests)."""
+    results = list(results)
+    poses = [FramePose(index=int(r.index), timestamp=float(r.timestamp),
+                       c2w=np.asarray(r.c2w, np.float64), K=np.asarray(r.K, np.float64),
+                       is_keyframe=bool(r.is_keyframe), segment=int(r.segment),
+                       has_depth=r.depth is not None, key=i) for i, r in enumerate(results)]
+    return FrameReader(poses, list(events), results=results)
+
+
+def read_session(folder, progress: bool = False, extra_events: Iterable = ()) -> FrameReader:
+    """A FrameReader over a session folder: config.json, events.jsonl and every frame's pose.
+    Leftover temp files of a killed writer are removed first (as `load_session` does).
+    `progress`: a tqdm bar on stderr if reading the poses takes more than a couple of seconds."""
+    import sys
+
+    from tqdm import tqdm
+    from .store import StoreError, _event_from_json, clean_stale_temp_files
+
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise StoreError(f"Session folder not found: {folder}")
+    frames_dir = folder / "frames"
+    if not frames_dir.is_dir() and not (folder / "config.json").exists():
+        raise StoreError(f"{folder} is not a ReconStudio session folder (no config.json or frames/)")
+    clean_stale_temp_files(folder)
+    problems: list[str] = []
+    info: dict = {}
+    try:
+        info = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = SessionConfig.from_dict(info.get("config", {}))
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        problems.append(f"config.json unreadable ({exc}); default settings assumed")
+        config = SessionConfig()
+    poses = []
+    paths = sorted(frames_dir.glob("*.npz")) if frames_dir.is_dir() else []
+
+    def one(p):
+        try:
+            return read_pose(p)
+        except _READ_ERRORS as exc:
+            return exc
+    # a few threads overlap the files' reads (the GIL is released while waiting for the disk)
+    with ThreadPoolExecutor(POSE_READERS) as pool, \
+            tqdm(total=len(paths), desc="reading poses", unit="frame", file=sys.stderr, disable=not progress,
+                 delay=2.0, dynamic_ncols=True, leave=False) as bar:
+        for p, got in zip(paths, pool.map(one, paths, chunksize=32)):
+            if isinstance(got, BaseException):
+                problems.append(f"skipped damaged frame file {p.name} ({type(got).__name__})")
+            else:
+                poses.append(got)
+            bar.update(1)
+    events = []
+    ev_path = folder / "events.jsonl"
+    if ev_path.exists():
+        with open(ev_path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    e = _event_from_json(json.loads(line))
+                except (ValueError, KeyError, TypeError):
+                    problems.append(f"skipped damaged event line {n}")
+                    continue
+                if e.kind == "realign":        # the only events an export uses
+                    events.append(e)
+    events += [e for e in extra_events if e.kind == "realign"]
+    return FrameReader(poses, events, info=info, config=config, folder=folder, problems=problems)
+
+
+def open_frames(source, events: Iterable = (), progress: bool = False) -> FrameReader:
+    """A FrameReader from a session folder, a FrameReader, a LoadedSession or a list of results;
+    `events` are replayed after the source's own."""
+    events = list(events)
+    if isinstance(source, FrameReader):
+        if events:
+            raise ValueError("a FrameReader already holds its events")
+        return source
+    if isinstance(source, (str, Path)):
+        return read_session(source, progress=progress, extra_events=events)
+    if hasattr(source, "results") and hasattr(source, "events"):
+        reader = results_reader(source.results, list(source.events) + events)
+        reader.info = dict(getattr(source, "info", {}) or {})
+        reader.config = getattr(source, "config", None)
+        reader.folder = getattr(source, "folder", None)
+        reader.problems = list(getattr(source, "problems", []) or [])
+        return reader
+    return results_reader(source, events)
