@@ -57,14 +57,15 @@ import ctypes, json, re
 import numpy as np, cv2
 import numpy._core._multiarray_umath as U
 np.ones((8, 8)) @ np.ones((8, 8))
-core = None
+cores = {}   # numpy's OpenBLAS and OpenCV's own copy
 for line in open('/proc/self/maps'):
     m = re.search(r'(/\S*openblas\S*\.so\S*)', line)
-    if m and core is None:
+    if m and m.group(1) not in cores:
         lib = ctypes.CDLL(m.group(1))
         for sym in ('scipy_openblas_get_corename64_', 'openblas_get_corename64_', 'openblas_get_corename'):
             if hasattr(lib, sym):
-                f = getattr(lib, sym); f.restype = ctypes.c_char_p; core = f().decode(); break
+                f = getattr(lib, sym); f.restype = ctypes.c_char_p; cores[m.group(1)] = f().decode(); break
+core = "/".join(sorted(set(cores.values())))
 ids = dict(SSE4_1=6, SSE4_2=7, AVX=10, AVX2=11, FMA3=12, AVX512F=13)
 found = [k for k in ('X86_V2', 'X86_V3', 'X86_V4', 'AVX512_ICL', 'AVX512_SPR') if U.__cpu_features__.get(k)]
 print(json.dumps({"opencv": cv2.__version__, "opencv_features": [n for n, i in ids.items() if cv2.checkHardwareSupport(i)],
