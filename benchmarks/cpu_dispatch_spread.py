@@ -14,6 +14,9 @@ Configurations (a machine cannot emulate more than it has; these go DOWN from th
            default or SSE4.x paths.
   sse3     OpenCV at its SSE3 baseline (SSSE3..AVX2 off) and IPP off, OpenBLAS's Core2 kernels,
            numpy and torch as in no-avx2.
+  opencv-sse3 / blas-core2   only OpenCV (as in sse3), or only OpenBLAS + numpy (as in sse3),
+           lowered: which library moves a value. (An ARM machine or an OpenCV built without IPP
+           runs the portable kernels too.)
 The header lists what each configuration really ran (OpenCV features, IPP, OpenBLAS core, numpy
 targets), read back in the child process.
 
@@ -49,6 +52,9 @@ CONFIGS = {
                 "OPENBLAS_CORETYPE": "Sandybridge", **_LOWER},
     "sse3": {"OPENCV_CPU_DISABLE": "SSSE3,SSE4.1,SSE4.2,POPCNT,AVX,AVX2,FMA3,FP16", "OPENCV_IPP": "disabled",
              "OPENBLAS_CORETYPE": "Core2", **_LOWER},
+    # one library at a time (which one moves a value)
+    "opencv-sse3": {"OPENCV_CPU_DISABLE": "SSSE3,SSE4.1,SSE4.2,POPCNT,AVX,AVX2,FMA3,FP16", "OPENCV_IPP": "disabled"},
+    "blas-core2": {"OPENBLAS_CORETYPE": "Core2", "NPY_DISABLE_CPU_FEATURES": "X86_V3"},
 }
 
 # run in the child: what the libraries actually dispatch to under the configuration's switches
@@ -102,11 +108,10 @@ def headroom(op: str, worst: float, limit: float) -> float:
 
 
 def table(results: dict) -> str:
+    """Rows and limits are those of the first configuration (the tests as they are now when it was
+    run); the others contribute their values."""
     names = list(results)
-    keys: dict = {}
-    for cfg in names:
-        for r in results[cfg]["rows"]:
-            keys.setdefault((r["test"], r["name"]), (r["op"], r["limit"]))
+    keys = {(r["test"], r["name"]): (r["op"], r["limit"]) for r in results[names[0]]["rows"]}
     head = "| test | value | " + " | ".join(names) + " | limit | spread | headroom | rule |"
     out = [head, "|" + " --- |" * (len(names) + 6)]
     for (test, name), (op, limit) in keys.items():
@@ -129,16 +134,21 @@ def table(results: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tests", nargs="*", default=TESTS)
-    ap.add_argument("--configs", default="native,1-thread,no-avx2,sse3")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--json", type=Path, help="write the raw values and probes here")
+    ap.add_argument("--merge", type=Path, nargs="*", default=[], help="earlier --json files: their configurations "
+                    "join the table (a configuration run now, or merged earlier, takes precedence)")
     a = ap.parse_args(argv)
     results = {}
-    for name in a.configs.split(","):
+    for name in [c for c in a.configs.split(",") if c]:
         probe, rows, summary = run_config(name, a.tests)
         results[name] = {"probe": probe, "rows": rows, "pytest": summary, "env": CONFIGS[name]}
         print(f"{name}: {summary}; OpenCV {probe['opencv']} {'+'.join(probe['opencv_features']) or 'SSE3'}, "
               f"IPP {probe['ipp']}, {probe['opencv_threads']} threads; OpenBLAS {probe['openblas_core']}; "
               f"numpy {probe['numpy']} {'+'.join(probe['numpy_targets'])}", flush=True)
+    for path in a.merge:
+        for name, res in json.loads(path.read_text()).items():
+            results.setdefault(name, res)
     print()
     print(table(results))
     if a.json:
