@@ -174,7 +174,9 @@ def test_an_internal_failure_becomes_a_segment_break(icl, monkeypatch):
     assert ev and "internal error" in ev[0].message and "singular" in ev[0].message
     monkeypatch.undo()
     later = _run(s, frames[71:110])
-    assert later and {r.segment for r in later} == {1}
+    # a new segment starts; relocalisation may later continue segment 0 (it does with some OpenCV /
+    # BLAS kernels: docs/benchmarks_geometric.md, "Spread across instruction sets")
+    assert later and later[0].segment == 1 and {r.segment for r in later} <= {0, 1}
 
 
 @pytest.mark.parametrize("extra,match", [({"tracker_nope": 1}, "unknown"), ({"max_features": "many"}, "invalid"),
