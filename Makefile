@@ -3,7 +3,7 @@
 .PHONY: setup run test
 
 setup:
-	bash scripts/setup.sh
+	@bash scripts/setup.sh
 
 run: setup
 	.venv/bin/reconstudio gui --input resources/sample/icl_livingroom_kt3.mp4 --autostart

@@ -9,6 +9,7 @@ from engine.api import EngineError, SessionConfig, open_session
 from engine.geometric.loop import Forget, LoopCloser, LoopParams
 from engine.geometry import apply_realignments
 from engine.metrics import ate
+from tests.engine.accuracy import check
 from tests.engine.geometric_drift import inject_scale_drift, replay, rgb_sequence
 
 
@@ -49,7 +50,7 @@ def test_looped_replay_stops_growing(icl):
     order = [i for _ in range(passes) for i in range(n)]
     rr = sorted(apply_realignments(res, ev), key=lambda r: r.index)
     err = ate(np.array([r.c2w for r in rr]), np.array([seq.gt_c2w[order[r.index]] for r in rr]))["rmse"]
-    assert err < 0.03
+    check(("ATE m", err, "<", 0.03))
 
 
 def _closer(n_nodes, segment_of, max_keyframes):
@@ -101,4 +102,4 @@ def test_pose_graph_compaction_keeps_loop_closure_working(icl, monkeypatch):
     assert m["loop_nodes"] <= m["loop_database"] + 4 + 1 and m["poses"] == m["loop_nodes"]
     rr = sorted(apply_realignments(res, ev), key=lambda r: r.index)
     err = ate(np.array([r.c2w for r in rr]), np.array([seq.gt_c2w[order[r.index]] for r in rr]))["rmse"]
-    assert err < 0.015
+    check(("ATE m", err, "<", 0.015))

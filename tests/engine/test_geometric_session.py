@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from engine.api import EngineError, SessionConfig, available_engines, engine_capabilities, open_session
+from tests.engine.accuracy import check
 from tests.engine.geometric_drift import rgb_sequence
 from engine.metrics import ate
 
@@ -37,7 +38,7 @@ def test_real_clip_contract_and_accuracy(icl):
     res = _run(s, frames[:80], seq.timestamps[:80])
     assert [r.index for r in res] == list(range(80)), "every frame, once, in order"
     a = ate(np.array([r.c2w for r in res]), seq.gt_c2w[:80])
-    assert a["rmse"] < 0.01            # measured 0.11 cm; path ≈ 0.16 m
+    check(("ATE m", a["rmse"], "<", 0.01))            # the path is ≈ 0.16 m long
     r0 = res[0]
     assert r0.c2w.shape == (4, 4) and r0.c2w.dtype == np.float64 and np.allclose(r0.c2w[3], [0, 0, 0, 1])
     assert r0.image.shape == (480, 640, 3) and r0.image.dtype == np.uint8
@@ -65,11 +66,11 @@ def test_keyframe_depth_matches_ground_truth_geometry(shared_data):
     from engine.evaluate import evaluate_sequence
     rep = evaluate_sequence(shared_data / "7scenes_redkitchen_150_199", SessionConfig())
     assert rep["coverage"] == 1.0 and rep["segments"] == 1
-    assert rep["ate_rmse_m"] < 0.03                 # measured 0.66 cm
     assert rep["depth_frames"] >= 3
-    assert rep["depth_abs_rel"] < 0.16              # measured 0.11 after one median scale
-    assert rep["depth_delta1"] > 0.85               # measured 0.95
-    assert rep["depth_density"] > 0.15
+    check(("ATE m", rep["ate_rmse_m"], "<", 0.03),
+          ("depth AbsRel", rep["depth_abs_rel"], "<", 0.16),          # after one median scale
+          ("depth delta1", rep["depth_delta1"], ">", 0.85),
+          ("depth density", rep["depth_density"], ">", 0.15))
 
 
 def test_blank_stretch_ends_in_a_segment_break(icl):
@@ -87,7 +88,7 @@ def test_blank_stretch_ends_in_a_segment_break(icl):
     assert len(later) >= 40
     # the new segment is a sane trajectory on its own
     idx = [r.index - 8 for r in later]
-    assert ate(np.array([r.c2w for r in later]), seq.gt_c2w[idx])["rmse"] < 0.02
+    check(("segment 1 ATE m", ate(np.array([r.c2w for r in later]), seq.gt_c2w[idx])["rmse"], "<", 0.02))
     assert s.stats()["untracked"] == 8 and s.stats()["segments"] == 2
 
 
@@ -110,8 +111,8 @@ def test_duplicated_frames_are_tracked(icl):
     doubled = [f for f in frames[40:80] for _ in range(2)]
     res = _run(s, doubled)
     assert len(res) == 80 and {r.segment for r in res} == {0}
-    for a, b in zip(res[::2], res[1::2]):      # a repeated frame stays where it was
-        assert np.linalg.norm(a.c2w[:3, 3] - b.c2w[:3, 3]) < 1e-2
+    # a repeated frame stays where it was
+    check(("repeated frame moved m", max(np.linalg.norm(a.c2w[:3, 3] - b.c2w[:3, 3]) for a, b in zip(res[::2], res[1::2])), "<", 1e-2))
 
 
 def test_bad_frames_give_clear_errors_and_the_session_survives(icl):
@@ -156,7 +157,7 @@ def test_resized_input_scales_intrinsics(icl):
     res = _run(s, frames[40:100])
     assert len(res) == 60 and res[0].image.shape == (240, 320, 3)
     assert res[0].K[0, 0] == pytest.approx(seq.intrinsics.fx / 2)
-    assert ate(np.array([r.c2w for r in res]), seq.gt_c2w[40:100])["rmse"] < 0.01
+    check(("ATE m", ate(np.array([r.c2w for r in res]), seq.gt_c2w[40:100])["rmse"], "<", 0.01))
 
 
 def test_an_internal_failure_becomes_a_segment_break(icl, monkeypatch):
@@ -173,7 +174,9 @@ def test_an_internal_failure_becomes_a_segment_break(icl, monkeypatch):
     assert ev and "internal error" in ev[0].message and "singular" in ev[0].message
     monkeypatch.undo()
     later = _run(s, frames[71:110])
-    assert later and {r.segment for r in later} == {1}
+    # a new segment starts; relocalisation may later continue segment 0 (it does with some OpenCV /
+    # BLAS kernels: docs/benchmarks_geometric.md, "Spread across instruction sets")
+    assert later and later[0].segment == 1 and {r.segment for r in later} <= {0, 1}
 
 
 @pytest.mark.parametrize("extra,match", [({"tracker_nope": 1}, "unknown"), ({"max_features": "many"}, "invalid"),
