@@ -110,11 +110,15 @@ class StoreSink(Sink):
         self.store.write_event(event)
 
     def on_finish(self, summary):
-        if summary.cut_short and hasattr(self.store, "mark_cut_short"):
-            self.store.mark_cut_short(summary.cut_short, frames_in=summary.frames_in)
-        if self.close_store:
-            # a run that produced nothing (a failed start) leaves no empty session folder
-            self.store.close(discard_empty=summary.results == 0)
+        # the store is closed even when marking fails (a full disk): its writer threads, files and
+        # lease must never outlive the run
+        try:
+            if summary.cut_short and hasattr(self.store, "mark_cut_short"):
+                self.store.mark_cut_short(summary.cut_short, frames_in=summary.frames_in)
+        finally:
+            if self.close_store:
+                # a run that produced nothing (a failed start) leaves no empty session folder
+                self.store.close(discard_empty=summary.results == 0)
 
 
 class ThreadedSink(Sink):
