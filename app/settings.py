@@ -8,10 +8,10 @@ never touch the user's settings. Qt is imported on first use, so the CLI stays l
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
+from engine import envs
 from engine.api import SessionConfig
 
 ORGANIZATION = "ReconStudio"
@@ -82,7 +82,7 @@ class AppSettings:
     def __init__(self, path: Optional[str] = None):
         from PySide6.QtCore import QSettings
 
-        path = path or os.environ.get("RECONSTUDIO_SETTINGS")
+        path = path or envs.get("RECONSTUDIO_SETTINGS")
         if path:
             self._q = QSettings(str(path), QSettings.Format.IniFormat)
         else:

@@ -138,6 +138,12 @@ class PagedKVCache:
         self._frame_counter = 0
         self.reset()
 
+    @property
+    def attention(self):
+        """The attention backend instance (its `kernel`, `path`, `calls`, `error`: benchmarks and
+        stats read them here)."""
+        return self._attn
+
     # ------------------------------------------------------------------ pools
     @property
     def k_pool(self) -> torch.Tensor:
