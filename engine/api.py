@@ -436,21 +436,53 @@ _BUILTIN_MODULES = {"geometric": "engine.geometric", "lingbot-map": "engine.ling
                     "synthetic": "engine.synthetic", "vggt-1b": "engine.vggt"}
 
 
+# why a built-in engine cannot run here: a missing optional third-party dependency
+_UNAVAILABLE: dict[str, str] = {}
+# the project's own packages: an ImportError raised from one of them is a bug, never "unavailable"
+PROJECT_PACKAGES = ("engine", "app", "ui", "resources", "tests", "benchmarks", "scripts")
+
+
+def missing_dependency(exc: ImportError) -> Optional[str]:
+    """The reason an engine is unavailable when `exc` says a third-party module is missing
+    ("torch is not installed: No module named 'torch'"), or None when the ImportError comes from
+    the project's own code (or cannot be told apart): then it must propagate."""
+    name = getattr(exc, "name", None)
+    if not name or name.split(".")[0] in PROJECT_PACKAGES:
+        return None
+    return f"{name.split('.')[0]} is not installed or does not import ({type(exc).__name__}: {exc})"
+
+
 def _ensure_builtin_engines(name: Optional[str] = None) -> None:
     import importlib
 
     for engine_name, module in _BUILTIN_MODULES.items():
-        if engine_name in _FACTORIES or (name is not None and engine_name != name):
+        if engine_name in _FACTORIES or engine_name in _UNAVAILABLE or (name is not None and engine_name != name):
             continue
         try:
             importlib.import_module(module)  # registers itself
-        except ImportError:
-            pass
+        except ImportError as exc:
+            reason = missing_dependency(exc)
+            if reason is None:
+                raise                        # a broken import of our own code: fail loudly
+            _UNAVAILABLE[engine_name] = reason
 
 
 def available_engines() -> list[str]:
+    """Engines that can be opened here (registered; built-ins whose imports succeed)."""
     _ensure_builtin_engines()
     return list(_FACTORIES)
+
+
+def unavailable_engines() -> dict[str, str]:
+    """Built-in engines that cannot run here, with the reason (a missing optional dependency)."""
+    _ensure_builtin_engines()
+    return dict(_UNAVAILABLE)
+
+
+def _no_engine(name: str) -> EngineError:
+    if name in _UNAVAILABLE:
+        return EngineError(f"engine {name!r} is unavailable: {_UNAVAILABLE[name]}")
+    return EngineError(f"unknown engine {name!r}; available: {', '.join(_FACTORIES) or 'none'}")
 
 
 def engine_capabilities(name: str) -> dict:
@@ -460,7 +492,7 @@ def engine_capabilities(name: str) -> dict:
      "fields": ["scale_frames", "window", ...]}"""
     _ensure_builtin_engines(name)
     if name not in _CAPABILITIES:
-        raise EngineError(f"unknown engine {name!r}; available: {', '.join(_FACTORIES) or 'none'}")
+        raise _no_engine(name)
     return _with_setting_metadata(name, dict(_CAPABILITIES[name]))
 
 
@@ -500,5 +532,11 @@ def open_session(config: SessionConfig, model: Any = None) -> Session:
     _ensure_builtin_engines(config.engine)
     factory = _FACTORIES.get(config.engine)
     if factory is None:
-        raise EngineError(f"unknown engine {config.engine!r}; available: {', '.join(_FACTORIES) or 'none'}")
-    return factory(config, model)
+        raise _no_engine(config.engine)
+    try:
+        return factory(config, model)
+    except ImportError as exc:      # the session's heavy imports (torch, ...) load here
+        reason = missing_dependency(exc)
+        if reason is None:
+            raise                   # our own code: fail loudly
+        raise EngineError(f"engine {config.engine!r} cannot run here: {reason}") from exc
