@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.kv import PagedKVCache                                          # noqa: E402
 from engine.kv.backends import FlashInferBackend, SDPABackend, flashinfer_available  # noqa: E402
-from engine.kv.cudnn import (CuDNNBackend, CuDNNSeqLenBackend,  # noqa: E402
-                             CuDNNSplitBackend, _import_cudnn_frontend, merge_lse, torch_cudnn,
-                             torch_flash_lse)
+from engine.kv.cudnn import CuDNNBackend, CuDNNSeqLenBackend  # noqa: E402
+from engine.kv.cudnn_kernels import _import_cudnn_frontend, merge_lse, torch_cudnn, torch_flash_lse  # noqa: E402
+from engine.kv.cudnn_split import CuDNNSplitBackend  # noqa: E402
 
 H, D, P, S6 = 16, 64, 999, 6
 

@@ -70,12 +70,7 @@ def main():
         s.push(frames[i % 8])
     print(f"[{a.backend}] steady ms/frame: {ms_per_frame(s, frames, 20):.1f}")
     replay_step_graphs(model, a.backend)
-    at = s.kv.attention
-    if hasattr(at, "calls"):    # cuDNN backend: fixed-capacity vs exact calls, and why not
-        print(f"[{a.backend}] attention calls {at.calls}, capacity {at.capacity}, error {at.error}, "
-              f"mode {getattr(at, 'mode', None)} forms {getattr(at, 'forms', None)} "
-              f"frontend_error {getattr(at, 'frontend_error', None)} "
-              f"whole shapes {getattr(at, 'whole_shapes', None)}")
+    print(f"[{a.backend}] attention {s.kv.attention.describe()}, choice {s.kv.stats()['backend_choice']}")
     if a.variants and a.backend == "sdpa":
         attn = s.kv.attention
         for name, ks in [("flash", [SDPBackend.FLASH_ATTENTION]), ("cudnn", [SDPBackend.CUDNN_ATTENTION]),

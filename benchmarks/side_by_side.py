@@ -258,13 +258,9 @@ def _ours_stream(model, frames, dtype: str, interval: int, device: str, keep: bo
     peak = torch.cuda.max_memory_allocated() if cuda else 0
     n_scale = s.stats()["kv"]["scale_frames"] if s.kv is not None else 0
     backend = s.stats()["kv"]["backend"] if s.kv is not None else None
-    attn = s.kv.attention if s.kv is not None else None
-    if attn is not None and hasattr(attn, "kernel"):       # FlashInfer / cuDNN: kernel family and path
-        backend = f"{backend} {attn.kernel} {attn.path}"
-    if attn is not None and hasattr(attn, "calls"):        # cuDNN: fixed-capacity vs exact calls, why not
-        backend += f" {getattr(attn, 'mode', '')} {attn.calls}" + (f" error: {attn.error}" if attn.error else "")
-        if getattr(attn, "frontend_error", None):
-            backend += f" (bias form: {attn.frontend_error})"
+    if s.kv is not None:            # the backend's own account: kernel, path, calls, errors
+        at = s.kv.attention.describe()
+        backend = " ".join([backend] + [f"{k} {v}" for k, v in at.items() if k != "name"])
     if backend is not None:             # streamed steps run as one CUDA graph (engine/lingbot/model.py)
         backend += f" step-graph replays {model.step_graph_replays - replays0}"
         if model.step_graph_error:

@@ -51,7 +51,7 @@ def setting_fields(cls: type = None) -> list:
 
 
 _NEURAL = ("lingbot-map",)
-# attention backend names (engine/kv/backends.py `resolve_backend`): the setting's choices and what
+# attention backend names (engine/kv/resolve.py `BACKENDS`): the setting's choices and what
 # the neural sessions accept
 ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "cudnn", "cudnn-split")
 _GEOMETRIC = ("geometric",)

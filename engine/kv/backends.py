@@ -1,13 +1,14 @@
-"""Attention backends over the paged KV cache. Both read the tables `PagedKVCache.begin_step`
-builds once per step and the pool (`cache.pool`); neither keeps its own bookkeeping. The cache
-is handed its backend class (a name is resolved here by `resolve_backend`); this module imports
-the page-table types, never the cache (no import cycle).
+"""The SDPA and FlashInfer attention backends over the paged KV cache. They read the tables
+`PagedKVCache.begin_step` builds once per step and the pool (`cache.pool`); neither keeps its own
+bookkeeping. Each declares what it supports (`support`, engine/kv/attention.py); the choice
+between backends is made from those declarations in engine/kv/resolve.py, which imports the
+backend modules (none of them imports it: no import cycle).
 
-Interface: `create(cache)`, `check_supports(cache)` (raises KVCacheError for a combination the
-backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t=None)` with q
-[n, H, D] already in the attention dtype; `slots_t` = explicit visible flat slots of this layer
-(block-sparse attention). A compressed window or an int8 store gives token slots
-(`step.slots_t`), which both backends read (FlashInfer as pages of one token).
+Interface (engine/kv/attention.py): `create(cache)`, `plan(step)` once per step,
+`attend(step, q, layer, slots_t=None)` with q [n, H, D] already in the attention dtype; `slots_t`
+= explicit visible flat slots of this layer (block-sparse attention). A compressed window or an
+int8 store gives token slots (`step.slots_t`), which both backends read (FlashInfer as pages of
+one token).
 
 * ``sdpa``: `torch.nn.functional.scaled_dot_product_attention` with no mask over the visible
   tokens. When the visible pages are one contiguous run (the steady state of a keyframe stream,
@@ -30,25 +31,19 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
   are folded into q (keys) and the output (values). It must be FA2: FlashInfer 0.6.1 picks FA3
   on Hopper, whose wgmma has no bf16 x e4m3 operation, so that JIT build stops at cute's "No
   eligible GMMA operator" (the failure in docs/benchmarks_kv.md).
-* ``cudnn``: cuDNN over a fixed key/value capacity (the sequence-length form through the cuDNN
-  frontend when it imports, else PyTorch's kernel with a bias row): see `engine.kv.cudnn`.
-* ``cudnn-split``: `CuDNNSplitBackend` -- the steady state's fixed-length patch-page run through
-  plain cuDNN, the special tokens through flash, merged by log-sum-exp; FlashInfer (else SDPA)
-  for the steps it does not split.
-* ``auto``: on CUDA with a native bf16/fp16 store the split; else flashinfer when it imports, the
-  device is CUDA and the dtype is bf16/fp16 (or fp8 attended in bf16/fp16); else sdpa. Why the
-  split: docs/benchmarks.md (the measurements behind each default, with their commands).
+The cuDNN backends: engine/kv/cudnn.py (``cudnn``) and engine/kv/cudnn_split.py
+(``cudnn-split``); what ``auto`` takes: engine/kv/resolve.py.
 """
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
-from .dtypes import FP8, KVPrecision, parse_dtype
+from .attention import STORES, Backend, Support
+from .dtypes import FP8
 from .page_table import KVCacheError, StepTable
 
 _FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -68,16 +63,6 @@ def flashinfer_available() -> bool:
     return _import_flashinfer()[0] is not None
 
 
-def available_backends(device: Any = "cpu", dtype: Any = None) -> list[str]:
-    """Backends usable on `device` (for the settings panel / CLI help)."""
-    out = ["auto", "sdpa"]
-    dev = torch.device(device)
-    if dev.type == "cuda" and (dtype is None or _canon(dtype) in (torch.bfloat16, torch.float16)):
-        out += ["flashinfer"] if flashinfer_available() else []
-        out += ["cudnn", "cudnn-split"]
-    return out
-
-
 def flashinfer_kernel(device: Any) -> str:
     """FlashInfer kernel family for 16-bit stores on `device`: "fa3" (its Hopper kernels: wgmma,
     TMA) on compute capability 9.x with CUDA >= 12.3, else "fa2". Named here rather than left to
@@ -91,91 +76,13 @@ def flashinfer_kernel(device: Any) -> str:
     return "fa3" if major == 9 and cuda >= (12, 3) else "fa2"
 
 
-def _canon(dtype: Any) -> torch.dtype:
-    return parse_dtype(dtype)
-
-
-def _flashinfer_dtype_ok(dtype) -> bool:
-    """FlashInfer runs bf16/fp16 caches, and fp8 caches attended in bf16/fp16."""
-    if isinstance(dtype, KVPrecision):
-        if dtype.storage == FP8:
-            return dtype.attn in (torch.bfloat16, torch.float16)
-        return dtype.storage in (torch.bfloat16, torch.float16)
-    return dtype in (torch.bfloat16, torch.float16)
-
-
-def resolve_backend(name: str, device: torch.device, dtype):
-    """Backend class for a cache on `device` storing `dtype` (a torch dtype or a KVPrecision);
-    clear errors for impossible picks."""
-    name = (name or "auto").lower()
-    device = torch.device(device)
-    fi_ok_dtype = _flashinfer_dtype_ok(dtype)
-    if isinstance(dtype, KVPrecision):
-        dtype = dtype.storage
-    if name == "auto":
-        if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
-            from .cudnn import CuDNNSplitBackend      # (imports this module)
-            return CuDNNSplitBackend          # native 16-bit store; FlashInfer (else SDPA) for the other steps
-        if device.type == "cuda" and fi_ok_dtype and flashinfer_available():
-            return FlashInferBackend
-        return SDPABackend
-    if name == "sdpa":
-        return SDPABackend
-    if name == "flashinfer":
-        if device.type != "cuda":
-            raise KVCacheError("the FlashInfer attention backend needs a CUDA device; use backend "
-                               "'sdpa' (or 'auto') on the CPU")
-        if not fi_ok_dtype:
-            raise KVCacheError(f"the FlashInfer attention backend supports bf16, fp16 (and fp8 KV with a "
-                               f"bf16/fp16 model) only, not {str(dtype).replace('torch.', '')}; choose "
-                               f"dtype bf16/fp16 or backend 'sdpa'")
-        mod, err = _import_flashinfer()
-        if mod is None:
-            raise KVCacheError(f"the FlashInfer attention backend is not available ({err}); install "
-                               f"flashinfer-python or use backend 'sdpa'")
-        return FlashInferBackend
-    if name in ("cudnn", "cudnn-split"):
-        if device.type != "cuda":
-            raise KVCacheError("the cuDNN attention backend needs a CUDA device; use backend 'sdpa' (or "
-                               "'auto') on the CPU")
-        if not isinstance(dtype, torch.dtype):
-            dtype = parse_dtype(dtype, allow_quantized=True)
-        # the split also attends an fp8 store attended in bf16/fp16
-        split_fp8 = name == "cudnn-split" and dtype == FP8 and fi_ok_dtype
-        if dtype not in (torch.bfloat16, torch.float16) and not split_fp8:
-            raise KVCacheError(f"the cuDNN attention backend supports bf16 and fp16 KV stores only (and, as "
-                               f"cudnn-split, fp8 KV with a bf16/fp16 model), not "
-                               f"{str(dtype).replace('torch.', '')}; choose dtype bf16/fp16 (kv_dtype auto) "
-                               f"or backend 'sdpa'")
-        if name == "cudnn-split":       # the split's own fallback is FlashInfer (else SDPA)
-            from .cudnn import CuDNNSplitBackend
-            return CuDNNSplitBackend
-        from .cudnn import CuDNNBackend
-        return CuDNNBackend
-    raise KVCacheError(f"unknown attention backend {name!r}; use auto, sdpa, flashinfer, cudnn or cudnn-split")
-
-
-class _CacheRef:
-    """A backend reaches its cache through a weak reference: the cache owns the backend, so a
-    strong link back would make a cycle, and a closed session's KV pools (GiBs on the GPU) would
-    stay allocated until Python's cycle collector happened to run."""
-
-    @property
-    def cache(self):
-        c = self._cache_ref()
-        if c is None:
-            raise KVCacheError("KV cache backend used after its cache was freed")
-        return c
-
-    @cache.setter
-    def cache(self, cache):
-        self._cache_ref = weakref.ref(cache)
-
-
-class SDPABackend(_CacheRef):
+class SDPABackend(Backend):
     """Gather (or zero-copy view) + one dense SDPA call per layer."""
 
     name = "sdpa"
+    support = Support(devices=("cpu", "cuda"), compute_dtypes=(torch.float32, torch.bfloat16, torch.float16,
+                                                               torch.float64),
+                      stores=STORES, auto_stores=STORES, note="every store, layout and device: the fallback")
 
     def __init__(self, cache, zero_copy: bool = True, kernels=None):
         """kernels: optional list of torch.nn.attention.SDPBackend in priority order."""
@@ -194,10 +101,6 @@ class SDPABackend(_CacheRef):
             from torch.nn.attention import SDPBackend
             kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         return cls(cache, kernels=kernels)
-
-    @classmethod
-    def check_supports(cls, cache) -> None:
-        return None          # every store, compression and device
 
     def plan(self, step: StepTable) -> None:
         return None
@@ -219,10 +122,19 @@ class SDPABackend(_CacheRef):
         return out[0].transpose(0, 1)
 
 
-class FlashInferBackend(_CacheRef):
+class FlashInferBackend(Backend):
     """FlashInfer paged prefill over the same page tables (plan once per step, run per layer)."""
 
     name = "flashinfer"
+    # no fp32 kernels (storing an fp32 cache in bf16 behind the user's back is not an option);
+    # int8 stores have no FlashInfer path
+    support = Support(devices=("cuda",), compute_dtypes=(torch.bfloat16, torch.float16), stores=("native", "fp8"),
+                      requires=("flashinfer",), auto_stores=("native", "fp8"))
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        mod, err = _import_flashinfer()
+        return None if mod is not None else f"{err}; install flashinfer-python"
 
     def __init__(self, cache, dense: bool = True, kernel: Optional[str] = None):
         """dense: attend a contiguous visible run through the ragged kernel (below); False = the
@@ -262,12 +174,6 @@ class FlashInferBackend(_CacheRef):
     @classmethod
     def create(cls, cache):
         return cls(cache)
-
-    @classmethod
-    def check_supports(cls, cache) -> None:
-        if cache.pool.kind == "int8":
-            raise KVCacheError("the FlashInfer attention backend has no int8 KV path; use kv_dtype fp8 "
-                               "or backend 'sdpa'")
 
     def plan(self, step: StepTable, slots_t=None) -> None:
         """Once per step (PagedKVCache.begin_step), shared by all layers; block-sparse steps plan

@@ -289,7 +289,7 @@ class LingBotMapSession(SessionTiming):
     def _ensure_caches(self) -> None:
         if self.kv is not None:
             return
-        from ..kv import PagedKVCache, make_compressor, resolve_backend
+        from ..kv import PagedKVCache, make_compressor
         from ..kv.coordinator import StreamCaches
         cfg, geo = self.config, self.model.kv_geometry()
         h, w = self._hw
@@ -298,7 +298,7 @@ class LingBotMapSession(SessionTiming):
                                special_tokens=geo["special_tokens"], scale_frames=cfg.scale_frames,
                                window=cfg.window, special_cap=cfg.special_cap, dtype=self.kv_precision,
                                device=self.device,
-                               backend=resolve_backend(cfg.backend, self.device, self.kv_precision),
+                               backend=cfg.backend,
                                compression=make_compressor(cfg.kv_compression, cfg.kv_keep_ratio,
                                                            cfg.kv_block_size, cfg.kv_seed))
         agg = self.model.aggregator

@@ -6,7 +6,8 @@ fixed-length steps. GPU checks of the real kernels: test_cudnn_fp8_gpu.py."""
 import torch
 
 from engine.kv.backends import SDPABackend
-from engine.kv.cudnn import CuDNNSplitBackend, torch_flash_lse
+from engine.kv.cudnn_kernels import torch_flash_lse
+from engine.kv.cudnn_split import CuDNNSplitBackend
 from tests.engine.kv_pair import H, D, P, cache_pair, drive
 
 PATTERN = "kknkkknkknknnkkkknknkk"      # fills, evicts, rolls back (interval 2), wraps the ring

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.kv import PagedKVCache
-from engine.kv.cudnn import CuDNNSplitBackend
+from engine.kv.cudnn_split import CuDNNSplitBackend
 
 pytestmark = pytest.mark.gpu
 needs = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine.kv import PagedKVCache
-from engine.kv.cudnn import CuDNNFrontendKernel, CuDNNSeqLenBackend, _import_cudnn_frontend
+from engine.kv.cudnn import CuDNNSeqLenBackend
+from engine.kv.cudnn_kernels import CuDNNFrontendKernel, _import_cudnn_frontend
 
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

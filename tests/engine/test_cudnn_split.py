@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from engine.kv import PagedKVCache
 from engine.kv.backends import SDPABackend
-from engine.kv.cudnn import (CuDNNSplitBackend, chunked_lse, even_chunks, merge_lse,
-                              tail_chunks, torch_flash_lse)
+from engine.kv.cudnn_split import CuDNNSplitBackend
+from engine.kv.cudnn_kernels import chunked_lse, even_chunks, merge_lse, tail_chunks, torch_flash_lse
 from tests.engine.kv_pair import KW, D, H, L, P, S6, cache_pair, drive
 
 PATTERN = "kknkkknkknknnkkkknknkk"      # fills, evicts, rolls back (interval 2), wraps the ring
@@ -239,33 +239,33 @@ def test_split_falls_back_to_sdpa_on_the_cpu():
 
 
 def test_auto_takes_the_split_for_native_16_bit_stores(monkeypatch):
-    from engine.kv import backends, kv_precision
+    from engine.kv import backends, kv_precision, resolve
     cuda = torch.device("cuda")
     monkeypatch.setattr(backends, "_import_flashinfer", lambda: (None, "not installed"))
-    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend   # without FlashInfer too
+    assert resolve.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend   # without FlashInfer too
     monkeypatch.setattr(backends, "_import_flashinfer", lambda: (object(), None))
-    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend
-    assert backends.resolve_backend("auto", cuda, kv_precision("fp16", "auto")) is CuDNNSplitBackend
+    assert resolve.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend
+    assert resolve.resolve_backend("auto", cuda, kv_precision("fp16", "auto")) is CuDNNSplitBackend
     # quantized stores and the CPU keep their backends
-    assert backends.resolve_backend("auto", cuda, kv_precision("bf16", "fp8")) is backends.FlashInferBackend
-    assert backends.resolve_backend("auto", cuda, kv_precision("bf16", "int8")) is SDPABackend
-    assert backends.resolve_backend("auto", "cpu", torch.bfloat16) is SDPABackend
+    assert resolve.resolve_backend("auto", cuda, kv_precision("bf16", "fp8")) is backends.FlashInferBackend
+    assert resolve.resolve_backend("auto", cuda, kv_precision("bf16", "int8")) is SDPABackend
+    assert resolve.resolve_backend("auto", "cpu", torch.bfloat16) is SDPABackend
 
 
 def test_cudnn_split_is_a_backend_name_and_compile_blocks_a_setting():
     """The split is reachable as a typed choice ("cudnn-split": the settings panel / --backend),
     with the cuDNN backend's checks; compiled blocks as a typed setting (--compile-blocks)."""
     from engine import SessionConfig
-    from engine.kv import KVCacheError, backends
+    from engine.kv import KVCacheError, resolve
     from engine.shared_streams import model_key
     cuda = torch.device("cuda")
-    assert backends.resolve_backend("cudnn-split", cuda, torch.bfloat16) is CuDNNSplitBackend
-    assert "cudnn-split" in backends.available_backends("cuda", "bf16")
-    assert "cudnn-split" not in backends.available_backends("cpu")
+    assert resolve.resolve_backend("cudnn-split", cuda, torch.bfloat16) is CuDNNSplitBackend
+    assert "cudnn-split" in resolve.available_backends("cuda", "bf16")
+    assert "cudnn-split" not in resolve.available_backends("cpu")
     with pytest.raises(KVCacheError, match="CUDA device"):
-        backends.resolve_backend("cudnn-split", "cpu", torch.bfloat16)
-    with pytest.raises(KVCacheError, match="bf16 and fp16"):
-        backends.resolve_backend("cudnn-split", cuda, torch.float32)
+        resolve.resolve_backend("cudnn-split", "cpu", torch.bfloat16)
+    with pytest.raises(KVCacheError, match="supports bf16, fp16"):
+        resolve.resolve_backend("cudnn-split", cuda, torch.float32)
     cfg = SessionConfig(engine="lingbot-map", backend="cudnn-split", compile_blocks=True)
     assert cfg.backend == "cudnn-split" and cfg.compile_blocks is True
     assert SessionConfig().compile_blocks is False

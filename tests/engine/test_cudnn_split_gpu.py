@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.kv import PagedKVCache
-from engine.kv.cudnn import CuDNNSplitBackend
+from engine.kv.cudnn_split import CuDNNSplitBackend
 
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -84,7 +84,7 @@ def test_split_equals_sdpa_without_syncs(page, whole):
 @needs_cuda
 def test_split_kernels_return_natural_log_sum_exp():
     """Both default kernels' log-sum-exp against a float32 reference, at a long fixed length."""
-    from engine.kv.cudnn import merge_lse, torch_cudnn_lse, torch_flash_lse
+    from engine.kv.cudnn_kernels import merge_lse, torch_cudnn_lse, torch_flash_lse
     gen = torch.Generator(device="cuda").manual_seed(1)
     q = torch.randn(1005, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(2, 9990, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
@@ -108,7 +108,7 @@ def test_split_kernels_return_natural_log_sum_exp():
 def test_chunked_lse_on_cuda_equals_float32_attention(rows, keys):
     """The wave tail's varlen flash call over key chunks, merged: output and log-sum-exp against
     a float32 reference, with the chunk count the H200 would pick."""
-    from engine.kv.cudnn import chunk_bounds, chunked_lse, even_chunks, tail_chunks
+    from engine.kv.cudnn_kernels import chunk_bounds, chunked_lse, even_chunks, tail_chunks
     gen = torch.Generator(device="cuda").manual_seed(2)
     q = torch.randn(rows, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(2, keys, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)

@@ -40,7 +40,7 @@ def test_layer_norm_kernels_equal_pytorch():
 
 @needs
 def test_residual_and_merge_kernels_equal_pytorch():
-    from engine.kv import cudnn
+    from engine.kv import cudnn_kernels as cudnn
     g = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randn(1, 1005, 1024, device="cuda", generator=g)
     r = torch.randn(1, 1005, 1024, device="cuda", generator=g).to(torch.bfloat16)

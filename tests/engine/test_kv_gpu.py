@@ -56,7 +56,7 @@ def test_flashinfer_matches_sdpa_on_the_same_steps(dtype):
 @needs_fi
 def test_auto_picks_the_split_on_cuda_for_bf16_and_sdpa_for_fp32():
     from engine.kv.backends import FlashInferBackend
-    from engine.kv.cudnn import CuDNNSplitBackend
+    from engine.kv.cudnn_split import CuDNNSplitBackend
     kw = dict(scale_frames=1, window=2, special_cap=8, device="cuda", backend="auto")
     c = PagedKVCache(1, H, D, P, dtype="bf16", **kw)
     assert isinstance(c._attn, CuDNNSplitBackend) and isinstance(c._attn._fallback, FlashInferBackend)
