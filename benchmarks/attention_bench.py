@@ -8,8 +8,9 @@ frames, window 64, special cap 1024) is streamed with random keys/values to `--f
 then, on the last keyframe step, each path attends the same q (1,005 tokens) to the same visible
 set: FlashInfer dense (ragged wrapper over the zero-copy run; FA3 on Hopper), FlashInfer paged
 (the page-table kernel), SDPA flash and cuDNN over the zero-copy view, and the cuDNN backend
-(engine/kv/cudnn.py `CuDNNBackend`: the whole pool, fixed capacity, bias row; also with the
-bias materialised per step). Median of `--reps` CUDA-event timings per path, the rate in TFLOP/s
+(engine/kv/cudnn.py `CuDNNBackend`: the whole pool, fixed capacity, bias row; its
+sequence-length form through the cuDNN frontend when installed), and the cuDNN split
+(engine/kv/cudnn_split.py). Median of `--reps` CUDA-event timings per path, the rate in TFLOP/s
 (4 * q * kv * heads * head_dim per call, kv = the visible tokens) and each path's relative
 difference to the first one. Then cuDNN's wall time per call when the KV length changes every
 call (as in the model) and with a fixed capacity plus a -inf tail mask; then `--steps` further

@@ -1,7 +1,8 @@
 """Paged KV cache for the streaming global attention, and the attention backends that read it.
 
-* page_table.py: the page tables (plain integers: free list, streams, step protocol, rollback)
-  and `CappedRing` (the special stream's and the camera cache's "pinned + ring" policy);
+* page_table.py: the page tables (plain integers: free list, streams, step protocol, rollback);
+  the special stream's "pinned + ring" policy is `CappedRing` (engine/models/capped_ring.py,
+  shared with the camera cache: this package imports engine/models, never the reverse);
 * pool.py: the tensors (page pools, fp8 / int8 scales) and every byte move;
 * attention.py: what every attention backend shares and declares (`Support`, `refusal`);
 * backends.py: SDPA and FlashInfer attention over the pools; cudnn.py: cuDNN over a fixed

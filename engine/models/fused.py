@@ -16,7 +16,7 @@ chains by hand and compile in about a second on first use:
 - `residual`: the block's last LayerScale residual (float32 x + bf16 y * gamma), which PyTorch
   runs through its slow mixed-dtype loop;
 - `merge_lse`: the cuDNN split's merge of two attention partials by their log-sum-exp
-  (engine/kv/cudnn.py), one pass instead of six kernels.
+  (engine/kv/cudnn_kernels.py), one pass instead of six kernels.
 `gelu_epilogue_usable` decides the MLP's fc1 + GELU in cuBLASLt's epilogue (engine/models/layers.py).
 
 All arithmetic is float32 with one rounding at the store, so results equal the unfused path to
@@ -247,7 +247,7 @@ def merge_usable(out_a: torch.Tensor, lse_a: torch.Tensor) -> bool:
 def merge_lse(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """out_a + (out_b - out_a) * sigmoid(lse_b - lse_a) in float32, written contiguous in out_a's
     dtype: two attention partials over disjoint key sets merged by their log-sum-exp
-    (engine/kv/cudnn.py `merge_lse`) in one pass instead of six kernels (None: see `_guarded`)."""
+    (engine/kv/cudnn_kernels.py `merge_lse`) in one pass instead of six kernels (None: see `_guarded`)."""
     n, H, D = out_a.shape
     if out_b.stride(-1) != 1 or lse_b.stride(-1) != 1:
         out_b, lse_b = out_b.contiguous(), lse_b.contiguous()

@@ -46,7 +46,7 @@ def test_cudnn_fixed_capacity_equals_sdpa_without_syncs():
 @needs_cuda
 def test_cudnn_session_matches_sdpa_session():
     def uses_cudnn(s):
-        be = s.kv._attn
+        be = s.kv.attention
         assert be.error is None, be.error
         assert be.calls["fixed"] > 0
     assert_matches_sdpa("cudnn", check=uses_cudnn)

@@ -113,7 +113,7 @@ def test_cudnn_session_on_the_seqlen_form_matches_sdpa_session():
     from tests.engine.backend_sessions import assert_matches_sdpa
 
     def uses_seqlen(s):
-        be = s.kv._attn
+        be = s.kv.attention
         assert isinstance(be, CuDNNSeqLenBackend), getattr(be, "frontend_error", None)
         assert be.error is None, be.error
         # 999-token pages: the window-filling steps exact (no paged form), the rest dense

@@ -132,7 +132,7 @@ def test_cudnn_session_on_the_split_matches_sdpa_session():
     from tests.engine.backend_sessions import assert_matches_sdpa
 
     def uses_split(s):
-        be = s.kv._attn
+        be = s.kv.attention
         assert isinstance(be, CuDNNSplitBackend)
         assert be.error is None, be.error
         assert be.calls["split"] > 0 and be.calls["fallback"] > 0 and len(be.a_shapes) <= 2
