@@ -167,7 +167,7 @@ class SessionConfig:
                                    tooltip="Share of a compressed frame's patch tokens kept (token_partition, "
                                            "random_subset, token_merge) or of the window's blocks attended "
                                            "(block_sparse).")
-    kv_block_size: int = setting(64, label="KV block size", group="KV cache", engines=_NEURAL, range=(8, 4096),
+    kv_block_size: int = setting(64, label="KV block size", group="KV cache", engines=_NEURAL, range=(1, 4096),
                                  tooltip="Tokens per block of block_sparse attention (selected by the mean key).")
     kv_seed: int = setting(0, label="KV seed", group="KV cache", engines=_NEURAL, range=(0, 2**31 - 1),
                            tooltip="Seed of random_subset (the kept tokens are reproducible for a given seed).")
