@@ -53,6 +53,7 @@ import torch
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig, check_settings
 from ..pose import decode_pose
 from ..session_timing import SessionTiming, resolve_device
+from ..kv.dtypes import COMPUTE_DTYPES as _DTYPES  # noqa: F401  (the compute dtypes by name: callers load models with it)
 from ..models.layers import kernel_errors
 
 
