@@ -9,6 +9,8 @@ import argparse
 import importlib
 import sys
 
+from engine.api import missing_dependency
+
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
     "gui": ("app.cmd_gui", "open the desktop application (default)"),
@@ -30,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             mod = importlib.import_module(module)
         except ImportError as exc:  # a missing optional part must not break the other commands
+            if missing_dependency(exc) is None:
+                raise               # a broken import of our own code: fail loudly
             p.set_defaults(_unavailable=f"{name}: unavailable ({exc})")
             continue
         mod.add_arguments(p)

@@ -149,9 +149,6 @@ def _build_config(args, source):
             device = "cuda" if torch.cuda.is_available() else "cpu"
     given.update(engine=engine, device=device,
                  dtype=given.get("dtype") or ("bf16" if device.startswith("cuda") else "fp32"))
-    for name in ("window", "scale_frames", "keyframe_interval", "camera_iterations", "image_width"):
-        if name in given and given[name] <= 0:
-            raise _BadInput(f"--{name.replace('_', '-')} must be positive, got {given[name]}")
     cfg = SessionConfig(**given)
     problems = setting_problems(cfg)
     if problems:

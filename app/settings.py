@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Optional
 
+from engine import envs
 from engine.api import SessionConfig
 
 ORGANIZATION = "ReconStudio"
@@ -73,7 +73,7 @@ class AppSettings:
     def __init__(self, path: Optional[str] = None):
         from PySide6.QtCore import QSettings
 
-        path = path or os.environ.get("RECONSTUDIO_SETTINGS")
+        path = path or envs.get("RECONSTUDIO_SETTINGS")
         if path:
             self._q = QSettings(str(path), QSettings.Format.IniFormat)
         else:

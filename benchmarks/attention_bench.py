@@ -8,8 +8,9 @@ frames, window 64, special cap 1024) is streamed with random keys/values to `--f
 then, on the last keyframe step, each path attends the same q (1,005 tokens) to the same visible
 set: FlashInfer dense (ragged wrapper over the zero-copy run; FA3 on Hopper), FlashInfer paged
 (the page-table kernel), SDPA flash and cuDNN over the zero-copy view, and the cuDNN backend
-(engine/kv/cudnn.py `CuDNNBackend`: the whole pool, fixed capacity, bias row; also with the
-bias materialised per step). Median of `--reps` CUDA-event timings per path, the rate in TFLOP/s
+(engine/kv/cudnn.py `CuDNNBackend`: the whole pool, fixed capacity, bias row; its
+sequence-length form through the cuDNN frontend when installed), and the cuDNN split
+(engine/kv/cudnn_split.py). Median of `--reps` CUDA-event timings per path, the rate in TFLOP/s
 (4 * q * kv * heads * head_dim per call, kv = the visible tokens) and each path's relative
 difference to the first one. Then cuDNN's wall time per call when the KV length changes every
 call (as in the model) and with a fixed capacity plus a -inf tail mask; then `--steps` further
@@ -29,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.kv import PagedKVCache                                          # noqa: E402
 from engine.kv.backends import FlashInferBackend, SDPABackend, flashinfer_available  # noqa: E402
-from engine.kv.cudnn import (CuDNNBackend, CuDNNFrontendKernel, CuDNNSeqLenBackend,  # noqa: E402
-                             CuDNNSplitBackend, _import_cudnn_frontend, merge_lse, torch_cudnn,
-                             torch_flash_lse)
+from engine.kv.cudnn import CuDNNBackend, CuDNNSeqLenBackend  # noqa: E402
+from engine.kv.cudnn_kernels import _import_cudnn_frontend, merge_lse, torch_cudnn, torch_flash_lse  # noqa: E402
+from engine.kv.cudnn_split import CuDNNSplitBackend  # noqa: E402
 
 H, D, P, S6 = 16, 64, 999, 6
 
@@ -205,27 +206,13 @@ def main(argv=None) -> None:
     cache = PagedKVCache(1, H, D, P, special_tokens=S6, scale_frames=8, window=64, special_cap=1024,
                          dtype=torch.bfloat16, device="cuda", backend="sdpa")
     # made before streaming: a CuDNNBackend zeroes the pool when it is created (as in a session)
-    cudnn_row = CuDNNBackend(cache, min_fill=0.0, mask="row")
-    cudnn_full = CuDNNBackend(cache, min_fill=0.0, mask="full")
-    # the sequence-length form through the cuDNN frontend (CuDNNSeqLenBackend), both layouts
+    cudnn_row = CuDNNBackend(cache, min_fill=0.0)
+    # the sequence-length form through the cuDNN frontend (CuDNNSeqLenBackend)
     seqlen = {}
     fe, fe_err = _import_cudnn_frontend()
     if fe is not None:
         print(f"cuDNN frontend {fe.__version__}, cuDNN backend {fe.backend_version()}")
-        seqlen["cudnn frontend seq_len (dense)"] = be = CuDNNSeqLenBackend(cache, form="dense")
-        # cuDNN's SDPA implementations and the tuned plan choice, same dense form
-        for impl, tune, shape in (("unified", False, "padding"), ("composite", True, "padding"),
-                                  ("composite", False, "override")):
-            label = f"cudnn frontend seq_len (dense, {impl}{', tuned' if tune else ''}, {shape})"
-            try:
-                seqlen[label] = CuDNNSeqLenBackend(cache, form="dense",
-                                                   kernel=CuDNNFrontendKernel("cuda", impl, tune, shape))
-            except Exception as exc:
-                print(f"{label}: not made: {type(exc).__name__}: {exc}")
-        if be.paged_note:        # 999-token pages: cuDNN's paged form needs a power of two
-            print(f"cudnn frontend seq_len (paged): not run: {be.paged_note}")
-        else:
-            seqlen["cudnn frontend seq_len (paged)"] = CuDNNSeqLenBackend(cache, form="paged")
+        seqlen["cudnn frontend seq_len (dense)"] = CuDNNSeqLenBackend(cache)
     else:
         print(f"cuDNN frontend missing: {fe_err}")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -251,23 +238,10 @@ def main(argv=None) -> None:
     paths["sdpa flash (zero-copy view)"] = SDPABackend(cache, kernels=[SDPBackend.FLASH_ATTENTION])
     paths["sdpa cudnn (zero-copy view)"] = SDPABackend(cache, kernels=[SDPBackend.CUDNN_ATTENTION])
     paths["cudnn backend (fixed capacity, bias row)"] = cudnn_row
-    paths["cudnn backend (fixed capacity, full bias)"] = cudnn_full
     paths.update(seqlen)
     # the split: the patch-page run through plain cuDNN (one graph: its length is constant in the
     # steady state) + the special tokens through flash, merged by log-sum-exp (CuDNNSplitBackend)
-    paths["cudnn split (torch cuDNN A + flash B)"] = CuDNNSplitBackend(cache, a_kernel="torch", merge="eager")
-    paths["cudnn split (torch cuDNN A + flash B, merge compiled)"] = CuDNNSplitBackend(cache, a_kernel="torch",
-                                                                                       merge="compile")
-    if fe is not None:
-        paths["cudnn split (frontend A + flash B)"] = CuDNNSplitBackend(cache, a_kernel="frontend", merge="eager")
-        # the fixed part's cuDNN graph with softmax stats: other implementations / every plan timed
-        for impl, tune in (("unified", False), ("composite", True), ("unified", True), ("auto", False)):
-            label = f"cudnn split (frontend A {impl}{', tuned' if tune else ''} + flash B)"
-            try:
-                paths[label] = CuDNNSplitBackend(cache, merge="eager",
-                                                 kernel_a=CuDNNFrontendKernel("cuda", impl, tune).attend_lse)
-            except Exception as exc:
-                print(f"{label}: not made: {type(exc).__name__}: {exc}")
+    paths["cudnn split (torch cuDNN A + flash B)"] = CuDNNSplitBackend(cache)
     only = [x for x in a.only.split(",") if x]
     if only:
         paths = {k: v for k, v in paths.items() if any(x in k for x in only)}
@@ -297,14 +271,8 @@ def main(argv=None) -> None:
             extra["max_abs_diff_to_sdpa_flash"] = float((out.float() - sd).abs().max())
         rows.append({"path": name, "ms": ms, "tflops": flop / ms / 1e9, "rel_diff_to_first": diff, **extra})
         print(f"{name:32s} {ms:7.3f} ms  {flop / ms / 1e9:6.0f} TFLOP/s  rel diff {diff:.1e}  {extra}")
-    for name, be in paths.items():       # the split's frontend kernels: plans and their timings
-        k = getattr(getattr(be, "_kernel_a", None), "__self__", None)
-        if isinstance(be, CuDNNSplitBackend) and k is not None:
-            print(f"{name}: graphs built {k.builds}, tuned plans (ms) {k.plan_ms} {k.tune_error or ''}")
     for name, be in seqlen.items():
-        k = be._kernel
-        print(f"{name}: impl {getattr(k, 'impl', None)}, shape {getattr(k, 'shape', None)}, graphs built {getattr(k, 'builds', None)}, "
-              f"steps per form {be.forms}, tuned plans (ms) {getattr(k, 'plan_ms', None)} {getattr(k, 'tune_error', '')}")
+        print(f"{name}: graphs built {getattr(be._kernel, 'builds', None)}, steps per form {be.forms}")
     rows += _split_parts(paths, step, q, a.reps)
     if not only or any("length" in x for x in only):
         rows += _cudnn_lengths(cache, step, q, a.reps)

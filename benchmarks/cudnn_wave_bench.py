@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attention_bench import _median_ms         # noqa: E402  (CUDA-event median, shared)
-from engine.kv.cudnn import (chunk_bounds, chunked_lse, even_chunks, tail_chunks,   # noqa: E402
+from engine.kv.cudnn_kernels import (chunk_bounds, chunked_lse, even_chunks, tail_chunks,   # noqa: E402
                              torch_cudnn_lse)
 
 

@@ -70,22 +70,17 @@ def main():
         s.push(frames[i % 8])
     print(f"[{a.backend}] steady ms/frame: {ms_per_frame(s, frames, 20):.1f}")
     replay_step_graphs(model, a.backend)
-    if hasattr(s.kv._attn, "calls"):    # cuDNN backend: fixed-capacity vs exact calls, and why not
-        at = s.kv._attn
-        print(f"[{a.backend}] attention calls {at.calls}, capacity {at.capacity}, error {at.error}, "
-              f"mode {getattr(at, 'mode', None)} forms {getattr(at, 'forms', None)} "
-              f"frontend_error {getattr(at, 'frontend_error', None)} "
-              f"whole shapes {getattr(at, 'whole_shapes', None)}")
+    print(f"[{a.backend}] attention {s.kv.attention.describe()}, choice {s.kv.stats()['backend_choice']}")
     if a.variants and a.backend == "sdpa":
-        attn = s.kv._attn
+        attn = s.kv.attention
         for name, ks in [("flash", [SDPBackend.FLASH_ATTENTION]), ("cudnn", [SDPBackend.CUDNN_ATTENTION]),
                          ("efficient", [SDPBackend.EFFICIENT_ATTENTION])]:
-            attn._kernels = ks
+            attn.kernels = ks
             try:
                 print(f"[sdpa:{name}] steady ms/frame: {ms_per_frame(s, frames, 20):.1f}")
             except Exception as exc:
                 print(f"[sdpa:{name}] failed: {str(exc)[:200]}")
-        attn._kernels = None
+        attn.kernels = None
     if a.profile_scope:
         model.aggregator.graph_scope = a.profile_scope
         for i in range(4):            # the parts' graphs of the new scope are captured here

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #11, the cuDNN split (backend "cudnn", RECONSTUDIO_CUDNN_MODE=split, CuDNNSplitBackend) in
+# Issue #11, the cuDNN split (backend "cudnn-split", CuDNNSplitBackend) in
 # ONE call on the H200: versions; its GPU tests (+ the CPU ones); one global-attention layer at
 # the steady shape (attention_bench.py: the split beside FlashInfer dense, plain cuDNN, SDPA flash
 # and the padding-mask form, and where the split's time goes); ours side by side (side_by_side.py
@@ -14,7 +14,7 @@ set -uo pipefail
 VIDEO=.cache/frames/icl_kt3.mp4
 SBS="python3 benchmarks/side_by_side.py"
 N=${N:-300}
-VARIANTS=${VARIANTS:-cudnn-split,cudnn-split-compiled,compiled,cudnn-split-compiled:2,cudnn-split:2,compiled:2,cudnn-split-cm}
+VARIANTS=${VARIANTS:-cudnn-split,cudnn-split-compiled,compiled,cudnn-split-compiled:2,cudnn-split:2,compiled:2}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, flashinfer, cudnn; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'torch cudnn', torch.backends.cudnn.version(), 'flashinfer', flashinfer.__version__, 'cudnn frontend', \
@@ -26,25 +26,11 @@ timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider -p no:pytest-qt
   ${TESTS:-tests/engine/test_cudnn_split_gpu.py tests/engine/test_cudnn_split.py} 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25; el
 timeout ${T_ATT:-120} python3 benchmarks/attention_bench.py --frames "${NA:-300}" --reps 50 --steps 20 \
   --only "${ONLY:-flashinfer dense,sdpa,split,seq_len (dense)}" --json "$OUT/attention.json" 2>&1; el
-# BEST_FE=1: the fastest frontend form of the split's fixed part in that benchmark (implementation,
-# plan timing) is exported for the side by side's -fe variants (RECONSTUDIO_CUDNN_IMPL / _TUNE)
-if [ -n "${BEST_FE:-}" ]; then
-  eval "$(python3 - "$OUT/attention.json" <<'PY'
-import json, re, sys
-rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r.get("ms") and "frontend A" in r["path"]]
-if rows:
-    best = min(rows, key=lambda r: r["ms"])
-    m = re.search(r"frontend A(?: (\w+))?(, tuned)?", best["path"])
-    print(f"export RECONSTUDIO_CUDNN_IMPL={m.group(1) or 'composite'} RECONSTUDIO_CUDNN_TUNE={1 if m.group(2) else 0}")
-PY
-)"
-  echo "frontend split form for -fe variants: impl ${RECONSTUDIO_CUDNN_IMPL:-composite} tune ${RECONSTUDIO_CUDNN_TUNE:-0}"
-fi
 wait $WPID; cat /tmp/weights.log; el
 timeout ${T_OURS:-280} $SBS ours --no-fidelity --weights /tmp/recipe.pt --video $VIDEO --frames "$N" --variants "$VARIANTS" \
   --json "$OUT/ours.json" 2>&1 | grep -v Warning; el
 if [ "${T_PROF:-70}" != 0 ]; then
-  RECONSTUDIO_CUDNN_MODE=split timeout ${T_PROF:-70} python3 benchmarks/gpu_profile.py --backend cudnn --frames 80 \
+  timeout ${T_PROF:-70} python3 benchmarks/gpu_profile.py --backend cudnn-split --frames 80 \
     > "$OUT/profile.txt" 2>&1
   grep "^\[\|SDPA alone" "$OUT/profile.txt"; el
 fi

@@ -16,7 +16,7 @@ VIDEO=.cache/frames/icl_kt3.mp4
 SBS="python3 benchmarks/side_by_side.py"
 N=${N:-300}; FID=${FID:-40}
 T_OURS=${T_OURS:-300}; T_UP=${T_UP:-140}
-VARIANTS=${VARIANTS:-fi-paged,sync,all-graphs,compiled,cudnn,cudnn-bias,cudnn-compiled}
+VARIANTS=${VARIANTS:-fi,sync,all-graphs,compiled,cudnn,cudnn-compiled}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'flashinfer', flashinfer.__version__)"
 JIT=$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer
@@ -44,12 +44,7 @@ $SBS report "$OUT/ours.json" "$OUT/upstream.json" --npz-ours /tmp/ours_fp32.npz 
 timeout 60 python3 benchmarks/gpu_profile.py --backend flashinfer --frames 80 > "$OUT/profile.txt" 2>&1
 # the cuDNN fixed-capacity backend's kernel time (appended: $OUT holds at most 8 files)
 timeout 60 python3 benchmarks/gpu_profile.py --backend cudnn --frames 80 >> "$OUT/profile.txt" 2>&1
-# PROFILE_SHAPES="override ...": the cuDNN backend again with RECONSTUDIO_CUDNN_SHAPE set to each
-for shape in ${PROFILE_SHAPES:-}; do
-  echo "== RECONSTUDIO_CUDNN_SHAPE=$shape" >> "$OUT/profile.txt"
-  RECONSTUDIO_CUDNN_SHAPE=$shape timeout 60 python3 benchmarks/gpu_profile.py --backend cudnn --frames 80 >> "$OUT/profile.txt" 2>&1
-done
-grep "^\[\|SDPA alone\|^== RECON" "$OUT/profile.txt"; el
+grep "^\[\|SDPA alone" "$OUT/profile.txt"; el
 # the FlashInfer JIT cache comes back only when this run built something new
 find "$JIT" -name '*.so' 2>/dev/null | sort > /tmp/jit_after.txt
 if ! cmp -s /tmp/jit_before.txt /tmp/jit_after.txt; then

@@ -10,11 +10,10 @@ Defaults are the released configuration at 518x378: 999 patches + 6 specials per
 
 `--kv-dtype fp8` instead times an fp8 store against the same keys/values stored in bf16: bf16
 SDPA (zero-copy) and FlashInfer FA3 (dense = ragged kernel over the contiguous run, and paged),
-fp8 SDPA (dequantise the visible set), and FlashInfer's fp8 kernels (`--fp8-kinds`: "kv" = FA2
-with bf16 q and e4m3 K/V, paged; "fa3" = FA3 fp8 with q in e4m3, dense and paged);
-every output is compared with an fp32 attention over the bf16 keys/values.
+fp8 SDPA (dequantise the visible set), and FlashInfer's fp8-KV kernel (FA2 with bf16 q and
+e4m3 K/V, paged); every output is compared with an fp32 attention over the bf16 keys/values.
 
-    python -m benchmarks.kv_microbench --device cuda --kv-dtype fp8 --fp8-kinds kv,fa3 --json fp8.json
+    python -m benchmarks.kv_microbench --device cuda --kv-dtype fp8 --json fp8.json
 """
 from __future__ import annotations
 
@@ -109,15 +108,13 @@ def run(device="cuda", dtype="bf16", frames=71, patch_tokens=999, heads=16, head
         res["ms"][name] = _time(lambda: be.attend(step, q, 0), iters, warmup, cuda)
 
     if cuda and flashinfer_available() and dt in (torch.bfloat16, torch.float16):
-        import os
         for kind in flashinfer_kinds:
             if time_budget_s and time.time() - t_start > time_budget_s:
                 res.setdefault("skipped", []).append(f"flashinfer_{kind} (time budget)")
                 continue
-            os.environ["RECONSTUDIO_FLASHINFER_BACKEND"] = kind
             try:
                 t0 = time.time()
-                be = FlashInferBackend(cache)
+                be = FlashInferBackend(cache, kernel=kind)
                 be.plan(step)
                 out = be.attend(step, q, 0)
                 torch.cuda.synchronize()
@@ -127,8 +124,6 @@ def run(device="cuda", dtype="bf16", frames=71, patch_tokens=999, heads=16, head
                 res["ms"][f"flashinfer_{kind}_plan"] = _time(lambda: be.plan(step), 20, 3, cuda)
             except Exception as exc:  # report and go on: one kernel family may not build
                 res.setdefault("errors", {})[f"flashinfer_{kind}"] = f"{type(exc).__name__}: {exc}"[:500]
-            finally:
-                os.environ.pop("RECONSTUDIO_FLASHINFER_BACKEND", None)
     # bandwidth view: bytes of K and V read once
     kv_bytes = 2 * step.num_kv_tokens * heads * head_dim * cache.k_pool.element_size()
     res["kv_bytes"] = kv_bytes
@@ -151,10 +146,9 @@ def _fill_same(caches, frames: int, gen: torch.Generator, scale_frames: int) -> 
 
 
 def run_fp8(device="cuda", frames=71, patch_tokens=999, heads=16, head_dim=64, scale_frames=8,
-            window=64, special_cap=1024, iters=50, warmup=10, kinds=("kv", "fa3"),
+            window=64, special_cap=1024, iters=50, warmup=10,
             time_budget_s=None) -> dict:
     """fp8 store vs bf16 store of the same keys/values (see the module docstring)."""
-    import os
     t_start = time.time()
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -183,12 +177,10 @@ def run_fp8(device="cuda", frames=71, patch_tokens=999, heads=16, head_dim=64, s
            "pool_bytes": {"bf16": cb.pool.bytes_allocated, "fp8": c8.pool.bytes_allocated},
            "flops": 4 * T * sb.num_kv_tokens * heads * head_dim}
 
-    def measure(name, make, step, env=None):
+    def measure(name, make, step):
         if time_budget_s and time.time() - t_start > time_budget_s:
             res["errors"][name] = "skipped (time budget)"
             return
-        old = {k_: os.environ.get(k_) for k_ in (env or {})}
-        os.environ.update(env or {})
         try:
             t0 = time.time()
             be = make()
@@ -203,24 +195,15 @@ def run_fp8(device="cuda", frames=71, patch_tokens=999, heads=16, head_dim=64, s
             res["ms"][name] = _time(lambda: be.attend(step, q, 0), iters, warmup, cuda)
         except Exception as exc:  # report and go on: one kernel may not build
             res["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
-        finally:
-            for k_, v_ in old.items():
-                if v_ is None:
-                    os.environ.pop(k_, None)
-                else:
-                    os.environ[k_] = v_
 
     measure("bf16_sdpa", lambda: SDPABackend.create(cb), sb)
     measure("fp8_sdpa_dequant", lambda: SDPABackend.create(c8), s8)
     if cuda and flashinfer_available():
         for dense in (True, False):        # dense = ragged kernel over the contiguous run
             sfx = "" if dense else "_paged"
-            measure(f"bf16_flashinfer_fa3{sfx}", lambda: FlashInferBackend(cb, dense=dense), sb,
-                    {"RECONSTUDIO_FLASHINFER_BACKEND": "fa3"})
-            for kind in kinds:
-                if kind == "fa3" or dense:     # FA2 fp8-KV is paged only
-                    measure(f"fp8_flashinfer_{kind}{sfx}", lambda: FlashInferBackend(c8, dense=dense), s8,
-                            {"RECONSTUDIO_FLASHINFER_FP8": kind})
+            measure(f"bf16_flashinfer_fa3{sfx}", lambda: FlashInferBackend(cb, dense=dense, kernel="fa3"), sb)
+            if dense:                      # FA2 fp8-KV: always the paged kernel
+                measure("fp8_flashinfer_kv", lambda: FlashInferBackend(c8), s8)
     cb.end_step()
     c8.end_step()
     return res
@@ -239,13 +222,12 @@ def main(argv=None) -> int:
     ap.add_argument("--flashinfer", default="fa3,fa2", help="FlashInfer kernel families to time")
     ap.add_argument("--time-budget", type=float, default=None, help="skip FlashInfer kinds after this many s")
     ap.add_argument("--kv-dtype", default=None, help="fp8: the fp8-store comparison (run_fp8)")
-    ap.add_argument("--fp8-kinds", default="kv,fa3", help="FlashInfer fp8 kernels to time (kv, fa3)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.kv_dtype == "fp8":
         res = run_fp8(a.device, a.frames, a.patch_tokens, scale_frames=a.scale_frames, window=a.window,
                       special_cap=a.special_cap, iters=a.iters,
-                      kinds=tuple(x for x in a.fp8_kinds.split(",") if x), time_budget_s=a.time_budget)
+                      time_budget_s=a.time_budget)
         print(f"{res['device']} fp8 store vs bf16: q={res['q_tokens']} kv={res['kv_tokens']} "
               f"pools {res['pool_bytes']}")
         for name, ms in res["ms"].items():

@@ -148,98 +148,39 @@ def cmd_weights(args) -> None:
 
 
 # ------------------------------------------------------------------------------------------ ours
-# speed variants of ours (keyframe interval 1): session options and environment variables
+# speed variants of ours (keyframe interval 1): session options (SessionConfig fields, plus
+# "graph_scope" / "defer_results" / "dense", which this script applies itself). Variants of
+# measurements that were not adopted are gone with their code paths; their figures stay in docs/.
 _VARIANTS = {
-    "sdpa": ({"backend": "sdpa"}, {}),
-    "sdpa-cudnn": ({"backend": "sdpa"}, {"RECONSTUDIO_SDPA_KERNELS": "cudnn,flash,efficient,math"}),
-    "fi-fa2": ({"backend": "flashinfer"}, {"RECONSTUDIO_FLASHINFER_BACKEND": "fa2"}),
-    "fi-fa3": ({"backend": "flashinfer"}, {"RECONSTUDIO_FLASHINFER_BACKEND": "fa3"}),
-    "fi-dense": ({"backend": "flashinfer", "dense": True}, {}),
-    # FlashInfer's own paths (engine/kv/backends.py): paged kernel only / ragged over the run
-    "fi-paged": ({"backend": "flashinfer"}, {"RECONSTUDIO_FLASHINFER_DENSE": "0"}),
-    "fi-ragged": ({"backend": "flashinfer"}, {"RECONSTUDIO_FLASHINFER_DENSE": "1"}),
+    "sdpa": {"backend": "sdpa"},
+    "fi": {"backend": "flashinfer"},
+    # FlashInfer with one dense SDPA flash call over the contiguous run (a patch of this script)
+    "fi-dense": {"backend": "flashinfer", "dense": True},
     # results copied to the host with one sync per frame (no hand-out a step later)
-    "sync": ({"defer_results": False}, {}),
-    "eager": ({"cuda_graphs": False}, {}),
-    # the blocks' norms, casts and residuals as plain PyTorch ops instead of the fused Triton
-    # kernels (engine/models/fused.py)
-    "unfused": ({}, {"RECONSTUDIO_FUSED_BLOCKS": "0"}),
-    "fixed-graphs": ({"graph_scope": "fixed"}, {}),
-    "all-graphs": ({"graph_scope": "all"}, {}),
+    "sync": {"defer_results": False},
+    "eager": {"cuda_graphs": False},
+    "fixed-graphs": {"graph_scope": "fixed"},
+    "all-graphs": {"graph_scope": "all"},
     # the blocks' two halves under torch.compile inside our CUDA graphs (engine/models/compile.py)
-    "compiled": ({}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
-    # backend "cudnn" (engine/kv/cudnn.py): with the cuDNN frontend installed its sequence-length
-    # form (CuDNNSeqLenBackend: dense view of the visible run, paged otherwise), else the bias row
-    # over the pool's fixed capacity (CuDNNBackend); -paged: every step through cuDNN's page table;
-    # -bias / -full: the bias row / the bias materialised per step, frontend or not; -compiled:
-    # with the compiled blocks above
-    "cudnn": ({"backend": "cudnn"}, {}),
-    "cudnn-paged": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_FORM": "paged"}),
-    "cudnn-bias": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "bias"}),
-    "cudnn-full": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "bias", "RECONSTUDIO_CUDNN_MASK": "full"}),
-    "cudnn-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
-    # the frontend's dense call without the padding mask: one graph, the K/V shapes overridden
-    # per call (-override; -override-compiled with the compiled blocks)
-    "cudnn-override": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_SHAPE": "override"}),
-    "cudnn-override-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_SHAPE": "override",
-                                                       "RECONSTUDIO_COMPILE_BLOCKS": "1"}),
-    # the split (CuDNNSplitBackend): the steady state's patch-page run through plain cuDNN (one
-    # graph), the special tokens through flash, merged by log-sum-exp; FlashInfer otherwise.
-    # -fe: the fixed part through the cuDNN frontend; -cm: the merge under torch.compile;
-    # -compiled: with the compiled blocks and the compiled merge
-    "cudnn-split": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split"}),
-    "cudnn-split-fe": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split", "RECONSTUDIO_CUDNN_SPLIT_A": "frontend"}),
-    "cudnn-split-cm": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split", "RECONSTUDIO_CUDNN_SPLIT_MERGE": "compile"}),
-    "cudnn-split-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split", "RECONSTUDIO_CUDNN_SPLIT_MERGE": "compile",
-                                                    "RECONSTUDIO_COMPILE_BLOCKS": "1"}),
-    "cudnn-split-fe-compiled": ({"backend": "cudnn"}, {"RECONSTUDIO_CUDNN_MODE": "split", "RECONSTUDIO_CUDNN_SPLIT_A": "frontend",
-                                                       "RECONSTUDIO_CUDNN_SPLIT_MERGE": "compile",
-                                                       "RECONSTUDIO_COMPILE_BLOCKS": "1"}),
-    # backend "auto" with RECONSTUDIO_AUTO_SPLIT=1 (the split) / 0 (FlashInfer alone, the default)
-    "auto-split": ({"backend": "auto"}, {"RECONSTUDIO_AUTO_SPLIT": "1"}),
-    "auto-flashinfer": ({"backend": "auto"}, {"RECONSTUDIO_AUTO_SPLIT": "0"}),
-    # fp8 KV store (engine/kv/pool.py: e4m3, a scale per layer, K/V and head): FlashInfer's FA3 fp8
-    # kernel (q in e4m3; the default on Hopper) / its FA2 kernel (bf16 q); the cuDNN split through
-    # cuDNN's fp8 kernel (CuDNNFP8Kernel), with and without the compiled blocks
-    "fp8-fa3": ({"backend": "flashinfer", "kv_dtype": "fp8"}, {"RECONSTUDIO_FLASHINFER_FP8": "fa3"}),
-    "fp8-fa2": ({"backend": "flashinfer", "kv_dtype": "fp8"}, {"RECONSTUDIO_FLASHINFER_FP8": "kv"}),
-    "fp8-cudnn-split": ({"backend": "cudnn-split", "kv_dtype": "fp8"}, {}),
-    "fp8-cudnn-split-compiled": ({"backend": "cudnn-split", "kv_dtype": "fp8"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
-    # defaults since 2026-12-02, each switched off: fc1 + GELU in the matmul epilogue, the camera
-    # head on a side stream beside the depth head, the depth head's convolutions channels-last;
-    # "knobs3-off": all three off (the default before them); the fused residual / merge kernels
-    # go with RECONSTUDIO_FUSED_BLOCKS ("unfused")
-    "gelu-epi-off": ({}, {"RECONSTUDIO_GELU_EPILOGUE": "0"}),
-    "heads-par-off": ({}, {"RECONSTUDIO_HEADS_PARALLEL": "0"}),
-    "depth-cl-off": ({}, {"RECONSTUDIO_DEPTH_CHANNELS_LAST": "0"}),
-    "knobs3-off": ({}, {"RECONSTUDIO_GELU_EPILOGUE": "0", "RECONSTUDIO_HEADS_PARALLEL": "0",
-                        "RECONSTUDIO_DEPTH_CHANNELS_LAST": "0"}),
-    # PyTorch's SDPA order (flash first) for the per-frame attention of the patch-embed and frame
-    # blocks, instead of cuDNN first (the default since 2026-12-02)
-    "frame-flash": ({}, {"RECONSTUDIO_FRAME_SDPA": "flash"}),
-    # rows past one wave of cuDNN tiles (518x392: 1,042 rows): the tail through flash instead of
-    # cuDNN's batched form (the default since 2026-12-02), or no tail (those steps to FlashInfer)
-    "tail-flash": ({}, {"RECONSTUDIO_CUDNN_TAIL_KERNEL": "flash"}),
-    "no-tail": ({}, {"RECONSTUDIO_CUDNN_WAVE_TAIL": "0"}),
-    "cudnn-split-compiled-b": ({"backend": "cudnn-split"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
+    "compiled": {"compile_blocks": True},
+    # backend "cudnn" (engine/kv/cudnn.py): the sequence-length form with the cuDNN frontend
+    # installed, else the bias row over the pool's fixed capacity
+    "cudnn": {"backend": "cudnn"},
+    "cudnn-compiled": {"backend": "cudnn", "compile_blocks": True},
+    # the split (CuDNNSplitBackend, what "auto" picks on CUDA for bf16/fp16): the steady state's
+    # patch-page run through plain cuDNN, the special tokens through flash, merged by log-sum-exp
+    "cudnn-split": {"backend": "cudnn-split"},
+    "cudnn-split-compiled": {"backend": "cudnn-split", "compile_blocks": True},
     # the split's streamed steps without whole-step graphs (graph scope "fixed": the parts graphed,
-    # attention eager) -- what "cudnn-split" ran before whole-step graphs; -compiled: with the
-    # compiled blocks
-    "cudnn-split-fixed": ({"backend": "cudnn-split", "graph_scope": "fixed"}, {}),
-    "cudnn-split-compiled-fixed": ({"backend": "cudnn-split", "graph_scope": "fixed"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1"}),
-    # heads: the depth head under bf16 autocast (-dbf16), the camera head's trunk blocks compiled
-    # too (-cam), both (-fast); with and without whole-step graphs
-    "cudnn-split-compiled-dbf16-fixed": ({"backend": "cudnn-split", "graph_scope": "fixed"},
-                                         {"RECONSTUDIO_COMPILE_BLOCKS": "1", "RECONSTUDIO_DEPTH_HEAD": "bf16"}),
-    "cudnn-split-compiled-cam-fixed": ({"backend": "cudnn-split", "graph_scope": "fixed"},
-                                       {"RECONSTUDIO_COMPILE_BLOCKS": "1", "RECONSTUDIO_COMPILE_CAMERA": "1"}),
-    "cudnn-split-compiled-fast-fixed": ({"backend": "cudnn-split", "graph_scope": "fixed"},
-                                        {"RECONSTUDIO_COMPILE_BLOCKS": "1", "RECONSTUDIO_COMPILE_CAMERA": "1",
-                                         "RECONSTUDIO_DEPTH_HEAD": "bf16"}),
-    "cudnn-split-compiled-fast": ({"backend": "cudnn-split"}, {"RECONSTUDIO_COMPILE_BLOCKS": "1", "RECONSTUDIO_COMPILE_CAMERA": "1",
-                                                              "RECONSTUDIO_DEPTH_HEAD": "bf16"}),
+    # attention eager)
+    "cudnn-split-fixed": {"backend": "cudnn-split", "graph_scope": "fixed"},
+    "cudnn-split-compiled-fixed": {"backend": "cudnn-split", "graph_scope": "fixed", "compile_blocks": True},
+    # fp8 KV store (engine/kv/pool.py: e4m3, a scale per layer, K/V and head): FlashInfer's FA2
+    # fp8-KV kernel; the split over the store read into 16-bit scratch
+    "fp8-fi": {"backend": "flashinfer", "kv_dtype": "fp8"},
+    "fp8-cudnn-split": {"backend": "cudnn-split", "kv_dtype": "fp8"},
+    "fp8-cudnn-split-compiled": {"backend": "cudnn-split", "kv_dtype": "fp8", "compile_blocks": True},
 }
-
 
 
 def _dense_flashinfer():
@@ -317,13 +258,9 @@ def _ours_stream(model, frames, dtype: str, interval: int, device: str, keep: bo
     peak = torch.cuda.max_memory_allocated() if cuda else 0
     n_scale = s.stats()["kv"]["scale_frames"] if s.kv is not None else 0
     backend = s.stats()["kv"]["backend"] if s.kv is not None else None
-    attn = getattr(s.kv, "_attn", None)
-    if attn is not None and hasattr(attn, "kernel"):       # FlashInfer / cuDNN: kernel family and path
-        backend = f"{backend} {attn.kernel} {attn.path}"
-    if attn is not None and hasattr(attn, "calls"):        # cuDNN: fixed-capacity vs exact calls, why not
-        backend += f" {getattr(attn, 'mode', '')} {attn.calls}" + (f" error: {attn.error}" if attn.error else "")
-        if getattr(attn, "frontend_error", None):
-            backend += f" (bias form: {attn.frontend_error})"
+    if s.kv is not None:            # the backend's own account: kernel, path, calls, errors
+        at = s.kv.attention.describe()
+        backend = " ".join([backend] + [f"{k} {v}" for k, v in at.items() if k != "name"])
     if backend is not None:             # streamed steps run as one CUDA graph (engine/lingbot/model.py)
         backend += f" step-graph replays {model.step_graph_replays - replays0}"
         if model.step_graph_error:
@@ -337,32 +274,14 @@ def _ours_stream(model, frames, dtype: str, interval: int, device: str, keep: bo
 
 
 @contextlib.contextmanager
-def _environ(env: dict):
-    """Environment variables `env` set for the block, the previous values (or their absence) back after."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-
-
-@contextlib.contextmanager
-def _variant(model, spec: tuple):
-    """A variant's (session options, environment) `spec` for the block: its environment set and
-    the model's graph scope its "graph_scope" option (else unchanged), both back after; yields the
-    remaining session options."""
-    kw, env = dict(spec[0]), spec[1]
+def _variant(model, opts: dict):
+    """A variant's session options for the block: the model's graph scope its "graph_scope"
+    option (else unchanged), back after; yields the remaining session options."""
+    kw = dict(opts)
     scope0 = model.aggregator.graph_scope
     model.aggregator.graph_scope = kw.pop("graph_scope", scope0)
-    if env.get("RECONSTUDIO_DEPTH_CHANNELS_LAST") == "0" and getattr(model, "_depth_cl", False):
-        import torch
-        model.depth_head.to(memory_format=torch.contiguous_format)   # as before; the default converts again
-        model._depth_cl = False
     try:
-        with _environ(env):
-            yield kw
+        yield kw
     finally:
         model.aggregator.graph_scope = scope0
 
@@ -418,7 +337,7 @@ def cmd_ours(args) -> None:
     for label, interval in runs:
         restore = None
         try:
-            with _variant(model, _VARIANTS.get(label, ({}, {}))) as kw:
+            with _variant(model, _VARIANTS.get(label, {})) as kw:
                 restore = _dense_flashinfer() if kw.pop("dense", False) else None
                 _, times, n_scale, peak, total, backend = _ours_stream(model, frames[:args.frames], "bf16", interval,
                                                                        dev, keep=False, **kw)

@@ -13,11 +13,12 @@ from .api import (  # noqa: F401
     engine_capabilities,
     open_session,
     register_engine,
+    unavailable_engines,
 )
 
 __all__ = [
     "CheckpointError", "EngineError", "EngineEvent", "FrameResult", "Session", "SessionConfig",
-    "available_engines", "engine_capabilities", "open_session", "register_engine",
+    "available_engines", "engine_capabilities", "open_session", "register_engine", "unavailable_engines",
     "build_model", "load_checkpoint",
 ]
 

@@ -28,15 +28,17 @@ class CheckpointError(EngineError):
 def setting(default: Any = None, *, label: str = "", tooltip: str = "", engines: tuple = (),
             choices: Optional[tuple] = None, range: Optional[tuple] = None, group: str = "",
             default_factory: Optional[Callable[[], Any]] = None, cli: bool = True, panel: bool = True,
-            step: Optional[float] = None):
+            step: Optional[float] = None, narrow: Optional[dict] = None):
     """A typed `SessionConfig` field with the metadata that the CLI flags, the settings-panel rows,
-    the defaults file and the capabilities are generated from (one source of truth).
+    the defaults file, the capabilities and the validation are generated from (one source of truth).
 
     engines: names of the engines that honour the field (empty = all); choices: allowed values of a
-    choice field; range: (min, max) of a numeric field; group: settings-panel section;
-    cli / panel: whether the field gets a CLI flag / a settings-panel row; step: spin-box step."""
+    choice field; narrow: {engine: the subset of `choices` that engine runs}; range: (min, max) of
+    a numeric field; group: settings-panel section; cli / panel: whether the field gets a CLI
+    flag / a settings-panel row; step: spin-box step."""
     meta = {"label": label, "tooltip": tooltip, "engines": tuple(engines), "choices": choices,
-            "range": range, "group": group, "cli": cli, "panel": panel, "step": step}
+            "range": range, "group": group, "cli": cli, "panel": panel, "step": step,
+            "narrow": dict(narrow or {})}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata={"setting": meta})
     return field(default=default, metadata={"setting": meta})
@@ -49,12 +51,12 @@ def setting_fields(cls: type = None) -> list:
 
 
 _NEURAL = ("lingbot-map",)
-# attention backend names (engine/kv/backends.py `resolve_backend`): the setting's choices and what
+# attention backend names (engine/kv/resolve.py `BACKENDS`): the setting's choices and what
 # the neural sessions accept
 ATTENTION_BACKENDS = ("auto", "sdpa", "flashinfer", "cudnn", "cudnn-split")
 _GEOMETRIC = ("geometric",)
 KV_COMPRESSIONS = ("none", "token_partition", "random_subset", "token_merge", "block_sparse")
-KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "int8")
+KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "int8")     # engine/kv/dtypes.py names them
 
 
 @dataclass
@@ -153,7 +155,7 @@ class SessionConfig:
                                tooltip="How many past frames keep their 6 special (camera) tokens cached: the "
                                        "long-range trajectory memory. Bounds memory.")
     kv_compression: str = setting("none", label="KV compression", group="KV cache", engines=_NEURAL,
-                                  choices=KV_COMPRESSIONS,
+                                  choices=KV_COMPRESSIONS, narrow={"vggt-1b": ("none",)},
                                   tooltip="Keep fewer of each cached window frame's tokens: token_partition "
                                           "(keep the most distinctive, FastVGGT-like), random_subset (a seeded "
                                           "random share, AVGGT-like), token_merge (average similar neighbours) "
@@ -165,11 +167,12 @@ class SessionConfig:
                                    tooltip="Share of a compressed frame's patch tokens kept (token_partition, "
                                            "random_subset, token_merge) or of the window's blocks attended "
                                            "(block_sparse).")
-    kv_block_size: int = setting(64, label="KV block size", group="KV cache", engines=_NEURAL, range=(8, 4096),
+    kv_block_size: int = setting(64, label="KV block size", group="KV cache", engines=_NEURAL, range=(1, 4096),
                                  tooltip="Tokens per block of block_sparse attention (selected by the mean key).")
     kv_seed: int = setting(0, label="KV seed", group="KV cache", engines=_NEURAL, range=(0, 2**31 - 1),
                            tooltip="Seed of random_subset (the kept tokens are reproducible for a given seed).")
     kv_dtype: str = setting("auto", label="KV precision", group="KV cache", engines=_NEURAL, choices=KV_DTYPES,
+                            narrow={"vggt-1b": ("auto", "bf16", "fp16", "fp32")},
                             tooltip="Storage of the cached keys/values: auto = the compute precision; fp8 / int8 "
                                     "store one byte per value with scales (half of bf16). fp8 is attended in "
                                     "the compute precision (pose error as bf16's on an H200); fastest through "
@@ -337,19 +340,42 @@ def coerce_setting(f: dataclasses.Field, value: Any) -> Any:
         raise SettingError(f"invalid setting {f.name}: cannot use {value!r} as {kind.__name__}") from None
 
 
+def field_choices(meta: dict, engine: Optional[str] = None) -> Optional[tuple]:
+    """The values a choice field allows for `engine`: its `narrow` entry, else its choices."""
+    return (meta.get("narrow") or {}).get(engine, meta.get("choices"))
+
+
 def setting_problems(cfg: "SessionConfig") -> list[str]:
-    """Values outside a field's declared choices or range (one message each; [] = all fine)."""
+    """Values of the wrong type, outside a field's declared choices (as narrowed for
+    `cfg.engine`) or outside its range: one message each; [] = all fine. The one check of every
+    declared value -- the CLI, the settings panel and the sessions all call it (sessions through
+    `check_settings`); only relations between fields are checked by the engines themselves."""
     out = []
     for f, meta in setting_fields(type(cfg)):
         v = getattr(cfg, f.name)
         if v is None:
             continue
-        if meta.get("choices") and v not in meta["choices"]:
-            out.append(f"{f.name} must be one of {', '.join(map(str, meta['choices']))} (got {v!r})")
+        kind = _field_kind(f)
+        if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
+            out.append(f"{f.name} must be an integer (got {v!r})")
+            continue
+        if kind is float and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+            out.append(f"{f.name} must be a number (got {v!r})")
+            continue
+        choices = field_choices(meta, cfg.engine)
+        if choices and v not in choices:
+            out.append(f"{f.name} must be one of {', '.join(map(str, choices))} (got {v!r})")
         rng = meta.get("range")
         if rng and isinstance(v, (int, float)) and not isinstance(v, bool) and not (rng[0] <= v <= rng[1]):
             out.append(f"{f.name} must be between {rng[0]:g} and {rng[1]:g} (got {v!r})")
     return out
+
+
+def check_settings(cfg: "SessionConfig", error: Callable[[str], EngineError]) -> None:
+    """Raise `error(...)` listing every `setting_problems` of `cfg` (a session's first check)."""
+    problems = setting_problems(cfg)
+    if problems:
+        raise error("; ".join(problems))
 
 
 @dataclass
@@ -418,21 +444,53 @@ _BUILTIN_MODULES = {"geometric": "engine.geometric", "lingbot-map": "engine.ling
                     "synthetic": "engine.synthetic", "vggt-1b": "engine.vggt"}
 
 
+# why a built-in engine cannot run here: a missing optional third-party dependency
+_UNAVAILABLE: dict[str, str] = {}
+# the project's own packages: an ImportError raised from one of them is a bug, never "unavailable"
+PROJECT_PACKAGES = ("engine", "app", "ui", "resources", "tests", "benchmarks", "scripts")
+
+
+def missing_dependency(exc: ImportError) -> Optional[str]:
+    """The reason an engine is unavailable when `exc` says a third-party module is missing
+    ("torch is not installed: No module named 'torch'"), or None when the ImportError comes from
+    the project's own code (or cannot be told apart): then it must propagate."""
+    name = getattr(exc, "name", None)
+    if not name or name.split(".")[0] in PROJECT_PACKAGES:
+        return None
+    return f"{name.split('.')[0]} is not installed or does not import ({type(exc).__name__}: {exc})"
+
+
 def _ensure_builtin_engines(name: Optional[str] = None) -> None:
     import importlib
 
     for engine_name, module in _BUILTIN_MODULES.items():
-        if engine_name in _FACTORIES or (name is not None and engine_name != name):
+        if engine_name in _FACTORIES or engine_name in _UNAVAILABLE or (name is not None and engine_name != name):
             continue
         try:
             importlib.import_module(module)  # registers itself
-        except ImportError:
-            pass
+        except ImportError as exc:
+            reason = missing_dependency(exc)
+            if reason is None:
+                raise                        # a broken import of our own code: fail loudly
+            _UNAVAILABLE[engine_name] = reason
 
 
 def available_engines() -> list[str]:
+    """Engines that can be opened here (registered; built-ins whose imports succeed)."""
     _ensure_builtin_engines()
     return list(_FACTORIES)
+
+
+def unavailable_engines() -> dict[str, str]:
+    """Built-in engines that cannot run here, with the reason (a missing optional dependency)."""
+    _ensure_builtin_engines()
+    return dict(_UNAVAILABLE)
+
+
+def _no_engine(name: str) -> EngineError:
+    if name in _UNAVAILABLE:
+        return EngineError(f"engine {name!r} is unavailable: {_UNAVAILABLE[name]}")
+    return EngineError(f"unknown engine {name!r}; available: {', '.join(_FACTORIES) or 'none'}")
 
 
 def engine_capabilities(name: str) -> dict:
@@ -442,7 +500,7 @@ def engine_capabilities(name: str) -> dict:
      "fields": ["scale_frames", "window", ...]}"""
     _ensure_builtin_engines(name)
     if name not in _CAPABILITIES:
-        raise EngineError(f"unknown engine {name!r}; available: {', '.join(_FACTORIES) or 'none'}")
+        raise _no_engine(name)
     return _with_setting_metadata(name, dict(_CAPABILITIES[name]))
 
 
@@ -453,8 +511,10 @@ CHOICE_KEYS = {"device": "devices", "dtype": "dtypes", "backend": "backends", "m
 
 def _with_setting_metadata(name: str, caps: dict) -> dict:
     """Capabilities completed from the `setting()` metadata: "fields" = the engine's own list plus
-    every field whose metadata names the engine (or all engines); "tooltips" = the metadata's,
-    overridden by the engine's; a choice list the engine does not narrow = the field's choices."""
+    every field whose metadata names the engine (or all engines); "tooltips" = the metadata's
+    (an engine registered from outside may add its own); a field's choices = the metadata's, as
+    narrowed for this engine (`field_choices`). Built-in engines declare no choice lists or
+    tooltips of their own: the metadata is the one place."""
     declared = list(caps.get("fields", []))
     fields = list(declared)
     tips = {}
@@ -467,7 +527,7 @@ def _with_setting_metadata(name: str, caps: dict) -> dict:
             tips[f.name] = meta["tooltip"]
         key = CHOICE_KEYS.get(f.name, f"{f.name}_choices")
         if meta["choices"] and key not in caps and f.name in fields:
-            caps[key] = list(meta["choices"])
+            caps[key] = list(field_choices(meta, name))
     tips.update(caps.get("tooltips") or {})
     caps["fields"] = fields
     caps["tooltips"] = tips
@@ -480,5 +540,11 @@ def open_session(config: SessionConfig, model: Any = None) -> Session:
     _ensure_builtin_engines(config.engine)
     factory = _FACTORIES.get(config.engine)
     if factory is None:
-        raise EngineError(f"unknown engine {config.engine!r}; available: {', '.join(_FACTORIES) or 'none'}")
-    return factory(config, model)
+        raise _no_engine(config.engine)
+    try:
+        return factory(config, model)
+    except ImportError as exc:      # the session's heavy imports (torch, ...) load here
+        reason = missing_dependency(exc)
+        if reason is None:
+            raise                   # our own code: fail loudly
+        raise EngineError(f"engine {config.engine!r} cannot run here: {reason}") from exc

@@ -206,17 +206,7 @@ CAPABILITIES = {
     "label": "Synthetic (soak test, no weights)",
     "needs_checkpoint": False,
     "devices": ["cpu"],
-    "dtypes": ["fp32"],
-    "backends": ["auto"],
-    "modes": ["streaming"],
-    "kv_compression": ["none"],
-    "kv_dtypes": ["auto"],
-    "fields": ["image_width", "keyframe_interval", "fps", "synthetic_fps", "synthetic_segment_frames"],
-    "tooltips": {
-        "image_width": "Width of the emitted depth maps (518 gives 518×392 for 4:3 input, as the neural engine).",
-        "synthetic_fps": "Frames per second the engine emits (0 = as fast as possible).",
-        "synthetic_segment_frames": "Start a new segment every N frames (0 = never).",
-    },
+    "fields": ["image_width", "keyframe_interval"],      # shared fields it honours besides its own
 }
 
 

@@ -1,12 +1,13 @@
 """Shared test helpers: where the shared data lives, and the Qt import blocker."""
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from engine import envs     # the registry of RECONSTUDIO_* variables (imports no Qt)
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("RECONSTUDIO_SHARED", REPO.parent / "shared"))
+SHARED = envs.get("RECONSTUDIO_SHARED") or REPO.parent / "shared"
 DATA = SHARED / "data"
 FIXTURES = SHARED / "fixtures"
 
@@ -23,7 +24,7 @@ class _BlockQt:
         return None
 
 
-if os.environ.get("RECONSTUDIO_BLOCK_QT") == "1":
+if envs.get("RECONSTUDIO_BLOCK_QT"):
     sys.meta_path.insert(0, _BlockQt())
 
 

@@ -10,21 +10,8 @@ CAPABILITIES = {
     "label": "Geometric (CPU, no weights)",
     "needs_checkpoint": False,
     "devices": ["cpu"],
-    "dtypes": ["fp32"],
-    "backends": ["auto"],
-    "modes": ["streaming"],
-    "kv_compression": ["none"],
-    "kv_dtypes": ["auto"],
-    "fields": ["intrinsics", "fov_deg", "max_side", "fps"],
+    # a note of the engine, not a field's tooltip (those are the `setting()` metadata's)
     "tooltips": {
-        "intrinsics": "Camera focal lengths and principal point (fx fy cx cy width height) of the input. "
-                      "Exact intrinsics give the most accurate trajectory; an intrinsics.txt beside the "
-                      "input is used automatically.",
-        "fov_deg": "Assumed horizontal field of view when no intrinsics are known (default 60°). "
-                   "A wrong value bends the trajectory and the geometry.",
-        "max_side": "Frames are processed at most at this size (longest side, pixels). Smaller is "
-                    "faster but less accurate.",
-        "fps": "Frame rate used for timestamps of image folders.",
         "scale": "Monocular reconstruction: the scale is arbitrary (the first map has median depth 1); "
                  "only shapes and relative distances are meaningful.",
     },

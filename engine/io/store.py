@@ -42,6 +42,7 @@ from typing import Optional, Union
 
 import numpy as np
 
+from .. import envs
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig
 from ..geometry import scale_intrinsics
 from .atomic import OutputError, atomic_open
@@ -81,9 +82,9 @@ def is_disk_full(exc: Optional[BaseException]) -> bool:
 def default_session_root() -> Path:
     """$RECONSTUDIO_SESSIONS, else $XDG_DATA_HOME/reconstudio/sessions, else
     ~/.local/share/reconstudio/sessions."""
-    env = os.environ.get("RECONSTUDIO_SESSIONS")
-    if env:
-        return Path(env).expanduser()
+    env = envs.get("RECONSTUDIO_SESSIONS")
+    if env is not None:
+        return env
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "reconstudio" / "sessions"
 
@@ -265,11 +266,12 @@ def store_writers_default() -> int:
     ONE writer caps a run near 30-40 frames/s -- below the H200's 518x378 engine (33 FPS; measured:
     `reconstudio run` 25.8 frames/s, the driver waiting on the full queue). zlib and OpenCV release
     the GIL, so writers overlap each other and the engine."""
-    val = os.environ.get("RECONSTUDIO_STORE_WRITERS", "").strip()
-    if val:
-        if not val.isdigit() or int(val) < 1:
-            raise StoreError(f"RECONSTUDIO_STORE_WRITERS must be a whole number >= 1 (got {val!r})")
-        return int(val)
+    try:
+        val = envs.get("RECONSTUDIO_STORE_WRITERS")
+    except envs.EnvError as exc:
+        raise StoreError(str(exc)) from None
+    if val is not None:
+        return val
     return max(1, min(3, (os.cpu_count() or 1) // 4))
 
 

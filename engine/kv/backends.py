@@ -1,13 +1,14 @@
-"""Attention backends over the paged KV cache. Both read the tables `PagedKVCache.begin_step`
-builds once per step and the pool (`cache.pool`); neither keeps its own bookkeeping. The cache
-is handed its backend class (a name is resolved here by `resolve_backend`); this module imports
-the page-table types, never the cache (no import cycle).
+"""The SDPA and FlashInfer attention backends over the paged KV cache. They read the tables
+`PagedKVCache.begin_step` builds once per step and the pool (`cache.pool`); neither keeps its own
+bookkeeping. Each declares what it supports (`support`, engine/kv/attention.py); the choice
+between backends is made from those declarations in engine/kv/resolve.py, which imports the
+backend modules (none of them imports it: no import cycle).
 
-Interface: `create(cache)`, `check_supports(cache)` (raises KVCacheError for a combination the
-backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t=None)` with q
-[n, H, D] already in the attention dtype; `slots_t` = explicit visible flat slots of this layer
-(block-sparse attention). A compressed window or an int8 store gives token slots
-(`step.slots_t`), which both backends read (FlashInfer as pages of one token).
+Interface (engine/kv/attention.py): `create(cache)`, `plan(step)` once per step,
+`attend(step, q, layer, slots_t=None)` with q [n, H, D] already in the attention dtype; `slots_t`
+= explicit visible flat slots of this layer (block-sparse attention). A compressed window or an
+int8 store gives token slots (`step.slots_t`), which both backends read (FlashInfer as pages of
+one token).
 
 * ``sdpa``: `torch.nn.functional.scaled_dot_product_attention` with no mask over the visible
   tokens. When the visible pages are one contiguous run (the steady state of a keyframe stream,
@@ -21,59 +22,32 @@ backend cannot run), `plan(step)` once per step, `attend(step, q, layer, slots_t
   (`flashinfer_kernel`). When the visible pages are one contiguous run (the steady state, see
   paged_cache "Placement") and the store is 16-bit, the step is planned on the ragged wrapper
   instead and each layer attends to a zero-copy ``[tokens, H, D]`` view of the pool ("dense"
-  path, `flashinfer_dense_default`); the paged kernel covers every other case. A plan waits for
+  path); the paged kernel covers every other case. A plan waits for
   the previous plan's host->device copy when its lengths differ (`_guard_plan`), so the host
   may run ahead of the GPU. CUDA and bf16/fp16 only (FlashInfer has no fp32 kernels, and
   storing an fp32 cache in bf16 behind the user's back is exactly what we must not do). int8
-  stores are SDPA only. An fp8 store runs one of FlashInfer's fp8 kernels (`fp8_attention_kind`):
-  - ``kv`` (default): FA2 with q in the compute dtype and e4m3 K/V, dequantised in registers;
-    the per-head scales are folded into q (keys) and the output (values). It must be FA2:
-    FlashInfer 0.6.1 picks FA3 on Hopper, whose wgmma has no bf16 x e4m3 operation, so that
-    JIT build stops at cute's "No eligible GMMA operator" (the failure in docs/benchmarks_kv.md).
-  - ``fa3``: FA3's fp8 kernel (fp8 tensor cores): q quantised to e4m3 per head on each call,
-    the per-head q / k / v scales handed to the kernel. Less exact (q and P in e4m3).
-* ``cudnn``: cuDNN attention in three forms (bias row, sequence length, split): see
-  `engine.kv.cudnn`.
-* ``cudnn-split``: `CuDNNSplitBackend` by name (the same as ``cudnn`` with
-  RECONSTUDIO_CUDNN_MODE=split): the fastest attention measured on the H200.
-* ``auto``: on CUDA with a native bf16/fp16 store the split (`CuDNNSplitBackend`, FlashInfer or
-  SDPA for the steps it does not split; RECONSTUDIO_AUTO_SPLIT=0 turns this off); else flashinfer
-  when it imports, the device is CUDA and the dtype is bf16/fp16 (or fp8 attended in bf16/fp16);
-  else sdpa. Since 2026-12-02 the split's streamed steps run as one CUDA graph each
-  (engine/lingbot/model.py `_graphed_step`), and the blocks' elementwise chains are fused
-  (engine/models/fused.py): one H200 call, 3,000 frames, `reconstudio bench`: 30.3 FPS steady
-  with the split against 26.4 with FlashInfer, p95 33.8 against 49.5 ms; bf16-vs-fp32 pose error
-  5.80e-3 against 5.78e-3 (docs/benchmarks.md "2026-12-02, 00:50-01:40 UTC"). The history below is why it
-  was not the default before.
-  Not cudnn's bias / padding forms: measured on the H200
-  neither is faster than FlashInfer dense in the model (bias 1.25 ms a layer, padding mask 0.86
-  vs 0.85 ms). The split (`CuDNNSplitBackend`) IS faster (0.76-0.78 vs 0.85 ms a layer; whole
-  model eager +0.5..1.8 FPS at keyframe interval 1 and 2, two runs) and equal to SDPA within the
-  GPU tests' bf16 tolerance, but the model's bf16-vs-fp32 error on it is not measured yet (cuDNN
-  differs from SDPA flash by 3.1e-3 a layer, FlashInfer by 1.2e-4), so "auto" takes it only with
-  RECONSTUDIO_AUTO_SPLIT=1 (`auto_split_default`; docs/benchmarks.md "cuDNN split").
-  Re-measured since (docs/benchmarks.md "Fixed-length steps"): bf16 error on the split 6.10e-3 /
-  2.55e-3 (within target); `reconstudio bench` 26.2 vs 25.1 FPS over 1,500 frames, but the user's
-  path (`reconstudio run`, 2,000 frames at 518x378, same call) 20.7 vs 22.0 frames/s, slower in
-  every 300-frame segment (not profiled; the split launches more kernels a layer, and the run's
-  reader and store threads share the host with them). So "auto" stays FlashInfer.
+  stores are SDPA only. An fp8 store runs FlashInfer's fp8-KV kernel:
+  FA2 with q in the compute dtype and e4m3 K/V, dequantised in registers; the per-head scales
+  are folded into q (keys) and the output (values). It must be FA2: FlashInfer 0.6.1 picks FA3
+  on Hopper, whose wgmma has no bf16 x e4m3 operation, so that JIT build stops at cute's "No
+  eligible GMMA operator" (the failure in docs/benchmarks_kv.md).
+The cuDNN backends: engine/kv/cudnn.py (``cudnn``) and engine/kv/cudnn_split.py
+(``cudnn-split``); what ``auto`` takes: engine/kv/resolve.py.
 """
 from __future__ import annotations
 
 import functools
-import os
-import weakref
 from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
-from .dtypes import FP8, KVPrecision, parse_dtype
+from .attention import STORES, Backend, Support
+from .dtypes import FP8
 from .page_table import KVCacheError, StepTable
 
 _FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024
 _FLASHINFER_FA3_WORKSPACE_BYTES = 8 * 1024 * 1024
-_FP8_MAX = float(torch.finfo(FP8).max)          # 448 (e4m3)
 
 
 @functools.lru_cache(maxsize=1)
@@ -89,52 +63,11 @@ def flashinfer_available() -> bool:
     return _import_flashinfer()[0] is not None
 
 
-def available_backends(device: Any = "cpu", dtype: Any = None) -> list[str]:
-    """Backends usable on `device` (for the settings panel / CLI help)."""
-    out = ["auto", "sdpa"]
-    dev = torch.device(device)
-    if dev.type == "cuda" and (dtype is None or _canon(dtype) in (torch.bfloat16, torch.float16)):
-        out += ["flashinfer"] if flashinfer_available() else []
-        out += ["cudnn", "cudnn-split"]
-    return out
-
-
-def env_choice(name: str, default: str, choices: tuple) -> str:
-    """A benchmark knob of the environment: `name` (stripped, lower case; `default` when unset),
-    which must be one of `choices` -- else a KVCacheError naming the knob and the choices."""
-    val = os.environ.get(name, default).strip().lower()
-    if val not in choices:
-        quoted = [repr(c) for c in choices]
-        raise KVCacheError(f"{name} must be {', '.join(quoted[:-1])} or {quoted[-1]} (got {val!r})")
-    return val
-
-
-_FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
-
-
-def env_flag(name: str, default: str) -> bool:
-    """An on/off knob of the environment: 0/1, true/false, yes/no, on/off (`default` when unset);
-    anything else a KVCacheError."""
-    val = os.environ.get(name, default).strip().lower()
-    if val not in _FLAG_WORDS:
-        raise KVCacheError(f"{name} must be 0 or 1 (got {val!r})")
-    return _FLAG_WORDS[val]
-
-
-def fp8_attention_kind() -> str:
-    """Which FlashInfer kernel attends an fp8 store: "kv" (FA2, q in the compute dtype) or "fa3"
-    (FA3 fp8 tensor cores, q quantised); RECONSTUDIO_FLASHINFER_FP8 picks (benchmarks)."""
-    kind = os.environ.get("RECONSTUDIO_FLASHINFER_FP8", "kv").lower()
-    if kind not in ("kv", "fa3"):
-        raise KVCacheError(f"RECONSTUDIO_FLASHINFER_FP8 must be 'kv' or 'fa3' (got {kind!r})")
-    return kind
-
-
 def flashinfer_kernel(device: Any) -> str:
     """FlashInfer kernel family for 16-bit stores on `device`: "fa3" (its Hopper kernels: wgmma,
     TMA) on compute capability 9.x with CUDA >= 12.3, else "fa2". Named here rather than left to
     FlashInfer's "auto" (which makes the same choice) so that stats and benchmarks can say which
-    kernel ran; RECONSTUDIO_FLASHINFER_BACKEND=fa2|fa3 overrides (benchmarks)."""
+    kernel ran."""
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         return "fa2"
@@ -143,118 +76,20 @@ def flashinfer_kernel(device: Any) -> str:
     return "fa3" if major == 9 and cuda >= (12, 3) else "fa2"
 
 
-def auto_split_default() -> bool:
-    """Whether backend "auto" takes `CuDNNSplitBackend` (FlashInfer kept for the steps it does
-    not split) instead of FlashInfer for a native bf16/fp16 store on CUDA;
-    RECONSTUDIO_AUTO_SPLIT=0|1 (default 1: see the module docstring for the measurements)."""
-    return env_flag("RECONSTUDIO_AUTO_SPLIT", "1")
-
-
-def flashinfer_dense_default() -> bool:
-    """Whether the FlashInfer backend attends a contiguous visible run through the ragged
-    (dense) kernel instead of the paged one; RECONSTUDIO_FLASHINFER_DENSE=0|1 overrides."""
-    return env_flag("RECONSTUDIO_FLASHINFER_DENSE", "1")
-
-
-def _canon(dtype: Any) -> torch.dtype:
-    return parse_dtype(dtype)
-
-
-def _flashinfer_dtype_ok(dtype) -> bool:
-    """FlashInfer runs bf16/fp16 caches, and fp8 caches attended in bf16/fp16."""
-    if isinstance(dtype, KVPrecision):
-        if dtype.storage == FP8:
-            return dtype.attn in (torch.bfloat16, torch.float16)
-        return dtype.storage in (torch.bfloat16, torch.float16)
-    return dtype in (torch.bfloat16, torch.float16)
-
-
-def resolve_backend(name: str, device: torch.device, dtype):
-    """Backend class for a cache on `device` storing `dtype` (a torch dtype or a KVPrecision);
-    clear errors for impossible picks."""
-    name = (name or "auto").lower()
-    device = torch.device(device)
-    fi_ok_dtype = _flashinfer_dtype_ok(dtype)
-    if isinstance(dtype, KVPrecision):
-        dtype = dtype.storage
-    if name == "auto":
-        if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and auto_split_default():
-            from .cudnn import CuDNNSplitBackend      # (imports this module)
-            return CuDNNSplitBackend          # native 16-bit store; FlashInfer (else SDPA) for the other steps
-        if device.type == "cuda" and fi_ok_dtype and flashinfer_available():
-            return FlashInferBackend
-        return SDPABackend
-    if name == "sdpa":
-        return SDPABackend
-    if name == "flashinfer":
-        if device.type != "cuda":
-            raise KVCacheError("the FlashInfer attention backend needs a CUDA device; use backend "
-                               "'sdpa' (or 'auto') on the CPU")
-        if not fi_ok_dtype:
-            raise KVCacheError(f"the FlashInfer attention backend supports bf16, fp16 (and fp8 KV with a "
-                               f"bf16/fp16 model) only, not {str(dtype).replace('torch.', '')}; choose "
-                               f"dtype bf16/fp16 or backend 'sdpa'")
-        mod, err = _import_flashinfer()
-        if mod is None:
-            raise KVCacheError(f"the FlashInfer attention backend is not available ({err}); install "
-                               f"flashinfer-python or use backend 'sdpa'")
-        return FlashInferBackend
-    if name in ("cudnn", "cudnn-split"):
-        if device.type != "cuda":
-            raise KVCacheError("the cuDNN attention backend needs a CUDA device; use backend 'sdpa' (or "
-                               "'auto') on the CPU")
-        if not isinstance(dtype, torch.dtype):
-            dtype = parse_dtype(dtype, allow_quantized=True)
-        # the split also attends an fp8 store attended in bf16/fp16 (`cudnn_fp8_mode`)
-        split_fp8 = name == "cudnn-split" and dtype == FP8 and fi_ok_dtype
-        if dtype not in (torch.bfloat16, torch.float16) and not split_fp8:
-            raise KVCacheError(f"the cuDNN attention backend supports bf16 and fp16 KV stores only (and, as "
-                               f"cudnn-split, fp8 KV with a bf16/fp16 model), not "
-                               f"{str(dtype).replace('torch.', '')}; choose dtype bf16/fp16 (kv_dtype auto) "
-                               f"or backend 'sdpa'")
-        if name == "cudnn-split":       # the split's own fallback is FlashInfer (else SDPA)
-            from .cudnn import CuDNNSplitBackend
-            return CuDNNSplitBackend
-        from .cudnn import CuDNNBackend
-        return CuDNNBackend
-    raise KVCacheError(f"unknown attention backend {name!r}; use auto, sdpa, flashinfer, cudnn or cudnn-split")
-
-
-def _quantize_q(q: torch.Tensor):
-    """q [n, H, D] -> (e4m3 q, per-head float32 scales [H]) for FlashInfer's FA3 fp8 kernels."""
-    qf = q.float()
-    qs = (qf.abs().amax(dim=(0, 2)) / _FP8_MAX).clamp_(min=1e-12)
-    return (qf / qs[None, :, None]).to(FP8), qs
-
-
-class _CacheRef:
-    """A backend reaches its cache through a weak reference: the cache owns the backend, so a
-    strong link back would make a cycle, and a closed session's KV pools (GiBs on the GPU) would
-    stay allocated until Python's cycle collector happened to run."""
-
-    @property
-    def cache(self):
-        c = self._cache_ref()
-        if c is None:
-            raise KVCacheError("KV cache backend used after its cache was freed")
-        return c
-
-    @cache.setter
-    def cache(self, cache):
-        self._cache_ref = weakref.ref(cache)
-
-
-class SDPABackend(_CacheRef):
+class SDPABackend(Backend):
     """Gather (or zero-copy view) + one dense SDPA call per layer."""
 
     name = "sdpa"
+    support = Support(devices=("cpu", "cuda"), compute_dtypes=(torch.float32, torch.bfloat16, torch.float16,
+                                                               torch.float64),
+                      stores=STORES, auto_stores=STORES, note="every store, layout and device: the fallback")
 
     def __init__(self, cache, zero_copy: bool = True, kernels=None):
         """kernels: optional list of torch.nn.attention.SDPBackend in priority order."""
         self.cache = cache
         self.zero_copy = zero_copy
         self._buf_k = self._buf_v = None
-        self._kernels = kernels
+        self.kernels = kernels
 
     @classmethod
     def create(cls, cache):
@@ -265,16 +100,7 @@ class SDPABackend(_CacheRef):
             # flash kernel has no per-shape set-up (full model on the H200: 63.6 vs 129.9 ms/frame).
             from torch.nn.attention import SDPBackend
             kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-            # RECONSTUDIO_SDPA_KERNELS=cudnn,flash,efficient,math: another priority (benchmarks)
-            names = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-                     "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-            pick = [names[n] for n in os.environ.get("RECONSTUDIO_SDPA_KERNELS", "").split(",") if n in names]
-            kernels = pick or kernels
         return cls(cache, kernels=kernels)
-
-    @classmethod
-    def check_supports(cls, cache) -> None:
-        return None          # every store, compression and device
 
     def plan(self, step: StepTable) -> None:
         return None
@@ -287,33 +113,42 @@ class SDPABackend(_CacheRef):
     def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
         k, v = self.visible_kv(step, layer, slots_t)
         qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, L, D]
-        if self._kernels is not None:
+        if self.kernels is not None:
             from torch.nn.attention import sdpa_kernel
-            with sdpa_kernel(self._kernels, set_priority=True):
+            with sdpa_kernel(self.kernels, set_priority=True):
                 out = F.scaled_dot_product_attention(qh, kh, vh)
         else:
             out = F.scaled_dot_product_attention(qh, kh, vh)
         return out[0].transpose(0, 1)
 
 
-class FlashInferBackend(_CacheRef):
+class FlashInferBackend(Backend):
     """FlashInfer paged prefill over the same page tables (plan once per step, run per layer)."""
 
     name = "flashinfer"
+    # no fp32 kernels (storing an fp32 cache in bf16 behind the user's back is not an option);
+    # int8 stores have no FlashInfer path
+    support = Support(devices=("cuda",), compute_dtypes=(torch.bfloat16, torch.float16), stores=("native", "fp8"),
+                      requires=("flashinfer",), auto_stores=("native", "fp8"))
 
-    def __init__(self, cache, dense: Optional[bool] = None):
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        mod, err = _import_flashinfer()
+        return None if mod is not None else f"{err}; install flashinfer-python"
+
+    def __init__(self, cache, dense: bool = True, kernel: Optional[str] = None):
+        """dense: attend a contiguous visible run through the ragged kernel (below); False = the
+        paged kernel always (comparisons). kernel: "fa2" | "fa3" (default `flashinfer_kernel`;
+        an fp8 store always runs FA2, see the module docstring)."""
         flashinfer, err = _import_flashinfer()
         if flashinfer is None:
             raise KVCacheError(f"FlashInfer is not available ({err})")
         self.cache = cache
-        # RECONSTUDIO_FLASHINFER_BACKEND=fa2|fa3|auto picks the kernel family (benchmarks)
-        kind = os.environ.get("RECONSTUDIO_FLASHINFER_BACKEND", "auto")
         self._fp8 = cache.pool.kind == "fp8"
-        self._fp8_q = self._fp8 and fp8_attention_kind() == "fa3"
         if self._fp8:   # see the module docstring: 16-bit q x e4m3 KV exists only in FA2
-            kind = "fa3" if self._fp8_q else "fa2"
-        elif kind == "auto":
-            kind = flashinfer_kernel(cache.device)
+            kind = "fa2"
+        else:
+            kind = kernel or flashinfer_kernel(cache.device)
         self.kernel = kind
         # FA2 splits long KV sets and merges the parts in this float workspace; FlashInfer 0.6.1's
         # FA3 (sm90) plan and kernels never touch it (its scheduler only fills the int workspace),
@@ -323,12 +158,11 @@ class FlashInferBackend(_CacheRef):
         self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=kind)
         # dense path: FlashInfer's ragged wrapper over the one contiguous run of pages (same JIT
         # module as the paged kernel; K/V tiles loaded whole by TMA instead of row by row through
-        # the page table). Native 16-bit stores and FA3-fp8 (its ragged kernel is in the same
-        # module); FA2 fp8-KV stays paged.
-        self.dense = flashinfer_dense_default() if dense is None else bool(dense)
+        # the page table). Native 16-bit stores; FA2 fp8-KV stays paged.
+        self.dense = bool(dense)
         self._ragged = None
         self.dense_error = None
-        if self.dense and (not self._fp8 or self._fp8_q):
+        if self.dense and not self._fp8:
             self._ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD", backend=kind)
         self.path = None              # "dense" | "paged": what the last plan set up
         self._dense_view = None       # (first_page, num_pages, num_kv_tokens) of a dense plan
@@ -341,12 +175,6 @@ class FlashInferBackend(_CacheRef):
     def create(cls, cache):
         return cls(cache)
 
-    @classmethod
-    def check_supports(cls, cache) -> None:
-        if cache.pool.kind == "int8":
-            raise KVCacheError("the FlashInfer attention backend has no int8 KV path; use kv_dtype fp8 "
-                               "or backend 'sdpa'")
-
     def plan(self, step: StepTable, slots_t=None) -> None:
         """Once per step (PagedKVCache.begin_step), shared by all layers; block-sparse steps plan
         again per layer with that layer's token list (`attend(..., slots_t=)`)."""
@@ -354,7 +182,7 @@ class FlashInferBackend(_CacheRef):
         i32 = torch.int32
         slots_t = step.slots_t if slots_t is None else slots_t
         kv_dt = FP8 if c.pool.kind == "fp8" else c.dtype
-        q_dt = FP8 if self._fp8_q else c.attn_dtype
+        q_dt = c.attn_dtype
         self.plans += 1
         if self._ragged is not None and slots_t is None and step.contiguous is not None:
             n = step.num_kv_tokens
@@ -416,9 +244,6 @@ class FlashInferBackend(_CacheRef):
             P, H, D = pool.page_size, pool.num_heads, pool.head_dim
             k = pool.k[layer, a:a + m].view(m * P, H, D)[:n]
             v = pool.v[layer, a:a + m].view(m * P, H, D)[:n]
-            if self._fp8_q:
-                q8, qs = _quantize_q(q)
-                return self._ragged.run(q8, k.view(FP8), v.view(FP8), qs, pool.scales[layer, 0], pool.scales[layer, 1])
             return self._ragged.run(q.contiguous(), k, v)
         k, v = pool.k[layer], pool.v[layer]
         if pool.kind == "fp8":
@@ -428,9 +253,6 @@ class FlashInferBackend(_CacheRef):
             k, v = k.view(N * P, 1, H, D), v.view(N * P, 1, H, D)
         if pool.kind == "fp8":
             ks, vs = pool.scales[layer, 0], pool.scales[layer, 1]
-            if self._fp8_q:          # FA3 fp8: q in e4m3 per head; the three [H] scales to the kernel
-                q8, qs = _quantize_q(q)
-                return self._wrapper.run(q8, (k, v), qs, ks, vs)   # positional: per-head tensors
             # FA2: per-head scales folded in -- keys into q, values into the output
             out = self._wrapper.run((q.float() * ks[:, None]).to(q.dtype).contiguous(), (k, v))
             return (out.float() * vs[:, None]).to(q.dtype)

@@ -11,72 +11,27 @@ cuDNN frontend imports (pip nvidia-cudnn-frontend), `CuDNNBackend.create` takes 
 SEQUENCE-LENGTH form instead (`CuDNNSeqLenBackend`): the visible length as an int32 device
 tensor (cuDNN's padding mask) over a fixed K/V view, dense from the visible run's first page
 or through cuDNN's page table; one graph per q length (and first page), no mask, no host sync.
-`cudnn_mode` / RECONSTUDIO_CUDNN_MODE picks; `frontend_error` says why the bias form ran.
-RECONSTUDIO_CUDNN_MODE=split: `CuDNNSplitBackend` -- in the steady state (one contiguous run)
-the patch pages, whose length is constant from frame to frame, go through plain cuDNN without a
-mask (one graph for the run) and the special tokens through flash, the two results merged
-exactly by their log-sum-exp; every other step through FlashInfer (else SDPA).
+`frontend_error` says why the bias form ran. The kernels: engine/kv/cudnn_kernels.py; the
+split backend (``cudnn-split``): engine/kv/cudnn_split.py.
 """
 from __future__ import annotations
 
-import functools
-import math
-import os
-from typing import Optional
-
 import torch
-import torch.nn.functional as F
 
-from .backends import (FlashInferBackend, SDPABackend, _CacheRef, _flashinfer_dtype_ok, env_choice,
-                       env_flag, flashinfer_available)
-from .dtypes import FP8
-from ..models import fused
-from ..models.layers import CUDNN_Q_TILE, cudnn_one_wave
+from .attention import Backend, Support
+from .backends import SDPABackend
+from .cudnn_kernels import CUDNN_MASKED, CuDNNFrontendKernel, _cudnn_sdpa, _import_cudnn_frontend
 from .page_table import KVCacheError, StepTable
 
-
-# ---------------------------------------------------------------------------------------- cuDNN
-# Additive bias of a hidden key. Finite on purpose: a fixed-capacity call has whole KV tiles that
-# are hidden (page 0 of a keyframe step, free pages), and an online softmax whose running max is
-# still -inf computes exp(-inf - -inf) = NaN unless the kernel guards it; PyTorch's own bool-mask
-# conversion for cuDNN uses -65504 for the same reason. exp(score - 65504) is exactly 0 in fp32
-# for any score this model produces, so the result equals attention over the visible keys only.
-CUDNN_MASKED = -65504.0
+# Below this fraction of the capacity visible, `CuDNNBackend` attends the visible keys with the exact
+# SDPA path instead (the window-filling phase: attending 80k keys for 10k visible would cost more
+# than it saves). The sequence-length form skips the hidden tail, so its default is 0.
+CUDNN_MIN_FILL = 0.5
+# cuDNN's fused attention: bf16/fp16, head dims that are multiples of 8 up to 256
+CUDNN_HEAD_DIMS = tuple(range(8, 257, 8))
 
 
-def cudnn_min_fill_default(default: str = "0.5") -> float:
-    """Below this fraction of the capacity visible, `CuDNNBackend` attends the visible keys with the
-    exact SDPA path instead (the window-filling phase; huge special caps); RECONSTUDIO_CUDNN_MIN_FILL
-    overrides (0 = always the fixed-capacity call, e.g. to test CUDA-graph capture). The
-    sequence-length form (`CuDNNSeqLenBackend`) skips the hidden tail, so its default is 0."""
-    val = os.environ.get("RECONSTUDIO_CUDNN_MIN_FILL", default)
-    try:
-        fill = float(val)
-    except ValueError:
-        fill = -1.0
-    if not 0.0 <= fill <= 1.0:
-        raise KVCacheError(f"RECONSTUDIO_CUDNN_MIN_FILL must be a number in [0, 1] (got {val!r})")
-    return fill
-
-
-def cudnn_mask_form() -> str:
-    """How the hidden tail reaches cuDNN: "row" (default) -- one [1, 1, 1, capacity] bias row that
-    PyTorch expands over the queries with stride 0 (no copy); "full" -- the row materialised as
-    [1, 1, q_tokens, capacity] once per step (fallback should cuDNN reject a stride-0 bias);
-    RECONSTUDIO_CUDNN_MASK picks (benchmarks)."""
-    return env_choice("RECONSTUDIO_CUDNN_MASK", "row", ("row", "full"))
-
-
-def _cudnn_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """q [1, H, n, D], k / v [1, H, capacity, D], bias [1, 1, 1 | n, capacity] -> [1, H, n, D] through
-    PyTorch's cuDNN SDPA kernel ONLY: asked for alone, an ineligible call raises ("No available
-    kernel") instead of silently running another kernel (with a priority list it would fall back)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-
-
-class CuDNNBackend(_CacheRef):
+class CuDNNBackend(Backend):
     """cuDNN attention over a FIXED key/value capacity: every layer's whole page pool, read in place.
 
     PyTorch builds (and caches) one cuDNN graph per shape *and stride* of q, k, v and the bias;
@@ -106,6 +61,9 @@ class CuDNNBackend(_CacheRef):
     hold NaN bit patterns, which 0 * NaN would spread."""
 
     name = "cudnn"
+    support = Support(devices=("cuda",), compute_dtypes=(torch.bfloat16, torch.float16), stores=("native",),
+                      head_dims=CUDNN_HEAD_DIMS,
+                      note="reads the pool in place; token-slot steps attend exactly (SDPA)")
     kernel = "cudnn"
     mode = "bias"                     # "seqlen": CuDNNSeqLenBackend (cuDNN frontend)
     # what a failed fixed-capacity call may raise (then exact for good), and whether that call
@@ -114,14 +72,13 @@ class CuDNNBackend(_CacheRef):
     _fixed_takes_slots = True
     frontend_error = None             # why create() did not take the sequence-length form
 
-    def __init__(self, cache, kernel=None, min_fill: Optional[float] = None, mask: Optional[str] = None):
+    def __init__(self, cache, kernel=None, min_fill: float = CUDNN_MIN_FILL):
         """kernel: the attention call (q, k, v, bias) -> out; default PyTorch's cuDNN SDPA (tests
         pass a stand-in, which may run any dtype on any device)."""
         self.cache = cache
         pool = cache.pool
         self._kernel = kernel or _cudnn_sdpa
-        self.min_fill = cudnn_min_fill_default() if min_fill is None else float(min_fill)
-        self.mask_form = cudnn_mask_form() if mask is None else mask
+        self.min_fill = float(min_fill)
         self.capacity = pool.num_pages * pool.page_size
         self.error = None             # why the fixed-capacity call was given up, if it was
         self.path = None              # "fixed" | "exact": what the last attend ran
@@ -129,7 +86,7 @@ class CuDNNBackend(_CacheRef):
         self._exact = SDPABackend.create(cache)
         self._fixed_ok = pool.kind == "native" and (
             kernel is not None or cache.attn_dtype in (torch.bfloat16, torch.float16))
-        self._bias = self._bias_full = None
+        self._bias = None
         if self._fixed_ok:
             pool.k.zero_()
             pool.v.zero_()
@@ -142,14 +99,9 @@ class CuDNNBackend(_CacheRef):
     @classmethod
     def create(cls, cache):
         """The sequence-length form through the cuDNN frontend when it can run here
-        (`cudnn_mode`, `CuDNNSeqLenBackend`), else this bias form; `frontend_error` says why not."""
-        mode = cudnn_mode()
+        (`CuDNNSeqLenBackend`), else this bias form; `frontend_error` says why not."""
         reason = None
-        if mode == "split":
-            return CuDNNSplitBackend.create(cache)
-        if mode == "bias":
-            reason = "RECONSTUDIO_CUDNN_MODE=bias"
-        elif cache.pool.kind != "native" or cache.attn_dtype not in (torch.bfloat16, torch.float16):
+        if cache.pool.kind != "native" or cache.attn_dtype not in (torch.bfloat16, torch.float16):
             reason = f"the sequence-length form needs a native bf16/fp16 store (got {cache.pool.kind}, {cache.attn_dtype})"
         elif torch.device(cache.device).type != "cuda":
             reason = "the cuDNN frontend needs a CUDA device"
@@ -162,12 +114,6 @@ class CuDNNBackend(_CacheRef):
         be = cls(cache)
         be.frontend_error = reason
         return be
-
-    @classmethod
-    def check_supports(cls, cache) -> None:
-        if cache.pool.kind != "native":
-            raise KVCacheError(f"the cuDNN attention backend reads the pool in place and needs a bf16/fp16 "
-                               f"KV store, not {cache.pool.kind}; use backend 'flashinfer' (fp8) or 'sdpa'")
 
     # ------------------------------------------------------------------ mask
     def _mask_pages(self, step: StepTable) -> None:
@@ -184,17 +130,6 @@ class CuDNNBackend(_CacheRef):
         row.fill_(CUDNN_MASKED)
         row.index_fill_(0, slots_t, 0.0)
 
-    def _bias_for(self, q_tokens: int) -> torch.Tensor:
-        if self.mask_form == "row":
-            return self._bias
-        full = self._bias_full
-        if full is None or full.shape[2] != q_tokens:
-            pad = -self.capacity % 8        # rows 16-byte aligned whatever the capacity
-            full = self._bias_full = torch.empty((1, 1, q_tokens, self.capacity + pad), dtype=self._bias.dtype,
-                                                 device=self._bias.device)[..., :self.capacity]
-        full.copy_(self._bias.expand_as(full))
-        return full
-
     # ------------------------------------------------------------------ protocol
     def plan(self, step: StepTable) -> None:
         """Once per step: decide the path and build the bias row (shared by all layers)."""
@@ -205,7 +140,7 @@ class CuDNNBackend(_CacheRef):
                 self._mask_slots(step.slots_t)
             else:
                 self._mask_pages(step)
-            self._step_bias = self._bias_for(step.q_tokens)
+            self._step_bias = self._bias
 
     def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
         if self._step_fixed and self.error is None and (slots_t is None or self._fixed_takes_slots):
@@ -227,290 +162,16 @@ class CuDNNBackend(_CacheRef):
         bias = self._step_bias
         if slots_t is not None:           # block-sparse: this layer's own token list
             self._mask_slots(slots_t)
-            bias = self._bias_for(step.q_tokens)
         k = pool.k[layer].view(self.capacity, H, D)           # zero copy, same shape every call
         v = pool.v[layer].view(self.capacity, H, D)
         qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q.contiguous(), k, v))
         return self._kernel(qh, kh, vh, bias)[0].transpose(0, 1)
 
 
-# ------------------------------------------------------------------ cuDNN through its frontend
-@functools.lru_cache(maxsize=1)
-def _import_cudnn_frontend():
-    """The cuDNN frontend's Python package (`import cudnn`, pip nvidia-cudnn-frontend), or why not.
-    torch is imported first, so the frontend finds the libcudnn PyTorch already loaded."""
-    try:
-        import cudnn
-        cudnn.backend_version()               # raises when no libcudnn could be loaded
-        return cudnn, None
-    except Exception as exc:  # ImportError, or no / an unusable libcudnn
-        return None, f"{type(exc).__name__}: {exc}"
-
-
-def cudnn_frontend_available() -> bool:
-    return _import_cudnn_frontend()[0] is not None
-
-
-def cudnn_mode() -> str:
-    """How backend "cudnn" reaches cuDNN: "auto" (default: the sequence-length form through the
-    cuDNN frontend when it imports, else the bias form), "seqlen" (the same, said explicitly; a
-    missing frontend still falls back to the bias form, with `frontend_error`) or "bias" (PyTorch
-    with a bias row, `CuDNNBackend`) or "split" (the steady state's fixed patch-page run through
-    plain cuDNN, the specials through flash, merged by log-sum-exp; FlashInfer for the other steps:
-    `CuDNNSplitBackend`); RECONSTUDIO_CUDNN_MODE picks (benchmarks)."""
-    return env_choice("RECONSTUDIO_CUDNN_MODE", "auto", ("auto", "seqlen", "bias", "split"))
-
-
-def cudnn_seqlen_form() -> str:
-    """Which K/V layout the sequence-length form hands cuDNN: "dense" (default) -- a contiguous
-    visible run as one [tokens, H, D] view of the pool from its first page, other page sets paged --
-    or "paged" (every step through cuDNN's page table); RECONSTUDIO_CUDNN_FORM picks (benchmarks)."""
-    return env_choice("RECONSTUDIO_CUDNN_FORM", "dense", ("dense", "paged"))
-
-
-def cudnn_impl_default() -> str:
-    """cuDNN's SDPA implementation the frontend kernel asks for: "composite" (default), "unified"
-    or "auto" (cuDNN picks); RECONSTUDIO_CUDNN_IMPL overrides (benchmarks)."""
-    return env_choice("RECONSTUDIO_CUDNN_IMPL", "composite", ("auto", "composite", "unified"))
-
-
-def cudnn_shape_default() -> str:
-    """How a dense call tells cuDNN the visible length: "padding" (default: cuDNN's padding mask,
-    the length an int32 device tensor read by the kernel, one graph, CUDA-graph capturable) or
-    "override" (no mask: one graph built with dynamic shapes at the buffer's length, the K/V
-    shapes overridden to the visible length on each call from the host's integer, cuDNN >= 9.18;
-    not capturable with a changing length). H200, cuDNN 9.19, one layer at the steady shape:
-    padding 0.86 ms, override 0.72, plain cuDNN 0.63, FlashInfer dense 0.85 (docs/benchmarks.md).
-    A graph per length through the frontend's kernel cache was measured too and gave WRONG
-    results (a kernel compiled for one length reused for another: 2e-2 relative, 0.12 absolute),
-    so it is not offered. RECONSTUDIO_CUDNN_SHAPE picks (benchmarks)."""
-    return env_choice("RECONSTUDIO_CUDNN_SHAPE", "padding", ("padding", "override"))
-
-
-def cudnn_tune_default() -> bool:
-    """Whether the frontend kernel times every execution plan once per graph and keeps the
-    fastest; RECONSTUDIO_CUDNN_TUNE=0|1 (default 0)."""
-    return env_flag("RECONSTUDIO_CUDNN_TUNE", "0")
-
-
-_CUDNN_UID = {"q": 1, "k": 2, "v": 3, "o": 4, "seq_q": 5, "seq_kv": 6, "k_table": 7, "v_table": 8, "stats": 9}
-
-
-def _build_plans(cudnn, g, tune: bool = False) -> int:
-    """Validate a described frontend graph and build its execution plans: the heuristics' first
-    (A, else the fallback), or with `tune` every plan the heuristics offer (A, B, fallback) for
-    timing later. Returns the workspace bytes the built plan(s) need."""
-    g.validate()
-    g.build_operation_graph()
-    if not tune:
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        g.build_plans()
-        return int(g.get_workspace_size())
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
-    g.check_support()
-    g.build_plans(cudnn.build_plan_policy.ALL)
-    ws = 0
-    for i in range(g.get_execution_plan_count()):
-        try:
-            ws = max(ws, int(g.get_workspace_size_plan_at_index(i)))
-        except Exception:   # a plan that did not build; skipped when tuning
-            pass
-    return ws
-
-
-class CuDNNFrontendKernel:
-    """cuDNN's fused attention built through the cuDNN frontend's graph API, with the padding mask:
-    the visible lengths are DEVICE tensors (`seq_q`, `seq_kv`, int32 [1, 1, 1, 1]) read by the
-    kernel, so one built graph serves every visible length -- no rebuild per frame, no host sync.
-
-    `__call__(q, k, v, seq_q, seq_kv, table=None)`: q [n, H, D] contiguous; dense: k / v
-    [S, H, D] views (token stride H * D), keys 0 .. seq_kv - 1 attended; paged: k / v [N, P, H, D]
-    (the layer's pool), `table` int32 [1, 1, N, 1] the visible pages in order, the first seq_kv
-    tokens of their concatenation attended. Returns [n, H, D]. Graphs are built once per layout
-    (q length, K/V shape and strides, paged or not) and kept; `builds` counts them.
-
-    `shape`: how a dense call gets the visible length (`cudnn_shape_default`): the padding mask
-    above, or without a mask through per-call K/V shape overrides ("override").
-    `impl`: cuDNN's SDPA implementation ("auto", "composite", "unified"; `cudnn_impl_default`).
-    `tune`: build every execution plan the heuristics offer and keep the fastest, timed once on
-    the first call of each graph (CUDA events: one host sync per graph, never per step);
-    `plan_ms` keeps the timings by plan name."""
-
-    def __init__(self, device, impl: Optional[str] = None, tune: Optional[bool] = None,
-                 shape: Optional[str] = None):
-        cudnn, err = _import_cudnn_frontend()
-        if cudnn is None:
-            raise KVCacheError(f"the cuDNN frontend is not available ({err})")
-        self._cudnn = cudnn
-        self.device = torch.device(device)
-        self.impl = cudnn_impl_default() if impl is None else impl
-        self.tune = cudnn_tune_default() if tune is None else bool(tune)
-        self.shape = cudnn_shape_default() if shape is None else shape
-        self._handle = None
-        self._graphs: dict = {}
-        self._plan_index: dict = {}     # graph key -> the tuned plan's index (tune only)
-        self.plan_ms: dict = {}         # graph key -> {plan name: ms} (tune only)
-        self.tune_error = None
-        self._workspace = torch.empty(0, dtype=torch.uint8, device=self.device)
-        self.builds = 0
-
-    def _dtype(self, dt):
-        c = self._cudnn.data_type
-        if dt == torch.bfloat16:
-            return c.BFLOAT16
-        if dt == torch.float16:
-            return c.HALF
-        raise KVCacheError(f"cuDNN attention runs bf16/fp16, not {dt}")
-
-    @staticmethod
-    def paged_ok(page_size: int) -> bool:
-        """cuDNN's paged attention takes power-of-two block sizes only (CUDNN_STATUS_BAD_PARAM
-        "block size needs to be non-zero and a power of 2", cuDNN 9.19 on the H200)."""
-        return page_size > 0 and page_size & (page_size - 1) == 0
-
-    def _build(self, q, k, table, padding: bool = True, dynamic: bool = False, stats: bool = False):
-        cudnn = self._cudnn
-        if self._handle is None:
-            with torch.cuda.device(self.device):
-                self._handle = cudnn.create_handle()
-        n, H, D = q.shape
-        io = self._dtype(q.dtype)
-        dyn = {}
-        if dynamic:      # shapes not baked into the plan: overridden per call. No kernel cache:
-            dyn = dict(is_dynamic_shape_enabled=True)   # one shared between graphs gave wrong results
-        g = cudnn.pygraph(handle=self._handle, name="reconstudio_sdpa", io_data_type=io,
-                          intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT,
-                          **dyn)
-        qt = g.tensor(name="q", dim=[1, H, n, D], stride=[n * H * D, D, H * D, 1], data_type=io)
-        if table is None:                       # [S, H, D] as cuDNN's [1, H, S, D]
-            S = k.shape[0]
-            kv_dim, kv_stride = [1, H, S, D], [S * k.stride(0), k.stride(1), k.stride(0), k.stride(2)]
-        else:                                   # [N, P, H, D] pages as cuDNN's [N, H, P, D]
-            N, P = k.shape[:2]
-            kv_dim, kv_stride = [N, H, P, D], [k.stride(0), k.stride(2), k.stride(1), k.stride(3)]
-        kt = g.tensor(name="k", dim=kv_dim, stride=kv_stride, data_type=io)
-        vt = g.tensor(name="v", dim=kv_dim, stride=kv_stride, data_type=io)
-        i32 = cudnn.data_type.INT32
-        sq = g.tensor(name="seq_q", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i32)
-        skv = g.tensor(name="seq_kv", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i32)
-        extra = dict(use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv) if padding else {}
-        named = {"q": qt, "k": kt, "v": vt}
-        if padding:
-            named.update(seq_q=sq, seq_kv=skv)
-        if table is not None:
-            N = table.shape[2]
-            for name in ("k_table", "v_table"):
-                named[name] = g.tensor(name=name, dim=[1, 1, N, 1], stride=[N, 1, 1, 1], data_type=i32)
-            extra.update(paged_attention_k_table=named["k_table"], paged_attention_v_table=named["v_table"],
-                         paged_attention_max_seq_len_kv=N * k.shape[1])
-        impl = getattr(cudnn.attention_implementation, self.impl.upper())
-        o, st = g.sdpa(name="sdpa", q=qt, k=kt, v=vt, attn_scale=1.0 / math.sqrt(D), generate_stats=stats,
-                       implementation=impl, compute_data_type=cudnn.data_type.FLOAT, **extra)
-        o.set_output(True).set_dim([1, H, n, D]).set_stride([n * H * D, D, H * D, 1]).set_data_type(io)
-        named["o"] = o
-        if stats:       # softmax statistics: the natural-log sum of exp(scaled scores) per query
-            st.set_output(True).set_dim([1, H, n, 1]).set_stride([H * n, n, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
-            named["stats"] = st
-        for name, t in named.items():
-            t.set_uid(_CUDNN_UID[name])
-        ws = _build_plans(cudnn, g, self.tune)
-        if ws > self._workspace.numel():
-            self._workspace = torch.empty(ws, dtype=torch.uint8, device=self.device)
-        self.builds += 1
-        return g
-
-    def _tune(self, key, g, ptrs) -> None:
-        """Time each built plan (3 runs after one warm-up, median) and keep the fastest."""
-        times = {}
-        best, best_ms = None, float("inf")
-        for i in range(g.get_execution_plan_count()):
-            try:
-                run = lambda: g.execute_plan_at_index(ptrs, self._workspace, i, handle=self._handle)  # noqa: E731
-                run()
-                evs = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-                for a in range(3):
-                    evs[a].record()
-                    run()
-                evs[3].record()
-                evs[3].synchronize()
-                ms = sorted(evs[a].elapsed_time(evs[a + 1]) for a in range(3))[1]
-            except Exception as exc:
-                times[f"plan {i}"] = f"{type(exc).__name__}: {exc}"[:200]
-                continue
-            try:
-                name = g.get_plan_name_at_index(i)
-            except Exception:
-                name = f"plan {i}"
-            times[name] = ms
-            if ms < best_ms:
-                best, best_ms = i, ms
-        self.plan_ms[key] = times
-        if best is None:
-            self.tune_error = f"no plan ran: {times}"[:500]
-        self._plan_index[key] = best
-
-    def __call__(self, q, k, v, seq_q, seq_kv, table=None, n_kv: Optional[int] = None):
-        """n_kv: the visible length as a host integer (dense calls; the "override" shape mode
-        uses it instead of the padding mask)."""
-        mode = "padding" if table is not None or n_kv is None else self.shape
-        key = (tuple(q.shape), q.dtype, tuple(k.shape), k.stride(), v.stride(), table is not None, mode)
-        g = self._graphs.get(key)
-        if g is None:
-            g = self._graphs[key] = self._build(q, k, table, padding=mode == "padding", dynamic=mode != "padding")
-        out = torch.empty_like(q)
-        ptrs = {_CUDNN_UID["q"]: q.data_ptr(), _CUDNN_UID["k"]: k.data_ptr(), _CUDNN_UID["v"]: v.data_ptr(),
-                _CUDNN_UID["o"]: out.data_ptr()}
-        if mode == "padding":
-            ptrs[_CUDNN_UID["seq_q"]], ptrs[_CUDNN_UID["seq_kv"]] = seq_q.data_ptr(), seq_kv.data_ptr()
-        if table is not None:
-            ptrs[_CUDNN_UID["k_table"]] = ptrs[_CUDNN_UID["v_table"]] = table.data_ptr()
-        self._cudnn.set_stream(self._handle, torch.cuda.current_stream(self.device).cuda_stream)
-        over = ()
-        if mode == "override":          # one graph at the buffer's length, K/V shapes per call
-            H, D = k.shape[1], k.shape[2]
-            shape = [1, H, int(n_kv), D]
-            stride = [int(n_kv) * k.stride(0), k.stride(1), k.stride(0), k.stride(2)]
-            over = ([_CUDNN_UID["k"], _CUDNN_UID["v"]], [shape, shape], [stride, stride])
-        if self.tune and key not in self._plan_index:
-            self._tune(key, g, ptrs)
-        index = self._plan_index.get(key)
-        if index is None:
-            g._execute(ptrs, self._workspace.data_ptr(), self._handle, *over)
-        else:
-            g._execute_plan_at_index(ptrs, self._workspace.data_ptr(), index, self._handle, *over)
-        return out
-
-
-    def attend_lse(self, q, k, v):
-        """Plain cuDNN attention over EXACTLY the keys given (no mask: cuDNN's fast path), with its
-        softmax statistics: q [n, H, D] contiguous, k / v [S, H, D] views (token stride H * D) ->
-        (out [n, H, D], lse [H, n] float32, natural log). One graph per layout (q length, K/V shape
-        and strides): meant for a K/V run whose length does not change (`CuDNNSplitBackend`)."""
-        key = (tuple(q.shape), q.dtype, tuple(k.shape), k.stride(), v.stride(), False, "stats")
-        g = self._graphs.get(key)
-        if g is None:
-            g = self._graphs[key] = self._build(q, k, None, padding=False, stats=True)
-        n, H, _ = q.shape
-        out = torch.empty_like(q)
-        lse = torch.empty((H, n), dtype=torch.float32, device=q.device)
-        ptrs = {_CUDNN_UID["q"]: q.data_ptr(), _CUDNN_UID["k"]: k.data_ptr(), _CUDNN_UID["v"]: v.data_ptr(),
-                _CUDNN_UID["o"]: out.data_ptr(), _CUDNN_UID["stats"]: lse.data_ptr()}
-        self._cudnn.set_stream(self._handle, torch.cuda.current_stream(self.device).cuda_stream)
-        if self.tune and key not in self._plan_index:
-            self._tune(key, g, ptrs)
-        index = self._plan_index.get(key)
-        if index is None:
-            g._execute(ptrs, self._workspace.data_ptr(), self._handle)
-        else:
-            g._execute_plan_at_index(ptrs, self._workspace.data_ptr(), index, self._handle)
-        return out, lse
-
-
 class CuDNNSeqLenBackend(CuDNNBackend):
     """cuDNN attention with the visible length as a SEQUENCE LENGTH (cuDNN's padding mask) over a
     fixed-capacity K/V view, through the cuDNN frontend (`CuDNNFrontendKernel`): backend "cudnn"
-    when the frontend imports (`CuDNNBackend.create`, `cudnn_mode`).
+    when the frontend imports (`CuDNNBackend.create`).
 
     PyTorch exposes cuDNN SDPA for dense inputs only without a length (a graph rebuilt per visible
     length, 40 ms) or with a bias mask (off cuDNN's fast path: 1.16-1.24 against 0.63 ms a layer
@@ -523,7 +184,7 @@ class CuDNNSeqLenBackend(CuDNNBackend):
       graph per (q length, first page): a keyframe stream's run starts at page 1 for good, a
       non-keyframe's at page 0 (paged_cache "Placement").
     - paged form (any other page set: the window filling, with the special pages apart from the
-      patch pages; or every step with RECONSTUDIO_CUDNN_FORM=paged): k / v are the layer's whole
+      patch pages): k / v are the layer's whole
       pool [N, P, H, D], the visible pages in order in an int32 page table [1, 1, N, 1] (a fixed
       buffer; entries past the visible pages are never read). One graph per q length. cuDNN takes
       power-of-two page sizes only (`CuDNNFrontendKernel.paged_ok`); LingBot-Map's pages are one
@@ -531,8 +192,7 @@ class CuDNNSeqLenBackend(CuDNNBackend):
       (`paged_note` says why) and the steady state is dense.
     Measured on the H200 (docs/benchmarks.md): exact (== SDPA to bf16 rounding), no host sync,
     but cuDNN's padding mask costs what FlashInfer dense costs (0.86 vs 0.85 ms a layer; plain
-    cuDNN without a mask 0.63 ms needs a graph per length); the shape-override mode
-    (`cudnn_shape_default`, RECONSTUDIO_CUDNN_SHAPE=override) is 0.72 ms a layer.
+    cuDNN without a mask 0.63 ms needs a graph per length).
     Token-slot steps (compressed window, block-sparse layers), non-contiguous steps without the
     paged form, and failures go to the exact SDPA path (`error` keeps why a call failed, as
     `CuDNNBackend`; a failure is for good). Native bf16/fp16 stores only."""
@@ -542,14 +202,12 @@ class CuDNNSeqLenBackend(CuDNNBackend):
     _fixed_takes_slots = False       # block-sparse layers attend exactly
     kernel = "cudnn-frontend"
 
-    def __init__(self, cache, kernel=None, form: Optional[str] = None, min_fill: Optional[float] = None):
+    def __init__(self, cache, kernel=None, min_fill: float = 0.0):
         """kernel: the call (q, k, v, seq_q, seq_kv, table) -> out; default `CuDNNFrontendKernel`
         (tests pass a stand-in, which may run any dtype on any device)."""
         self.cache = cache
         pool = cache.pool
-        self.form = cudnn_seqlen_form() if form is None else form
-        self.min_fill = cudnn_min_fill_default("0") if min_fill is None else float(min_fill)
-        self.mask_form = None
+        self.min_fill = float(min_fill)
         self.capacity = pool.num_pages * pool.page_size
         self.error = None
         self.path = None
@@ -568,7 +226,7 @@ class CuDNNSeqLenBackend(CuDNNBackend):
                 self._kernel = CuDNNFrontendKernel(pool.device)
             except KVCacheError as exc:
                 self._fixed_ok, self.error = False, str(exc)
-        self._bias = self._bias_full = None
+        self._bias = None
         self._step_fixed = False
         self._step_view = None
         if self._fixed_ok:
@@ -583,7 +241,7 @@ class CuDNNSeqLenBackend(CuDNNBackend):
 
     @classmethod
     def create(cls, cache):
-        return cls(cache)
+        return cls(cache)               # not CuDNNBackend.create's choice of form
 
     def plan(self, step: StepTable) -> None:
         """Once per step: the path, the lengths and (paged) the page table, on the device."""
@@ -591,7 +249,7 @@ class CuDNNSeqLenBackend(CuDNNBackend):
         if not (self._fixed_ok and self.error is None and step.slots_t is None
                 and step.num_kv_tokens >= self.min_fill * self.capacity):
             return
-        if step.contiguous is not None and (self.form == "dense" or not self.paged):
+        if step.contiguous is not None:
             self._step_view = ("dense", step.contiguous[0])
         elif self.paged:
             self._table.view(-1)[:len(step.pages)].copy_(step.pages_t)     # int64 -> int32, on device
@@ -610,674 +268,5 @@ class CuDNNSeqLenBackend(CuDNNBackend):
             H, D = pool.num_heads, pool.head_dim
             k = pool.k[layer, first:].view(-1, H, D)               # zero copy from the run's first page
             v = pool.v[layer, first:].view(-1, H, D)
-            return self._kernel(q.contiguous(), k, v, self._seq_q, self._seq_kv, None, n_kv=step.num_kv_tokens)
+            return self._kernel(q.contiguous(), k, v, self._seq_q, self._seq_kv, None)
         return self._kernel(q.contiguous(), pool.k[layer], pool.v[layer], self._seq_q, self._seq_kv, self._table)
-
-
-# ------------------------------------------------------------------ cuDNN split: fixed part + rest
-def cudnn_split_a_default() -> str:
-    """Which kernel attends the fixed part of `CuDNNSplitBackend`: "torch" (default: PyTorch's
-    cuDNN SDPA op with its log-sum-exp; PyTorch caches one graph per shape) or "frontend" (the
-    cuDNN frontend's plain graph with softmax stats, `CuDNNFrontendKernel.attend_lse`);
-    RECONSTUDIO_CUDNN_SPLIT_A picks (benchmarks)."""
-    return env_choice("RECONSTUDIO_CUDNN_SPLIT_A", "torch", ("torch", "frontend"))
-
-
-def cudnn_split_merge_default() -> str:
-    """How `CuDNNSplitBackend` merges its two parts: "eager" (default: `merge_lse`, ~6 small
-    kernels) or "compile" (`merge_lse` under torch.compile: one fused kernel, compiled on first
-    use; CUDA only); RECONSTUDIO_CUDNN_SPLIT_MERGE picks (benchmarks)."""
-    return env_choice("RECONSTUDIO_CUDNN_SPLIT_MERGE", "eager", ("eager", "compile"))
-
-
-def _bhsd(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(0, 1).unsqueeze(0)              # [L, H, D] -> [1, H, L, D] (a view)
-
-
-def torch_cudnn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """PyTorch's cuDNN SDPA (no mask) over exactly k / v [S, H, D] -> (out [n, H, D], lse [H, n]
-    float32, natural log). PyTorch keys its cuDNN graph cache by shapes and strides: a fixed-length
-    K/V run costs one build for good."""
-    n, H, _ = q.shape
-    res = torch.ops.aten._scaled_dot_product_cudnn_attention(_bhsd(q), _bhsd(k), _bhsd(v), None, True)
-    return res[0][0].transpose(0, 1), res[1].reshape(H, -1)[:, :n].float()
-
-
-def torch_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """PyTorch's cuDNN SDPA (no mask, no log-sum-exp: its fastest form, ~0.1 ms a layer below the
-    form with statistics on the H200) over exactly k / v [S, H, D] -> out [n, H, D]."""
-    res = torch.ops.aten._scaled_dot_product_cudnn_attention(_bhsd(q), _bhsd(k), _bhsd(v), None, False)
-    return res[0][0].transpose(0, 1)
-
-
-def cudnn_fp8_mode() -> str:
-    """How `CuDNNSplitBackend` attends an fp8 store: "convert" (default: the e4m3 bytes read into
-    16-bit scratch, attention in bf16/fp16 -- bf16 accuracy, measured pose error 6.0e-3 against
-    fp32 like the bf16 store's 5.9e-3) or "compute" (cuDNN's fp8 kernel, q and P in e4m3: 1.1x the
-    bf16 kernel on the H200 but pose error 0.18 in the model; docs/benchmarks_kv.md "fp8
-    attention"); RECONSTUDIO_CUDNN_FP8 picks."""
-    return env_choice("RECONSTUDIO_CUDNN_FP8", "convert", ("convert", "compute"))
-
-
-def cudnn_split_whole_default() -> bool:
-    """Whether `CuDNNSplitBackend` attends a fixed-length step (window and special ring full) as
-    one plain cuDNN call without statistics; RECONSTUDIO_CUDNN_SPLIT_WHOLE=0|1 (default 1)."""
-    return env_choice("RECONSTUDIO_CUDNN_SPLIT_WHOLE", "1", ("0", "1")) == "1"
-
-
-def torch_flash_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """PyTorch's flash attention (no per-shape set-up: any K/V length) over k / v [S, H, D] ->
-    (out [n, H, D], lse [H, n] float32, natural log). On the CPU its CPU flash kernel (tests)."""
-    n, H, _ = q.shape
-    if q.device.type == "cuda":
-        res = torch.ops.aten._scaled_dot_product_flash_attention(_bhsd(q), _bhsd(k), _bhsd(v))
-    else:
-        res = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(_bhsd(q), _bhsd(k), _bhsd(v))
-    return res[0][0].transpose(0, 1), res[1].reshape(H, -1)[:, :n].float()
-
-
-def torch_flash_varlen_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
-                           cu_k: torch.Tensor):
-    """PyTorch's flash attention (varlen) of q [n, H, D] over the FIRST cu_k[1] keys of the fixed
-    view k / v [cap, H, D] -> (out [n, H, D], lse [H, n] float32). The length is read by the kernel
-    from the int32 device tensor cu_k = [0, length] (cu_q = [0, n]), so nothing depends on it on
-    the host: one CUDA graph serves every length (the split's static steps)."""
-    n, H, _ = q.shape
-    res = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, n, k.shape[0], 0.0, False, False)
-    return res[0], res[1].reshape(H, -1)[:, :n].float()
-
-
-def tail_chunks(tail_rows: int, heads: int, sms: Optional[int], keys: int, tile: int = CUDNN_Q_TILE,
-                min_keys: int = 1024) -> int:
-    """How many key chunks the wave tail's queries are attended in (`chunked_lse`): enough that
-    chunks x heads x ceil(rows / tile) work tiles fill the SMs once, each chunk >= `min_keys`."""
-    tiles = heads * -(-tail_rows // tile)
-    n = max(1, min((sms or tiles) // tiles, keys // min_keys))
-    return -(-keys // -(-keys // n))       # runs of ceil(keys / n): none of them empty
-
-
-def even_chunks(keys: int, most: int, min_keys: int = 1024) -> int:
-    """The largest chunk count <= `most` that cuts `keys` into EQUAL runs of >= `min_keys` (what
-    `chunked_lse`'s cuDNN form needs: the chunks as one strided batch view); 1 if none."""
-    return max([n for n in range(1, max(1, most) + 1) if keys % n == 0 and keys // n >= min_keys] or [1])
-
-
-def chunked_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks: int, bounds=None,
-                kernel: str = "flash"):
-    """Attention of a few query rows q [t, H, D] over MANY keys k / v [L, H, D] -> (out, lse [H, t]
-    float32), the keys cut into `chunks` contiguous runs attended in parallel and merged by their
-    log-sum-exp. Why: t rows are one work tile a head, so a single call would run `heads` CTAs
-    through all L keys one after another (the wave tail of `CuDNNSplitBackend`); chunked, the same
-    work spreads over chunks x heads CTAs. On CUDA one varlen flash call (the q rows repeated per
-    chunk, the chunks zero-copy slices of k / v, `bounds` = (cu_q, cu_k) int32 device tensors from
-    `chunk_bounds`), or with kernel "cudnn" one batched cuDNN call (equal chunks, `even_chunks`:
-    the batch a strided view of k / v); elsewhere a loop of `torch_flash_lse` (the CPU tests)."""
-    t, H, D = q.shape
-    L = k.shape[0]
-    c = -(-L // chunks)                                                    # keys a chunk (the last: fewer)
-    assert (chunks - 1) * c < L, "an empty key chunk (tail_chunks picks the count)"
-    if q.device.type == "cuda" and kernel == "cudnn":
-        assert L % chunks == 0, "the cuDNN form takes equal chunks (even_chunks picks the count)"
-        kc, vc = (x.view(chunks, L // chunks, H, D).transpose(1, 2) for x in (k, v))   # [C, H, c, D]
-        qc = q.repeat(chunks, 1, 1).view(chunks, t, H, D).transpose(1, 2)
-        res = torch.ops.aten._scaled_dot_product_cudnn_attention(qc, kc, vc, None, True)
-        out = res[0].transpose(1, 2)                                       # [chunks, t, H, D]
-        lse = res[1].reshape(chunks, H, -1)[:, :, :t].float()
-    elif q.device.type == "cuda":
-        cu_q, cu_k = bounds if bounds is not None else chunk_bounds(t, L, chunks, q.device)
-        res = torch.ops.aten._flash_attention_forward(q.repeat(chunks, 1, 1), k, v, cu_q, cu_k, t, c,
-                                                      0.0, False, False)
-        out = res[0].view(chunks, t, H, -1)
-        lse = res[1]
-        # PyTorch's varlen flash returns the statistics unpadded [H, chunks * t] (or padded
-        # [chunks, H, >= t] in older flash builds): both read as [chunks, H, t]
-        lse = (lse.view(H, chunks, t).transpose(0, 1) if lse.dim() == 2 else lse[:, :, :t]).float()
-    else:
-        parts = [torch_flash_lse(q, k[i * c:(i + 1) * c], v[i * c:(i + 1) * c]) for i in range(chunks)]
-        out = torch.stack([o for o, _ in parts])                           # [chunks, t, H, D]
-        lse = torch.stack([s for _, s in parts])                           # [chunks, H, t]
-    total = torch.logsumexp(lse, dim=0)                                    # [H, t]
-    w = torch.exp(lse - total).transpose(1, 2).unsqueeze(-1)               # [chunks, t, H, 1]
-    return (out.float() * w).sum(dim=0).to(q.dtype), total
-
-
-def chunk_bounds(rows: int, keys: int, chunks: int, device):
-    """(cu_q, cu_k) int32 device tensors of `chunked_lse`'s varlen call: `chunks` copies of `rows`
-    query rows, and `keys` cut into runs of ceil(keys / chunks) (the last one shorter). Built by
-    device kernels only (no host copy: safe while a CUDA graph captures)."""
-    i = torch.arange(chunks + 1, device=device, dtype=torch.int32)
-    c = -(-keys // chunks)
-    return i * rows, torch.clamp(i * c, max=keys)
-
-
-def cudnn_wave_tail_default() -> bool:
-    """Whether `CuDNNSplitBackend` takes steps whose query rows do not fit one wave of cuDNN work
-    tiles, attending the rows that do through cuDNN and the rest (the "wave tail": 18 of a 640x480
-    input's 1,042 tokens on the H200) through `chunked_lse`; RECONSTUDIO_CUDNN_WAVE_TAIL=0|1
-    (default 1; 0 sends those steps to the fallback, as before)."""
-    return env_choice("RECONSTUDIO_CUDNN_WAVE_TAIL", "1", ("0", "1")) == "1"
-
-
-def cudnn_tail_kernel_default() -> str:
-    """The wave tail's kernel (`chunked_lse`): "cudnn" (default: one batched cuDNN call where the
-    keys cut into equal chunks with at least half the chunks wanted, else flash) or "flash"
-    (PyTorch's varlen flash, any chunking); RECONSTUDIO_CUDNN_TAIL_KERNEL. Measured on the H200
-    (benchmarks/cudnn_wave_bench.py, CUDA-graph replays, 18 rows): 74,592 keys cuDNN x8 0.134 ms,
-    flash x8 0.203; 1,024 rows + tail 0.869 / 0.939 ms against 1.463 for the two-wave call."""
-    return env_choice("RECONSTUDIO_CUDNN_TAIL_KERNEL", "cudnn", ("flash", "cudnn"))
-
-
-def masked_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor):
-    """`torch_flash_varlen_lse` in plain float32 math (the CPU and tests): the keys at or past
-    cu_k[1] masked on the device, no host read of the length."""
-    qf, kf, vf = (x.float().transpose(0, 1) for x in (q, k, v))                  # [H, ., D]
-    s = (qf @ kf.transpose(1, 2)) * q.shape[-1] ** -0.5
-    hidden = torch.arange(k.shape[0], device=k.device) >= cu_k[1]
-    s = s.masked_fill(hidden, float("-inf"))
-    # the slots past the length are unwritten pool memory: a NaN there would survive 0 * NaN
-    vf = vf.masked_fill(hidden[None, :, None], 0.0)
-    lse = torch.logsumexp(s, dim=-1)                                               # [H, n]
-    out = torch.softmax(s, dim=-1) @ vf
-    return out.transpose(0, 1).to(q.dtype), lse
-
-
-def merge_lse(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
-    """Attention over the union of two disjoint key sets from each set's result and log-sum-exp:
-    (out_a e^lse_a + out_b e^lse_b) / (e^lse_a + e^lse_b) = out_a + (out_b - out_a) sigmoid(lse_b - lse_a),
-    in float32, cast back to out_a's dtype. Exact up to rounding; out_* [n, H, D], lse_* [H, n]."""
-    if fused.merge_usable(out_a, lse_a):
-        out = fused.merge_lse(out_a, lse_a, out_b, lse_b)              # one Triton pass on CUDA
-        if out is not None:
-            return out
-    w = torch.sigmoid(lse_b - lse_a).t().unsqueeze(-1)                 # [n, H, 1]
-    return torch.lerp(out_a.float(), out_b.float(), w).to(out_a.dtype)
-
-
-class CuDNNSplitBackend(_CacheRef):
-    """The steady-state global attention split into a FIXED-length part, attended by plain cuDNN
-    (no mask: its fast path, 0.63 ms against FlashInfer's 0.85 at 73,728 keys on the H200) through
-    ONE graph for the run, and a small variable part attended by a kernel with no per-length
-    set-up (PyTorch flash), merged exactly by log-sum-exp (`merge_lse`). Backend "cudnn" with
-    RECONSTUDIO_CUDNN_MODE=split (`cudnn_mode`).
-
-    Split point, from the step's host integers only (no device reads, no sync): in a contiguous
-    step (`StepTable.contiguous`: the window is full, paged_cache "Placement") the pages are the
-    patch pages (scale + window + the new frame) -- a run whose length is constant from frame to
-    frame: 72 pages from page 1 for a keyframe, 73 from page 0 for a non-keyframe at window 64 --
-    followed by the special pages, whose visible length grows by `special_tokens` a frame up to the
-    cap and whose last page is partial. Part A = the patch pages, viewed in place as
-    [pages * page_size, H, D] (cuDNN graph keyed by that constant shape); part B = the special
-    tokens, the rest of the run (a view, `special_start + special_tokens * frames` long).
-    Once the special ring is full too (`StepTable.fixed_length`: after `special_cap` frames) the
-    whole run has one length for good, so it needs no split: one plain cuDNN call without
-    statistics (`torch_cudnn`, `kernel_full`; RECONSTUDIO_CUDNN_SPLIT_WHOLE=0 keeps the split).
-    Measured on the H200 at 78,078 keys: 0.756 ms a layer (FlashInfer 0.908, the split's parts
-    ~0.89); whole model after the cap 27.8 FPS against 22.9 with the split (docs/benchmarks.md
-    "Fixed-length steps").
-    Every other step -- the window filling (special pages apart from the patch pages), token slots
-    (compressed window, block-sparse layers), a run not laid out as above, an A length beyond
-    `max_shapes` distinct ones (a graph each) -- and every call after a kernel failure (`error`)
-    go to the fallback backend: FlashInfer (dense / paged) where it runs, else SDPA.
-    Native bf16/fp16 stores, and fp8 stores attended in bf16/fp16 (`cudnn_fp8_mode`: read into
-    16-bit scratch, or cuDNN's fp8 kernel `CuDNNFP8Kernel`); int8 always falls back.
-    `static` (set for whole-step CUDA graphs): part B attends the fixed special zone with its
-    length read on the device, so a split step's kernels and buffers depend only on its kind
-    (`static_key`); the model then replays each streamed step as one graph.
-    Measured on the H200 (docs/benchmarks.md "cuDNN split"): 0.775 ms a layer (0.755 with the
-    merge compiled) against FlashInfer's 0.853 at the steady shape -- not plain cuDNN's 0.63,
-    because cuDNN with its softmax statistics runs ~0.1 ms slower than without; whole model +0.5
-    to +1.8 FPS eager, best 30.0-30.7 FPS with the compiled blocks (32 not reached)."""
-
-    name = "cudnn"
-    mode = "split"
-    frontend_error = None
-
-    # q rows per cuDNN work tile (its SM90 forward kernels): ceil(q / 128) x heads CTAs a call
-    Q_TILE = CUDNN_Q_TILE
-    tail_min_keys = 1024           # keys per chunk of the wave tail at least (`tail_chunks`)
-
-    def __init__(self, cache, kernel_a=None, kernel_b=None, fallback=None, max_shapes: int = 4,
-                 a_kernel: Optional[str] = None, merge: Optional[str] = None, wave_sms: Optional[int] = -1,
-                 kernel_full=None, whole: Optional[bool] = None, kernel_fp8=None, kernel_b_static=None,
-                 tail: Optional[bool] = None):
-        """kernel_a / kernel_b: (q, k, v) -> (out [n, H, D], lse [H, n] float32, natural log); by
-        default `torch_cudnn_lse` (or the frontend's `attend_lse`, `a_kernel`/RECONSTUDIO_CUDNN_SPLIT_A)
-        and `torch_flash_lse`. fallback: a backend instance for the other steps (tests pass one).
-        merge: "eager" | "compile" (`cudnn_split_merge_default`).
-        kernel_full: (q, k, v) -> out [n, H, D] for a fixed-length step attended whole (default
-        `torch_cudnn`); whole: whether such steps are (`cudnn_split_whole_default`).
-        fp8 stores (`cudnn_fp8_mode`): "convert" (default) reads the run's e4m3 keys/values into a
-        16-bit scratch pair (allocated once, the pool's capacity; e4m3 values are exact in bf16),
-        folds the per-head key scales into q and applies the value scales to the output, then
-        attends exactly as a native store; "compute" hands the e4m3 bytes to `kernel_fp8`
-        ((q, k8, v8, ks, vs, slot=, stats=) -> out [, lse], default `CuDNNFP8Kernel`: cuDNN's fp8
-        kernel, q and P in e4m3).
-        kernel_b_static: (q, k, v, cu_q, cu_k) -> (out, lse) over the first cu_k[1] keys of a fixed
-        view, the length read on the device (default `torch_flash_varlen_lse` on CUDA, else
-        `masked_lse`): part B of a static step (`static`, below).
-        wave_sms: the split runs only while its cuDNN call fits ONE wave of work tiles,
-        ceil(q tokens / Q_TILE) x heads <= wave_sms; -1 = the GPU's SM count (no limit on the CPU),
-        None = no limit. Measured on the H200 (132 SMs), 16 heads, 74k keys: q = 1,005 tokens (8
-        tiles x 16 = 128 CTAs) 0.63 ms, q = 1,042 (a 640x480 input at 518x392: 9 x 16 = 144 CTAs, a
-        second, nearly empty wave) 1.48 ms -- slower than FlashInfer's 0.85. So such a step's cuDNN
-        call takes only the rows that fit one wave (`wave_rows`: 1,024 there) and the remaining
-        "wave tail" rows attend the same keys through `chunked_lse` (tail: `cudnn_wave_tail_default`;
-        off, or with cuDNN's fp8 kernel, those steps fall back to FlashInfer as before)."""
-        self.cache = cache
-        pool = cache.pool
-        if wave_sms == -1:
-            dev = torch.device(cache.device)
-            wave_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
-        self.wave_sms = wave_sms
-        self.wave_declined = 0                     # steps sent to the fallback for their q size
-        self.tail = cudnn_wave_tail_default() if tail is None else bool(tail)
-        self.wave_tail_steps = 0                   # steps whose rows past one wave went to chunked_lse
-        self.tail_kernel = cudnn_tail_kernel_default()
-        self._tail = {}                            # (rows, keys) -> chunked_lse's (chunks, bounds, kernel)
-        self._rows = 0                             # the planned step's rows for the cuDNN call
-        self.capacity = pool.num_pages * pool.page_size
-        self.max_shapes = int(max_shapes)
-        self.error = None
-        self.path = None                           # "split" | "whole" | "fallback": the last attend's
-        self.calls = {"split": 0, "whole": 0, "fallback": 0}
-        self.a_shapes: set = set()                 # (q tokens, A pages) handed to the fixed kernel
-        self.whole_shapes: set = set()             # (q tokens, K/V tokens) attended whole
-        self.whole = cudnn_split_whole_default() if whole is None else bool(whole)
-        self.a_kernel = a_kernel or (None if kernel_a is not None else cudnn_split_a_default())
-        self.fp8_mode = cudnn_fp8_mode() if pool.kind == "fp8" else None    # None: a native store
-        self._scratch = None                       # (k, v) 16-bit scratch of the convert mode
-        attn16 = cache.attn_dtype in (torch.bfloat16, torch.float16)
-        self._ok = pool.kind in ("native", "fp8") and (kernel_a is not None or attn16)
-        if self.fp8_mode == "compute":
-            if kernel_fp8 is None and attn16 and torch.device(cache.device).type == "cuda":
-                try:
-                    kernel_fp8 = CuDNNFP8Kernel(pool.device)
-                except KVCacheError as exc:
-                    self.error = str(exc)
-            self._ok = kernel_fp8 is not None
-        self._kernel_fp8 = kernel_fp8
-        if kernel_a is None and self._ok and self.fp8_mode != "compute":
-            if self.a_kernel == "frontend":
-                try:
-                    kernel_a = CuDNNFrontendKernel(pool.device).attend_lse
-                except KVCacheError as exc:
-                    self._ok, self.error = False, str(exc)
-            else:
-                kernel_a = torch_cudnn_lse
-        self._kernel_a = kernel_a
-        self._kernel_b = kernel_b or torch_flash_lse
-        if kernel_full is None and kernel_fp8 is None and torch.device(cache.device).type != "cuda":
-            self.whole = False           # no cuDNN off the GPU (CPU tests pass a stand-in)
-        self._kernel_full = kernel_full or torch_cudnn
-        self.merge = merge or cudnn_split_merge_default()
-        if torch.device(cache.device).type != "cuda":
-            self.merge = "eager"
-        self._merge = merge_lse
-        if self.merge == "compile":
-            self._merge = torch.compile(merge_lse, dynamic=False, fullgraph=True)
-        self.kernel = f"cudnn-split ({self.a_kernel or 'custom'} + flash, merge {self.merge})"
-        if self.fp8_mode == "compute":
-            self.kernel = f"cudnn-split fp8 compute (cuDNN e4m3 + flash over the dequantised specials, merge {self.merge})"
-        elif self.fp8_mode == "convert":
-            self.kernel = f"cudnn-split fp8 store ({self.a_kernel or 'custom'} + flash on 16-bit scratch, merge {self.merge})"
-        if fallback is None:
-            ok = (torch.device(cache.device).type == "cuda" and _flashinfer_dtype_ok(cache.precision)
-                  and flashinfer_available() and pool.kind != "int8")
-            fallback = FlashInferBackend.create(cache) if ok else SDPABackend.create(cache)
-        self._fallback = fallback
-        self._split = None          # (first page, A pages, B tokens, whole) of the step, or None
-        # Static steps (set by the session for whole-step CUDA graphs, engine/lingbot/model.py):
-        # part B attends a FIXED view -- the special zone, from the end of the patch run to the
-        # end of the pool -- whose visible length is an int32 device tensor written in `plan`, so
-        # a split step's shapes and pointers depend only on its kind (`static_key`).
-        self.static = False
-        cuda = torch.device(cache.device).type == "cuda"
-        self._kernel_b_static = kernel_b_static or (torch_flash_varlen_lse if cuda else masked_lse)
-        self._cu_q = self._cu_k = None      # int32 [2] device tensors [0, q tokens], [0, B tokens]
-
-    @classmethod
-    def create(cls, cache):
-        return cls(cache)
-
-    @classmethod
-    def check_supports(cls, cache) -> None:
-        return None          # every other store goes to the fallback
-
-    def split_point(self, step: StepTable):
-        """(first page, A pages, B tokens) when the step has the layout above, else None."""
-        if step.contiguous is None or step.slots_t is not None:
-            return None
-        c = self.cache
-        P, S = c.page_size, c.special_tokens
-        b = step.special_start + S * step.num_frames          # visible special tokens
-        n_sp = -(-b // P)
-        first, m = step.contiguous
-        n_a = m - n_sp
-        if n_a <= 0 or n_a * P + b != step.num_kv_tokens:
-            return None
-        patch = step.pages[:n_a]                                 # scale -> window -> new
-        if min(patch) != first or max(patch) != first + n_a - 1:
-            return None                                          # specials not after the patch pages
-        return first, n_a, b
-
-    def path_stats(self) -> dict:
-        """Layer calls per path, the distinct cuDNN shapes (a graph each), the steps declined for
-        their q size, the kernel error if any (PagedKVCache.stats "attention_paths")."""
-        return {"calls": dict(self.calls), "split_shapes": len(self.a_shapes),
-                "whole_shapes": len(self.whole_shapes), "whole": self.whole,
-                "wave_declined": self.wave_declined, "wave_tail_steps": self.wave_tail_steps,
-                "wave_tails": [f"{t} rows x {L} keys: {c} {kind} chunks"
-                               for (t, L), (c, _, kind) in sorted(self._tail.items())],
-                "error": self.error}
-
-    def fits_one_wave(self, q_tokens: int) -> bool:
-        """The cuDNN call's work tiles for `q_tokens` queries fit one wave of the GPU (see __init__)."""
-        if self.wave_sms is None:
-            return True
-        return cudnn_one_wave(1, q_tokens, self.cache.pool.num_heads, self.wave_sms, self.Q_TILE)
-
-    def wave_rows(self, q_tokens: int) -> int:
-        """The query rows of a step that cuDNN attends in one wave: all of them when they fit,
-        else whole tiles for every head (0 when not even one tile a head fits)."""
-        if self.wave_sms is None:
-            return q_tokens
-        return min(q_tokens, (self.wave_sms // self.cache.pool.num_heads) * self.Q_TILE)
-
-    def plan(self, step: StepTable) -> None:
-        split = self.split_point(step) if self._ok and self.error is None else None
-        self._rows = step.q_tokens
-        rows = self.wave_rows(step.q_tokens)
-        if split is not None and rows < step.q_tokens:        # not one wave: a tail, or decline
-            if self.tail and rows > 0 and self.fp8_mode != "compute":
-                self._rows = rows
-                self.wave_tail_steps += 1
-            else:
-                split = None
-                self.wave_declined += 1
-        if split is not None:
-            whole = self.whole and step.fixed_length
-            shapes, key = ((self.whole_shapes, (step.q_tokens, step.num_kv_tokens)) if whole
-                           else (self.a_shapes, (step.q_tokens, split[1])))
-            if key not in shapes:
-                if len(shapes) >= self.max_shapes:
-                    split = None                                 # no further graphs: fall back
-                else:
-                    shapes.add(key)
-            if split is not None:
-                split = (*split, whole)
-        self._split = split
-        if split is None:
-            self._fallback.plan(step)
-        elif self.static and not split[3]:
-            if self._cu_q is None:
-                self._cu_q = torch.zeros(2, dtype=torch.int32, device=self.cache.device)
-                self._cu_k = torch.zeros(2, dtype=torch.int32, device=self.cache.device)
-            self._cu_q[1:].fill_(step.q_tokens)      # kernels with the values as arguments:
-            self._cu_k[1:].fill_(split[2])           # no host sync, stream-ordered
-
-    def static_key(self):
-        """For a planned step attended with fixed shapes and pointers (`static`, split or whole):
-        a key that is equal exactly when two steps launch the same kernels on the same buffers --
-        what a whole-step CUDA graph can be keyed by; None otherwise (fallback steps, cuDNN's fp8
-        kernel with its host-side output scales, `static` off, after an error)."""
-        if not self.static or self._split is None or self.error is not None or self.fp8_mode == "compute":
-            return None
-        first, n_a, b, whole = self._split
-        if whole:
-            return ("whole", first, n_a * self.cache.pool.page_size + b)
-        return ("split", first, n_a)
-
-    def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
-        if self._split is not None and slots_t is None and self.error is None:
-            try:
-                out = self._attend_split(q, layer)
-            except Exception as exc:   # a kernel rejected the call: the fallback from now on
-                self.error = f"{type(exc).__name__}: {exc}"[:500]
-                self._split = None
-                self._fallback.plan(step)
-            else:
-                self.path = "whole" if self._split[3] else "split"
-                self.calls[self.path] += 1
-                return out
-        self.path = "fallback"
-        self.calls["fallback"] += 1
-        return self._fallback.attend(step, q, layer, slots_t=slots_t)
-
-    def _attend_split(self, q: torch.Tensor, layer: int) -> torch.Tensor:
-        pool = self.cache.pool
-        first, n_a, b, whole = self._split
-        P, H, D = pool.page_size, pool.num_heads, pool.head_dim
-        q = q.contiguous()
-        n = n_a * P + b
-        m = -(-n // P)
-        static_b = self.static and not whole and self.fp8_mode != "compute"
-        if static_b:                   # the run to the end of the pool: B's view is fixed
-            m = pool.num_pages - first
-        full, part_a, part_b = self._kernel_full, self._kernel_a, self._kernel_b
-        kp, vp = self._run_views(layer, first, m)       # zero copy (e4m3 for an fp8 store)
-        if self.fp8_mode == "compute":       # the e4m3 bytes to cuDNN's fp8 kernel
-            full, part_a, part_b = self._fp8_kernels(layer)
-        elif self.fp8_mode == "convert":     # the run as 16-bit scratch; key scales into q
-            kp, vp = self._converted(kp, vp)
-            ks, vs = pool.scales[layer, 0], pool.scales[layer, 1]
-            q = (q.float() * ks.view(1, H, 1)).to(q.dtype)
-        if whole:                      # one fixed-length run: no statistics, no merge
-            out = self._wave_tail(q, kp[:n], vp[:n], lambda *a: (full(*a), None))[0]
-        else:
-            out, lse_a = self._wave_tail(q, kp[:n_a * P], vp[:n_a * P], part_a)   # constant shape
-            if static_b or b:          # static: B's length from the device (cu_k), not the host
-                out_b, lse_b = (self._kernel_b_static(q, kp[n_a * P:], vp[n_a * P:], self._cu_q, self._cu_k)
-                                if static_b else part_b(q, kp[n_a * P:n], vp[n_a * P:n]))
-                out = self._merge(out, lse_a, out_b, lse_b)
-        if self.fp8_mode == "convert":       # attention is linear in V: the value scales last
-            out = (out.float() * vs.view(1, H, 1)).to(q.dtype)
-        return out
-
-    def _wave_tail(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel):
-        """kernel(q, k, v) -> (out, lse) over all of q's rows, cuDNN (`kernel`) taking the rows that
-        fit one wave and `chunked_lse` the rest, the results stacked by row (disjoint queries
-        over the same keys: nothing to merge). lse is None when `kernel` returns none (whole)."""
-        r = self._rows
-        if r >= q.shape[0]:
-            return kernel(q, k, v)
-        t, L = q.shape[0] - r, k.shape[0]
-        spec = self._tail.get((t, L))
-        if spec is None:           # device kernels only: also safe inside a graph capture
-            chunks = tail_chunks(t, q.shape[1], self.wave_sms, L, self.Q_TILE, self.tail_min_keys)
-            even = even_chunks(L, chunks, self.tail_min_keys)
-            if self.tail_kernel == "cudnn" and 2 * even >= chunks:    # at least half the CTAs
-                spec = (even, None, "cudnn")
-            else:
-                spec = (chunks, chunk_bounds(t, L, chunks, q.device), "flash")
-            self._tail[(t, L)] = spec
-        out_m, lse_m = kernel(q[:r], k, v)
-        out_t, lse_t = chunked_lse(q[r:], k, v, *spec)
-        out = torch.cat([out_m, out_t])
-        return out, (None if lse_m is None else torch.cat([lse_m, lse_t], dim=1))
-
-    def _run_views(self, layer: int, first: int, m: int):
-        """The layer's keys / values of pages first .. first + m - 1 as [m * page_size, H, D] views
-        of the pool (read as e4m3 for an fp8 store)."""
-        pool = self.cache.pool
-        k, v = pool.k[layer, first:first + m], pool.v[layer, first:first + m]
-        if self.fp8_mode is not None:
-            k, v = k.view(FP8), v.view(FP8)
-        shape = (m * pool.page_size, pool.num_heads, pool.head_dim)
-        return k.view(shape), v.view(shape)
-
-    def _converted(self, k8: torch.Tensor, v8: torch.Tensor):
-        """e4m3 run views read into the 16-bit scratch pair as stored (e4m3 -> bf16/fp16 is
-        exact), same-shaped views. The scratch holds the pool's capacity and is allocated once
-        (one layer at a time uses it)."""
-        pool = self.cache.pool
-        if self._scratch is None:
-            shape = (pool.num_pages * pool.page_size, pool.num_heads, pool.head_dim)
-            self._scratch = tuple(torch.empty(shape, dtype=self.cache.attn_dtype, device=pool.device)
-                                  for _ in range(2))
-        n = k8.shape[0]
-        sk, sv = (x[:n] for x in self._scratch)
-        sk.copy_(k8)
-        sv.copy_(v8)
-        return sk, sv
-
-    def _fp8_kernels(self, layer: int):
-        """The compute mode's kernels for `_attend_split`: the whole-step and part-A calls of
-        `kernel_fp8` with the layer's per-head scales (one output-scale slot per layer and kind),
-        and part B (the special tokens, a few thousand) dequantised to the compute dtype for
-        `kernel_b`."""
-        pool = self.cache.pool
-        H = pool.num_heads
-        ks, vs = pool.scales[layer, 0], pool.scales[layer, 1]
-        fp8 = self._kernel_fp8
-
-        def full(q_, k, v):
-            return fp8(q_, k, v, ks, vs, slot=(layer, "whole"))
-
-        def part_a(q_, k, v):
-            return fp8(q_, k, v, ks, vs, slot=(layer, "split"), stats=True)
-
-        def part_b(q_, k, v):
-            return self._kernel_b(q_, (k.float() * ks.view(1, H, 1)).to(q_.dtype),
-                                  (v.float() * vs.view(1, H, 1)).to(q_.dtype))
-        return full, part_a, part_b
-
-
-# ------------------------------------------------------------------------------ cuDNN fp8 attention
-FP8_E4M3_MAX = 448.0
-
-
-def fp8_quantize_q(q: torch.Tensor, ks: torch.Tensor):
-    """q [n, H, D] and the store's per-head key scales ks [H] -> (e4m3 q of q * ks, its per-tensor
-    descale [1, 1, 1, 1] float32): folding ks into q lets the kernel take the keys as stored."""
-    qf = q.float() * ks.view(1, -1, 1)
-    dq = (qf.abs().amax() / FP8_E4M3_MAX).clamp(min=1e-12)
-    return (qf / dq).to(torch.float8_e4m3fn), dq.view(1, 1, 1, 1)
-
-
-def fp8_output(o: torch.Tensor, so: torch.Tensor, amax_o: torch.Tensor, vs: torch.Tensor, dtype,
-               headroom: float):
-    """The kernel's e4m3 output o [n, H, D] (scaled by so) -> (o / so * vs [H] in `dtype`, the next
-    call's output scale: (448 / headroom) / this call's amax of the unscaled output)."""
-    out = (o.float() / so.view(1, 1, 1) * vs.view(1, -1, 1)).to(dtype)
-    return out, (FP8_E4M3_MAX / headroom) / amax_o.clamp(min=1e-6)
-
-
-class CuDNNFP8Kernel:
-    """cuDNN's fp8 (e4m3) fused attention through the cuDNN frontend (`sdpa_fp8`): Hopper's fp8
-    tensor cores for both matrix products, no mask (cuDNN's fast path), exactly the keys given.
-
-    `__call__(q, k8, v8, ks, vs, slot=0, stats=False)`: q [n, H, D] bf16/fp16; k8 / v8 [S, H, D]
-    float8_e4m3fn views (token stride H * D) of an fp8 store whose per-head scales are `ks` / `vs`
-    [H] float32 (real value = stored value * scale). The key scale is folded into q before q is
-    quantized per tensor (`fp8_quantize_q`); the value scale is applied to the output (attention
-    is linear in V), so the kernel runs with per-tensor descales only. Returns out [n, H, D] in
-    q's dtype, and with `stats` also the softmax log-sum-exp [H, n] float32 (natural log, as
-    `torch_cudnn_lse`) for a log-sum-exp merge.
-
-    The softmax probabilities (<= 1 inside the kernel) are quantized with scale 448. The output is
-    e4m3 on Hopper (cuDNN offers 16-bit output of its fp8 attention only on newer chips); it is
-    scaled into the e4m3 range by a scale per `slot` (one per layer and call kind) taken from the
-    previous call's amax (delayed scaling, on the device: no host sync; the first call of a slot
-    uses 1, i.e. the stored values' own range). One graph per layout (n, S, strides, stats).
-    `compile`: the quantize / rescale steps through torch.compile (fewer kernels; CUDA)."""
-
-    def __init__(self, device, out_headroom: float = 2.0, compile: Optional[bool] = None):
-        cudnn, err = _import_cudnn_frontend()
-        if cudnn is None:
-            raise KVCacheError(f"the cuDNN frontend is not available ({err})")
-        self._cudnn = cudnn
-        self.device = torch.device(device)
-        self._handle = None
-        self._graphs: dict = {}
-        self._workspace = torch.empty(0, dtype=torch.uint8, device=self.device)
-        self.builds = 0
-        self.out_fp8 = None
-        self.out_headroom = float(out_headroom)
-        f32 = dict(dtype=torch.float32, device=self.device)
-        self._one = torch.ones(1, 1, 1, 1, **f32)
-        self._scale_s = torch.full((1, 1, 1, 1), FP8_E4M3_MAX, **f32)
-        self._descale_s = torch.full((1, 1, 1, 1), 1.0 / FP8_E4M3_MAX, **f32)
-        self._slots: dict = {}          # slot -> (scale_o, amax_s, amax_o) [1,1,1,1] float32
-        if compile is None:
-            compile = self.device.type == "cuda" and os.environ.get("RECONSTUDIO_CUDNN_FP8_COMPILE", "1") == "1"
-        self._quant, self._output = fp8_quantize_q, fp8_output
-        if compile:
-            self._quant = torch.compile(fp8_quantize_q, dynamic=False, fullgraph=True)
-            self._output = torch.compile(fp8_output, dynamic=False, fullgraph=True)
-
-    def _build(self, n, H, D, k, stats: bool, out_bf16: bool):
-        cudnn = self._cudnn
-        if self._handle is None:
-            with torch.cuda.device(self.device):
-                self._handle = cudnn.create_handle()
-        e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
-        g = cudnn.pygraph(handle=self._handle, name="reconstudio_sdpa_fp8", io_data_type=e4m3,
-                          intermediate_data_type=f32, compute_data_type=f32)
-        S = k.shape[0]
-        qt = g.tensor(name="q", dim=[1, H, n, D], stride=[n * H * D, D, H * D, 1], data_type=e4m3)
-        kv_stride = [S * k.stride(0), k.stride(1), k.stride(0), k.stride(2)]
-        kt = g.tensor(name="k", dim=[1, H, S, D], stride=kv_stride, data_type=e4m3)
-        vt = g.tensor(name="v", dim=[1, H, S, D], stride=kv_stride, data_type=e4m3)
-        sc = {name: g.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
-              for name in ("dq", "dk", "dv", "ds", "ss", "so")}
-        o, st, amax_s, amax_o = g.sdpa_fp8(q=qt, k=kt, v=vt, descale_q=sc["dq"], descale_k=sc["dk"],
-                                           descale_v=sc["dv"], descale_s=sc["ds"], scale_s=sc["ss"],
-                                           scale_o=sc["so"], generate_stats=stats,
-                                           attn_scale=1.0 / math.sqrt(D), use_causal_mask=False, name="sdpa_fp8")
-        o.set_output(True).set_dim([1, H, n, D]).set_stride([n * H * D, D, H * D, 1]).set_data_type(
-            cudnn.data_type.BFLOAT16 if out_bf16 else e4m3)
-        for a in (amax_s, amax_o):
-            a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
-        named = dict(q=qt, k=kt, v=vt, o=o, amax_s=amax_s, amax_o=amax_o, **sc)
-        if stats:
-            st.set_output(True).set_dim([1, H, n, 1]).set_stride([H * n, n, 1, 1]).set_data_type(f32)
-            named["stats"] = st
-        for uid, t in enumerate(named.values(), start=1):
-            t.set_uid(uid)
-        ws = _build_plans(cudnn, g)
-        if ws > self._workspace.numel():
-            self._workspace = torch.empty(ws, dtype=torch.uint8, device=self.device)
-        self.builds += 1
-        return g, list(named)
-
-    def graph(self, n, H, D, k, stats: bool = False):
-        """(graph, tensor names in uid order, 16-bit output?) for this layout, built once."""
-        key = (n, H, D, tuple(k.shape), k.stride(), stats)
-        entry = self._graphs.get(key)
-        if entry is None:
-            err = None
-            for out_bf16 in ((False,) if self.out_fp8 else (True, False)):
-                try:
-                    entry = (*self._build(n, H, D, k, stats, out_bf16), out_bf16)
-                    break
-                except Exception as exc:     # no 16-bit output on Hopper: e4m3 then
-                    err = exc
-            if entry is None:
-                raise KVCacheError(f"cuDNN fp8 attention could not be built: {type(err).__name__}: {err}")
-            self.out_fp8 = not entry[2]
-            self._graphs[key] = entry
-        return entry
-
-    def __call__(self, q, k8, v8, ks, vs, slot=0, stats: bool = False):
-        n, H, D = q.shape
-        g, names, out_bf16 = self.graph(n, H, D, k8, stats)
-        q8, dq = self._quant(q, ks)
-        st = self._slots.get(slot)
-        if st is None:
-            st = self._slots[slot] = (self._one.clone(), torch.zeros_like(self._one), torch.zeros_like(self._one))
-        so, amax_s, amax_o = st
-        out = torch.empty((n, H, D), dtype=torch.bfloat16 if out_bf16 else torch.float8_e4m3fn, device=q.device)
-        tensors = dict(q=q8, k=k8, v=v8, o=out, amax_s=amax_s, amax_o=amax_o, dq=dq, dk=self._one,
-                       dv=self._one, ds=self._descale_s, ss=self._scale_s, so=self._one if out_bf16 else so)
-        lse = None
-        if stats:
-            lse = tensors["stats"] = torch.empty((H, n), dtype=torch.float32, device=q.device)
-        ptrs = {i: tensors[name].data_ptr() for i, name in enumerate(names, start=1)}
-        self._cudnn.set_stream(self._handle, torch.cuda.current_stream(self.device).cuda_stream)
-        g._execute(ptrs, self._workspace.data_ptr(), self._handle)
-        if out_bf16:
-            res = (out.float() * vs.view(1, H, 1)).to(q.dtype)
-        else:
-            res, nxt = self._output(out, so, amax_o, vs, q.dtype, self.out_headroom)
-            so.copy_(nxt)
-        return (res, lse) if stats else res

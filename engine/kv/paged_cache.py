@@ -65,7 +65,8 @@ import numpy as np
 import torch
 
 from ..models.sections import section
-from . import backends as _backends
+from . import resolve as _resolve
+from .attention import store_refusal
 from .compression import Compressor
 from .dtypes import KVPrecision, parse_dtype  # noqa: F401  (parse_dtype: public)
 from .page_table import (  # noqa: F401  (re-exported)
@@ -80,7 +81,8 @@ class PagedKVCache:
 
     dtype: storage ("fp32" | "bf16" | "fp16" | "fp8" | "int8", a torch dtype, or a `KVPrecision`);
     attn_dtype: what a quantized store computes attention in (default fp32; sessions pass their
-    compute dtype). backend: a backend class (engine/kv/backends.py) or its name, resolved there.
+    compute dtype). backend: a backend name (the choice from the declarations: engine/kv/resolve.py;
+    `backend_choice` keeps it and the reasons other backends were refused) or a backend class.
     compression: a `Compressor` (engine/kv/compression.py) or None."""
 
     def __init__(self, num_layers: int, num_heads: int, head_dim: int, patch_tokens: int,
@@ -129,14 +131,25 @@ class PagedKVCache:
                            self.precision, self.device)
         if self.compression.sparse_attention:
             self.pool.enable_block_means(self.compression.block_size)
-        backend_cls = _backends.resolve_backend(backend, self.device, self.precision) \
-            if isinstance(backend, str) or backend is None else backend
-        if self.compression.stores_fewer or self.compression.sparse_attention or self.precision.quantized:
-            backend_cls.check_supports(self)
-        self.backend = backend_cls
-        self._attn = backend_cls.create(self)
+        layout = ("block_sparse" if self.compression.sparse_attention else
+                  "token_slots" if self.compression.stores_fewer else "pages")
+        if isinstance(backend, str) or backend is None:
+            self.backend_choice = _resolve.choose_backend(backend, self.device, self.precision, self.head_dim, layout)
+        else:                            # a class handed in (tests, benchmarks): its store / layout only
+            why = store_refusal(backend, self.precision, layout)
+            if why is not None:
+                raise KVCacheError(f"{why}; use backend 'sdpa' (or 'auto')")
+            self.backend_choice = _resolve.Choice(backend.name, backend)
+        self.backend = self.backend_choice.backend
+        self._attn = self.backend.create(self)
         self._frame_counter = 0
         self.reset()
+
+    @property
+    def attention(self):
+        """The attention backend instance (its `kernel`, `path`, `calls`, `error`: benchmarks and
+        stats read them here)."""
+        return self._attn
 
     # ------------------------------------------------------------------ pools
     @property
@@ -206,8 +219,8 @@ class PagedKVCache:
 
     def enable_static_steps(self) -> bool:
         """Ask the backend to attend with fixed shapes and pointers where it can (whole-step CUDA
-        graphs, engine/lingbot/model.py); False when it has no such mode."""
-        if not hasattr(self._attn, "static_key"):
+        graphs, engine/lingbot/model.py); False when it declares no such mode."""
+        if not self._attn.support.fixed_shapes:
             return False
         self._attn.static = True
         return True
@@ -218,10 +231,10 @@ class PagedKVCache:
         buffer), so one captured graph replays all of them; None when the step is not static
         (the backend's fallback steps, compressed or block-sparse windows, another backend)."""
         step = self.table.step
-        fn = getattr(self._attn, "static_key", None)
-        if step is None or fn is None or step.slots_t is not None or step.window_range is not None:
+        if (step is None or not self._attn.support.fixed_shapes or step.slots_t is not None
+                or step.window_range is not None):
             return None
-        return fn()
+        return self._attn.static_key()
 
     def _sparse_slots(self, layer: int, step: StepTable, q: torch.Tensor) -> torch.Tensor:
         """block_sparse: the visible slots of this layer: scale, the window blocks the compressor
@@ -319,6 +332,8 @@ class PagedKVCache:
             "compression": self.compression.name,
             "fp8_saturated": int(self.pool.saturated) if self.pool.kind == "fp8" else None,
             "backend": self.backend.name,
+            "backend_choice": self.backend_choice.stats(),
+            "attention": self._attn.describe(),
             "device": str(self.device),
         })
         paths = getattr(self._attn, "path_stats", None)

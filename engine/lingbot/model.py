@@ -31,7 +31,6 @@ bf16). The camera and depth heads always stay float32 and read float32 features,
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -40,7 +39,6 @@ import torch.nn as nn
 
 from ..models.camera_head import CameraCache, CameraHead
 from ..models.dpt_head import DPTHead
-from ..models.fused import switched_on
 from ..models.layers import global_attend
 from ..models.rope import Rope2D, Rotation, VideoRope3D
 from ..models.sections import timer_installed
@@ -235,18 +233,13 @@ class LingBotMap(TrunkModel, nn.Module):
         return out
 
     def _depth(self, feats32: list, hw: tuple) -> tuple:
-        """The depth head, one frame at a time: float32 as upstream, or under bf16 autocast when
-        RECONSTUDIO_DEPTH_HEAD=bf16 (a measurement knob, CUDA only)."""
-        if feats32[0].is_cuda and not getattr(self, "_depth_cl", False) and switched_on("RECONSTUDIO_DEPTH_CHANNELS_LAST"):
+        """The depth head, one frame at a time, in float32 as upstream."""
+        if feats32[0].is_cuda and not getattr(self, "_depth_cl", False):
             # convolution weights in channels-last: every conv of the head then runs NHWC end to end
             # (cuDNN transposed NCHW activations before and after each conv: 2.9 -> 2.3 ms a frame
             # on the H200)
             self.depth_head.to(memory_format=torch.channels_last)
             self._depth_cl = True
-        if feats32[0].is_cuda and os.environ.get("RECONSTUDIO_DEPTH_HEAD", "fp32") == "bf16":
-            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-                depth, conf = self.depth_head(feats32, hw, self.config.num_special, chunk=1)
-            return depth.float(), conf.float()
         return self.depth_head(feats32, hw, self.config.num_special, chunk=1)
 
     # -- one streamed step as one CUDA graph ---------------------------------------------------
@@ -317,9 +310,8 @@ class LingBotMap(TrunkModel, nn.Module):
         return {"pose_enc": pose, "depth": depth, "conf": conf}
 
     def _heads_stream(self, device):
-        """The side stream of the camera head inside whole-step graphs (CUDA; None when
-        RECONSTUDIO_HEADS_PARALLEL=0)."""
-        if device.type != "cuda" or not switched_on("RECONSTUDIO_HEADS_PARALLEL"):
+        """The side stream of the camera head inside whole-step graphs (CUDA only)."""
+        if device.type != "cuda":
             return None
         if getattr(self, "_side_stream", None) is None:
             self._side_stream = torch.cuda.Stream(device)

@@ -50,11 +50,10 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..api import ATTENTION_BACKENDS, EngineError, EngineEvent, FrameResult, SessionConfig
+from ..api import EngineError, EngineEvent, FrameResult, SessionConfig, check_settings
 from ..pose import decode_pose
-from ..session_timing import SessionTiming, require_ints, resolve_device
-
-from ..kv.dtypes import COMPUTE_DTYPES as _DTYPES, KV_DTYPES as _KV_DTYPES  # the one dtype table
+from ..session_timing import SessionTiming, resolve_device
+from ..kv.dtypes import COMPUTE_DTYPES as _DTYPES  # noqa: F401  (the compute dtypes by name: callers load models with it)
 from ..models.layers import kernel_errors
 
 
@@ -63,31 +62,16 @@ def _config_error(msg: str) -> EngineError:
 
 
 def _validate(cfg: SessionConfig) -> None:
-    if cfg.dtype not in _DTYPES:
-        raise _config_error(f"dtype must be one of {', '.join(_DTYPES)} (got {cfg.dtype!r})")
-    if cfg.kv_dtype not in ("auto", *_KV_DTYPES):
-        raise _config_error(f"kv_dtype must be auto, {', '.join(_KV_DTYPES)} (got {cfg.kv_dtype!r})")
-    if cfg.backend not in ATTENTION_BACKENDS:
-        raise _config_error(f"backend must be one of {', '.join(ATTENTION_BACKENDS)} (got {cfg.backend!r})")
+    """Each value against its declared type, choices and range (`check_settings`, the one check),
+    then what relates fields to each other or to this session."""
+    check_settings(cfg, _config_error)
     if cfg.mode != "streaming":
         raise _config_error(f"mode {cfg.mode!r} is not available for this engine; use 'streaming'")
-    from ..kv.compression import METHODS
-    if (cfg.kv_compression or "none") not in METHODS:
-        raise _config_error(f"kv_compression must be one of {', '.join(METHODS)} (got {cfg.kv_compression!r})")
-    if not 0.0 < float(cfg.kv_keep_ratio) <= 1.0 or int(cfg.kv_block_size) < 1:
-        raise _config_error(f"kv_keep_ratio must be in (0, 1] and kv_block_size >= 1 "
-                            f"(got {cfg.kv_keep_ratio!r}, {cfg.kv_block_size!r})")
-    if cfg.weight_dtype not in ("auto", "bf16", "int8", "fp8"):
-        raise _config_error(f"weight_dtype must be auto, bf16, int8 or fp8 (got {cfg.weight_dtype!r})")
-    require_ints(cfg, (("scale_frames", 1), ("window", 1), ("keyframe_interval", 1), ("camera_iterations", 1),
-                       ("special_cap", 1), ("image_width", 14)), _config_error)
     if cfg.image_width % 14:
         raise _config_error(f"image_width must be a multiple of 14 (got {cfg.image_width})")
     if cfg.special_cap < cfg.scale_frames + cfg.window:
         raise _config_error(f"special_cap ({cfg.special_cap}) must be at least scale_frames + window "
                             f"({cfg.scale_frames + cfg.window})")
-    if not (isinstance(cfg.fps, (int, float)) and cfg.fps > 0):
-        raise _config_error(f"fps must be positive (got {cfg.fps!r})")
 
 
 def _device(cfg: SessionConfig) -> torch.device:
@@ -137,11 +121,11 @@ class LingBotMapSession(SessionTiming):
         self.model.aggregator.graphs = GraphCache() if use_graphs else None
         self.model.step_graph_error = None      # a fresh graph cache tries whole-step graphs again
         self.model._step_keys_run.clear()       # (keys hold cache ids, which a new session may reuse)
-        # opt-in (setting compile_blocks, or RECONSTUDIO_COMPILE_BLOCKS=1): the blocks' norm/residual
+        # opt-in (setting compile_blocks): the blocks' norm/residual
         # halves under torch.compile (engine/models/compile.py; faster on the H200, GPU-tested; off by
         # default for its compile time at the first frames)
-        from ..models.compile import blocks_compiled, compile_blocks, compile_blocks_requested, uncompile_blocks
-        if self.device.type == "cuda" and (config.compile_blocks or compile_blocks_requested()):
+        from ..models.compile import blocks_compiled, compile_blocks, uncompile_blocks
+        if self.device.type == "cuda" and config.compile_blocks:
             compile_blocks(self.model)
         elif blocks_compiled(self.model):
             uncompile_blocks(self.model)
@@ -306,7 +290,7 @@ class LingBotMapSession(SessionTiming):
     def _ensure_caches(self) -> None:
         if self.kv is not None:
             return
-        from ..kv import PagedKVCache, make_compressor, resolve_backend
+        from ..kv import PagedKVCache, make_compressor
         from ..kv.coordinator import StreamCaches
         cfg, geo = self.config, self.model.kv_geometry()
         h, w = self._hw
@@ -315,7 +299,7 @@ class LingBotMapSession(SessionTiming):
                                special_tokens=geo["special_tokens"], scale_frames=cfg.scale_frames,
                                window=cfg.window, special_cap=cfg.special_cap, dtype=self.kv_precision,
                                device=self.device,
-                               backend=resolve_backend(cfg.backend, self.device, self.kv_precision),
+                               backend=cfg.backend,
                                compression=make_compressor(cfg.kv_compression, cfg.kv_keep_ratio,
                                                            cfg.kv_block_size, cfg.kv_seed))
         agg = self.model.aggregator

@@ -49,7 +49,7 @@ class CameraCache:
         self._at = torch.zeros(1, dtype=torch.long, device=device)
         self._slot_ids = torch.arange(slots, device=device)
         self._mask = torch.zeros(1, 1, 1, slots, dtype=dtype, device=device)
-        from ..kv.page_table import CappedRing
+        from .capped_ring import CappedRing
         self._ring = CappedRing(cap, pinned_in_cap=False)   # scale slots pinned, then a ring of cap
         self.committed = 0        # keyframes committed in total (scale included)
         self._step: Optional[tuple[bool, bool, int]] = None

@@ -13,29 +13,18 @@ tens of seconds).
 Measured on the H200 (issue #11, same run as upstream): 24.7 -> 27.6 FPS steady with the default
 session; its outputs equal the eager path's on the GPU (tests/engine/test_compile_blocks.py, passed
 on the H200 2026-12-01). Not the default because of the compile at the first frames.
-Switch: the typed setting `compile_blocks` (`--compile-blocks`, the settings panel) or
-RECONSTUDIO_COMPILE_BLOCKS=1, for a LingBot-Map session on CUDA (engine/lingbot/session.py).
+Switch: the typed setting `compile_blocks` (`--compile-blocks`, the settings panel), for a
+LingBot-Map session on CUDA (engine/lingbot/session.py).
 """
 from __future__ import annotations
-
-import os
 
 _ATTRS = ("attn_pre", "attn_post")
 
 
-def compile_blocks_requested() -> bool:
-    """RECONSTUDIO_COMPILE_BLOCKS=1 (benchmarks / experiments; default off)."""
-    return os.environ.get("RECONSTUDIO_COMPILE_BLOCKS", "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _blocks(model, camera: bool = None):
-    """The trunk's blocks; with `camera` (default RECONSTUDIO_COMPILE_CAMERA=1, a measurement knob)
-    also the camera head's trunk blocks (one token a frame: launch-bound small kernels)."""
+def _blocks(model):
+    """The trunk's blocks (patch embed, frame, global)."""
     agg = model.aggregator
-    if camera is None:
-        camera = os.environ.get("RECONSTUDIO_COMPILE_CAMERA", "0") == "1"
-    cam = tuple(getattr(getattr(model, "camera_head", None), "trunk", ())) if camera else ()
-    return (*agg.patch_embed.blocks, *agg.frame_blocks, *agg.global_blocks, *cam)
+    return (*agg.patch_embed.blocks, *agg.frame_blocks, *agg.global_blocks)
 
 
 def compile_blocks(model, backend: str = "inductor") -> int:
@@ -56,10 +45,10 @@ def compile_blocks(model, backend: str = "inductor") -> int:
 
 def uncompile_blocks(model) -> None:
     """Back to the plain methods."""
-    for blk in _blocks(model, camera=True):
+    for blk in _blocks(model):
         for name in _ATTRS:
             vars(blk).pop(name, None)
 
 
 def blocks_compiled(model) -> bool:
-    return any(name in vars(blk) for blk in _blocks(model, camera=True) for name in _ATTRS)
+    return any(name in vars(blk) for blk in _blocks(model) for name in _ATTRS)

@@ -16,18 +16,15 @@ chains by hand and compile in about a second on first use:
 - `residual`: the block's last LayerScale residual (float32 x + bf16 y * gamma), which PyTorch
   runs through its slow mixed-dtype loop;
 - `merge_lse`: the cuDNN split's merge of two attention partials by their log-sum-exp
-  (engine/kv/cudnn.py), one pass instead of six kernels.
+  (engine/kv/cudnn_kernels.py), one pass instead of six kernels.
 `gelu_epilogue_usable` decides the MLP's fc1 + GELU in cuBLASLt's epilogue (engine/models/layers.py).
 
 All arithmetic is float32 with one rounding at the store, so results equal the unfused path to
 the matmul dtype's rounding (the unfused path rounds after each op). `Block.attn_pre` /
 `attn_post` (engine/models/layers.py) take these when `usable` says so: CUDA tensors, Triton
-importable, float32 residual stream, not inside a torch.compile trace, and
-RECONSTUDIO_FUSED_BLOCKS not "0". Tests: tests/engine/test_fused_gpu.py (GPU), test_fused.py.
+importable, float32 residual stream, not inside a torch.compile trace. Tests: tests/engine/test_fused_gpu.py (GPU), test_fused.py.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -58,17 +55,6 @@ def _guarded(fn):
     return call
 
 
-def switched_on(name: str) -> bool:
-    """An on-by-default switch of the environment ("0", "false", "no", "off": off) -- the kernel
-    paths' comparison knobs here and in engine/lingbot/model.py."""
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def fused_requested() -> bool:
-    """RECONSTUDIO_FUSED_BLOCKS (default on; "0" = the unfused PyTorch ops, for comparisons)."""
-    return switched_on("RECONSTUDIO_FUSED_BLOCKS")
-
-
 def _pow2(v: int) -> bool:
     return v & (v - 1) == 0
 
@@ -77,14 +63,14 @@ def gelu_epilogue_usable(x: torch.Tensor, fc1) -> bool:
     """A CUDA bf16/fp16 MLP input with a biased fc1 of the same dtype takes cuBLASLt's fused
     matmul + bias + GELU epilogue (its GELU is the tanh form: the bf16 pose error against fp32
     moved from 5.80e-3 to 6.04e-3 on 130 real frames, docs/benchmarks.md). Float32 (the
-    conformance path) keeps the exact GELU; RECONSTUDIO_GELU_EPILOGUE=0 switches it off."""
+    conformance path) keeps the exact GELU."""
     return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and fc1.bias is not None
-            and fc1.weight.dtype == x.dtype and switched_on("RECONSTUDIO_GELU_EPILOGUE"))
+            and fc1.weight.dtype == x.dtype)
 
 
 def usable(x: torch.Tensor, block) -> bool:
     """The fused kernels apply to this block call: see the module docstring."""
-    if triton is None or error is not None or not x.is_cuda or x.dtype != torch.float32 or not fused_requested():
+    if triton is None or error is not None or not x.is_cuda or x.dtype != torch.float32:
         return False
     if torch.compiler.is_compiling():
         return False
@@ -250,7 +236,7 @@ def residual(x: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor) -> torch.Ten
 def merge_usable(out_a: torch.Tensor, lse_a: torch.Tensor) -> bool:
     """`merge_lse` applies: CUDA, Triton, not switched off, out [n, H, D] with H, D powers of two
     and D dense, lse [H, n] float32 with its token axis dense."""
-    if triton is None or error is not None or not out_a.is_cuda or not fused_requested():
+    if triton is None or error is not None or not out_a.is_cuda:
         return False
     n, H, D = out_a.shape
     return (_pow2(H) and _pow2(D) and H * D <= 8192 and out_a.stride(-1) == 1 and lse_a.dtype == torch.float32
@@ -261,7 +247,7 @@ def merge_usable(out_a: torch.Tensor, lse_a: torch.Tensor) -> bool:
 def merge_lse(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """out_a + (out_b - out_a) * sigmoid(lse_b - lse_a) in float32, written contiguous in out_a's
     dtype: two attention partials over disjoint key sets merged by their log-sum-exp
-    (engine/kv/cudnn.py `merge_lse`) in one pass instead of six kernels (None: see `_guarded`)."""
+    (engine/kv/cudnn_kernels.py `merge_lse`) in one pass instead of six kernels (None: see `_guarded`)."""
     n, H, D = out_a.shape
     if out_b.stride(-1) != 1 or lse_b.stride(-1) != 1:
         out_b, lse_b = out_b.contiguous(), lse_b.contiguous()
@@ -276,7 +262,7 @@ def qk_usable(qkv: torch.Tensor, q_norm, rope) -> bool:
     """`qk_norm_rope` applies to this call (CUDA, Triton, a 16-bit projection, layouts as
     `qk_norm_rope_ok`, not inside a torch.compile trace, not switched off)."""
     return (triton is not None and error is None and qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16)
-            and fused_requested() and not torch.compiler.is_compiling() and q_norm.weight is not None
+            and not torch.compiler.is_compiling() and q_norm.weight is not None
             and q_norm.bias is not None
             and qk_norm_rope_ok(qkv, rope))
 

@@ -10,7 +10,6 @@ LayerNorm over D; RoPE rotates q and k before `attend`, so caches store rotated 
 """
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional
 
 import torch
@@ -40,9 +39,8 @@ def _cudnn_first(q: torch.Tensor) -> bool:
     """cuDNN's attention kernel first for the blocks' own (unmasked) attention of q [B, N, H, D]
     in 16-bit on CUDA: at 1,005 tokens it beat PyTorch's default flash kernel by ~0.7 ms a frame
     over the 48 patch-embed and frame blocks (H200, docs/benchmarks.md). Only while its work
-    tiles fit one wave of the GPU's SMs (`cudnn_one_wave`). RECONSTUDIO_FRAME_SDPA=flash keeps
-    PyTorch's order."""
-    if cudnn_sdpa_error is not None or os.environ.get("RECONSTUDIO_FRAME_SDPA", "cudnn").strip().lower() != "cudnn":
+    tiles fit one wave of the GPU's SMs (`cudnn_one_wave`)."""
+    if cudnn_sdpa_error is not None:
         return False
     B, N, H, _ = q.shape
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()

@@ -11,17 +11,14 @@ from typing import Any
 
 from ..api import SessionConfig, register_engine
 
+# What only the engine knows, and the shared fields it honours besides those whose metadata names
+# it; choices (as narrowed by the metadata's `narrow`), ranges and tooltips come from the
+# `setting()` metadata (engine/api.py `engine_capabilities`).
 CAPABILITIES = {
     "label": "VGGT-1B (neural, chunked)",
     "needs_checkpoint": True,
     "devices": ["cpu", "cuda"],
-    "dtypes": ["fp32", "bf16", "fp16"],
-    "backends": ["auto", "sdpa", "flashinfer", "cudnn"],
-    "modes": ["streaming", "windowed"],
-    "kv_compression": ["none"],
-    "kv_dtypes": ["auto", "fp32", "bf16", "fp16"],
-    "fields": ["checkpoint", "device", "dtype", "backend", "image_width", "mode", "chunk_size",
-               "sliding_window_num", "overlap", "window_size", "camera_iterations", "kv_dtype", "fps"],
+    "fields": ["checkpoint", "dtype", "backend", "image_width", "mode", "camera_iterations", "kv_dtype"],
 }
 
 

@@ -36,10 +36,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..api import ATTENTION_BACKENDS, EngineError, EngineEvent, FrameResult, SessionConfig
-from ..kv.dtypes import COMPUTE_DTYPES as _DTYPES   # the one dtype table
+from ..api import EngineError, EngineEvent, FrameResult, SessionConfig, check_settings
 from ..pose import decode_pose
-from ..session_timing import SessionTiming, require_ints
+from ..session_timing import SessionTiming
 
 
 def _error(msg: str) -> EngineError:
@@ -47,14 +46,11 @@ def _error(msg: str) -> EngineError:
 
 
 def validate(cfg: SessionConfig) -> None:
-    if cfg.dtype not in _DTYPES:
-        raise _error(f"dtype must be one of {', '.join(_DTYPES)} (got {cfg.dtype!r})")
-    if cfg.backend not in ATTENTION_BACKENDS:
-        raise _error(f"backend must be one of {', '.join(ATTENTION_BACKENDS)} (got {cfg.backend!r})")
+    """Each value against its declared type, choices and range (`check_settings`, the one check),
+    then what relates fields to each other or to this session."""
+    check_settings(cfg, _error)
     if cfg.mode != "streaming":
         raise _error(f"mode {cfg.mode!r} is handled by the windowed wrapper, not by the chunked session")
-    require_ints(cfg, (("chunk_size", 2), ("sliding_window_num", 1), ("overlap", 1), ("camera_iterations", 1),
-                       ("image_width", 14)), _error)
     if cfg.overlap >= cfg.chunk_size:
         raise _error(f"overlap ({cfg.overlap}) must be smaller than chunk_size ({cfg.chunk_size}): each chunk "
                      f"repeats `overlap` frames of the previous one to align it and must add new ones")

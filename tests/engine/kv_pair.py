@@ -51,28 +51,32 @@ def tiny_sessions_against_sdpa(monkeypatch, make_backend, frames: int = 14, spec
                                seed: int = 4, opened=None, closing=None):
     """The tiny LingBot-Map model (CPU, fp32) over the same `frames` random frames twice -- scale 2,
     window 3, special cap `special_cap`, keyframe interval 2 (eviction, rollback, ring wrap) -- with
-    SDPA and with backend "cudnn" resolved to `make_backend(cache)` (a stand-in under test); checks
+    SDPA and with backend "cudnn" resolved to `make_backend(cache)` (a stand-in under test, declared
+    to run on the CPU in float32 -- the resolver chooses from declarations); checks
     the two runs' results equal (1e-5 / 1e-4) and returns the backend made, for the caller's checks.
     `opened(session)` / `closing(session)`: called for the "cudnn" session after it opens and
     before it closes."""
+    import dataclasses
+
     import numpy as np
+    import torch
 
     from engine import SessionConfig, open_session
-    from engine import kv as kv_mod
+    from engine.kv import resolve
     from engine.kv.cudnn import CuDNNBackend
     from engine.model_zoo import build_model
     from engine.models.recipe import fill_recipe
 
     made = {}
 
-    class StandInCuDNN(CuDNNBackend):       # the cuDNN backend's class checks, the stand-in's instance
+    class StandInCuDNN(CuDNNBackend):       # the cuDNN backend's store checks, the stand-in's instance
+        support = dataclasses.replace(CuDNNBackend.support, devices=("cpu",), compute_dtypes=(torch.float32,))
+
         @classmethod
         def create(cls, cache):
             made["backend"] = make_backend(cache)
             return made["backend"]
-    real = kv_mod.resolve_backend
-    monkeypatch.setattr(kv_mod, "resolve_backend",
-                        lambda name, dev, prec: StandInCuDNN if name == "cudnn" else real(name, dev, prec))
+    monkeypatch.setitem(resolve.BACKENDS, "cudnn", StandInCuDNN)
     model = fill_recipe(build_model("lingbot-map-tiny"))
     rng = np.random.default_rng(seed)
     frames = [rng.integers(0, 256, (60, 80, 3), dtype=np.uint8) for _ in range(frames)]

@@ -9,8 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.kv import KVCacheError, PagedKVCache, backends, make_compressor, resolve_backend
-from engine.kv import cudnn as kcudnn
+from engine.kv import KVCacheError, PagedKVCache, available_backends, make_compressor, resolve_backend
 from engine.kv.backends import SDPABackend
 from engine.kv.cudnn import CUDNN_MASKED, CuDNNBackend
 from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, cache_pair, drive_paths, tiny_sessions_against_sdpa
@@ -35,12 +34,12 @@ class StandIn:
         return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias.float()).to(q.dtype)
 
 
-def _caches(min_fill=0.0, garbage=True, kernel=None, mask=None, dtype=torch.float32, **kw):
+def _caches(min_fill=0.0, garbage=True, kernel=None, dtype=torch.float32, **kw):
     """A cache on the cuDNN backend (stand-in kernel) and one on SDPA, same settings. `garbage`:
     the pool holds NaN before the backend is made (uninitialised memory may)."""
     cu, sd = cache_pair(garbage=garbage, dtype=dtype, **kw)
     stand_in = StandIn(cu)
-    cu._attn = CuDNNBackend(cu, kernel=kernel or stand_in, min_fill=min_fill, mask=mask)
+    cu._attn = CuDNNBackend(cu, kernel=kernel or stand_in, min_fill=min_fill)
     return cu, sd, stand_in
 
 
@@ -96,14 +95,13 @@ def test_low_fill_takes_the_exact_path_then_the_fixed_one():
     assert paths[0] == "exact" and paths[-1] == "fixed"
 
 
-def test_full_bias_form_and_bf16():
-    cu, sd, stand_in = _caches(mask="full", dtype=torch.bfloat16)
+def test_bias_row_in_bf16():
+    cu, sd, stand_in = _caches(dtype=torch.bfloat16)
     for a, b, *_ in drive_paths(cu, sd, "kkknkk", dtype=torch.bfloat16):
         for x, y in zip(a, b):
             torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
-    assert {s for s, _ in stand_in.bias_layouts} == {(1, 1, 2 * (S6 + P), cu._attn.capacity),
-                                                     (1, 1, S6 + P, cu._attn.capacity)}
-    assert cu._attn.capacity % 8 and all(st[2] % 8 == 0 for _, st in stand_in.bias_layouts)  # rows aligned
+    # one [1, 1, 1, capacity] row for every q length (expanded over the queries, never copied)
+    assert {s for s, _ in stand_in.bias_layouts} == {(1, 1, 1, cu._attn.capacity)}
 
 
 @pytest.mark.parametrize("method", ["random_subset", "block_sparse"])
@@ -147,28 +145,18 @@ def test_fp32_store_is_always_exact_with_the_real_kernel():
     assert isinstance(cu._attn._exact, SDPABackend)
 
 
-def test_selection_and_settings(monkeypatch):
+def test_selection():
     assert resolve_backend("cudnn", torch.device("cuda"), torch.bfloat16) is CuDNNBackend
     assert resolve_backend("cudnn", "cuda", "fp16") is CuDNNBackend
     with pytest.raises(KVCacheError, match="needs a CUDA device"):
         resolve_backend("cudnn", "cpu", torch.bfloat16)
-    with pytest.raises(KVCacheError, match="bf16 and fp16"):
+    with pytest.raises(KVCacheError, match="supports bf16, fp16"):
         resolve_backend("cudnn", "cuda", torch.float32)
     assert resolve_backend("auto", "cuda", torch.bfloat16) is not CuDNNBackend    # auto unchanged
-    assert "cudnn" in backends.available_backends("cuda", "bf16")
-    assert "cudnn" not in backends.available_backends("cpu") + backends.available_backends("cuda", "fp32")
-    with pytest.raises(KVCacheError, match="bf16/fp16 KV store"):
+    assert "cudnn" in available_backends("cuda", "bf16")
+    assert "cudnn" not in available_backends("cpu") + available_backends("cuda", "fp32")
+    with pytest.raises(KVCacheError, match="reads native KV stores, not int8"):
         PagedKVCache(L, H, D, P, special_tokens=S6, dtype="int8", backend=CuDNNBackend, **KW)
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_MIN_FILL", "2")
-    with pytest.raises(KVCacheError, match="RECONSTUDIO_CUDNN_MIN_FILL"):
-        kcudnn.cudnn_min_fill_default()
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_MIN_FILL", "0.25")
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_MASK", "full")
-    be = CuDNNBackend(PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **KW))
-    assert be.min_fill == 0.25 and be.mask_form == "full"
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_MASK", "tail")
-    with pytest.raises(KVCacheError, match="RECONSTUDIO_CUDNN_MASK"):
-        kcudnn.cudnn_mask_form()
 
 
 def test_session_setting_is_validated_and_clear_on_cpu():
@@ -185,7 +173,7 @@ def test_session_setting_is_validated_and_clear_on_cpu():
     with pytest.raises(EngineError, match="auto, sdpa, flashinfer, cudnn, cudnn-split"):
         open_session(SessionConfig(backend="cudn", **cfg), model=model)
     s = open_session(SessionConfig(backend="cudnn", **cfg), model=model)
-    with pytest.raises(EngineError, match="cuDNN attention backend needs a CUDA device"):
+    with pytest.raises(EngineError, match="cudnn attention backend needs a CUDA device"):
         s.push(np.zeros((60, 80, 3), dtype=np.uint8))        # the KV cache is made on the first step
     s.close()
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.kv import KVCacheError, PagedKVCache, make_compressor
+from engine.kv import PagedKVCache, make_compressor
 from engine.kv import cudnn as kcudnn
 from engine.kv.cudnn import CuDNNBackend, CuDNNSeqLenBackend
 from tests.engine.kv_pair import KW, PATTERN, D, H, L, P, S6, cache_pair, drive_paths, tiny_sessions_against_sdpa
@@ -25,7 +25,7 @@ class SeqLenStandIn:
         self.pool = cache.pool
         self.layouts, self.k_ptrs = set(), set()
 
-    def __call__(self, q, k, v, seq_q, seq_kv, table=None, n_kv=None):
+    def __call__(self, q, k, v, seq_q, seq_kv, table=None):
         pool = self.pool
         P, H, D = pool.page_size, pool.num_heads, pool.head_dim
         for t in (seq_q, seq_kv):
@@ -34,7 +34,6 @@ class SeqLenStandIn:
         assert q.is_contiguous() and n == q.shape[0] and k.shape == v.shape and k.stride() == v.stride()
         if table is None:                   # dense: a [tokens, H, D] view of one layer's pool
             assert k.shape[1:] == (H, D) and k.stride() == (H * D, D, 1) and s <= k.shape[0]
-            assert n_kv == s                # the host's length, for the shape modes without a mask
             keys, vals = k[:s], v[:s]
             self.layouts.add(("dense", tuple(q.shape), tuple(k.shape)))
         else:                               # paged: the layer's whole pool + the page table
@@ -52,18 +51,18 @@ class SeqLenStandIn:
         return F.scaled_dot_product_attention(qh, kh, vh)[0].transpose(0, 1).to(q.dtype)
 
 
-def _caches(form="dense", garbage=True, kernel=None, dtype=torch.float32, min_fill=0.0, page=P, **kw):
+def _caches(garbage=True, kernel=None, dtype=torch.float32, min_fill=0.0, page=P, **kw):
     """A cache on the sequence-length form (stand-in kernel) and one on SDPA, same settings.
     `garbage`: the pool holds NaN before the backend is made (uninitialised memory may)."""
     cu, sd = cache_pair(page=page, garbage=garbage, dtype=dtype, **kw)
     stand_in = SeqLenStandIn(cu)
-    cu._attn = CuDNNSeqLenBackend(cu, kernel=kernel or stand_in, form=form, min_fill=min_fill)
+    cu._attn = CuDNNSeqLenBackend(cu, kernel=kernel or stand_in, min_fill=min_fill)
     return cu, sd, stand_in
 
 
-@pytest.mark.parametrize("form,page", [("dense", P), ("dense", P2), ("paged", P2)])
-def test_seqlen_form_equals_sdpa_through_fill_rollback_and_ring(form, page):
-    cu, sd, stand_in = _caches(form=form, page=page)
+@pytest.mark.parametrize("page", [P, P2])
+def test_seqlen_form_equals_sdpa_through_fill_rollback_and_ring(page):
+    cu, sd, stand_in = _caches(page=page)
     be = cu._attn
     assert torch.count_nonzero(cu.pool.k) == 0 and torch.count_nonzero(cu.pool.v) == 0   # NaN zeroed
     assert be.paged == (page == P2) and (be.paged_note is None) == be.paged
@@ -85,19 +84,15 @@ def test_seqlen_form_equals_sdpa_through_fill_rollback_and_ring(form, page):
     dense = stand_in.layouts - paged
     assert {lay[1][0] for lay in stand_in.layouts} <= q_lengths
     assert len(paged) <= len(q_lengths)          # the paged form: one graph per q length
-    if form == "paged":
-        assert not dense and be.forms["dense"] == 0 and be.forms["paged"] == steps
-        assert stand_in.k_ptrs == {cu.pool.k[i].data_ptr() for i in range(L)}
-    else:
-        # dense: contiguous steps from their first page (1 for keyframes, 0 for non-keyframes);
-        # the window-filling steps (special pages apart from the patch pages) paged or exact
-        assert be.forms["dense"] > 0 and (be.forms["paged"] > 0) == be.paged
-        assert {lay[2][0] for lay in dense} <= {(cu.num_pages - f) * page for f in (0, 1)}
-        assert len(dense) <= 2 * len(q_lengths)
+    # dense: contiguous steps from their first page (1 for keyframes, 0 for non-keyframes);
+    # the window-filling steps (special pages apart from the patch pages) paged or exact
+    assert be.forms["dense"] > 0 and (be.forms["paged"] > 0) == be.paged
+    assert {lay[2][0] for lay in dense} <= {(cu.num_pages - f) * page for f in (0, 1)}
+    assert len(dense) <= 2 * len(q_lengths)
 
 
 def test_plan_writes_lengths_and_page_table_on_the_device():
-    cu, _, _ = _caches(form="paged", garbage=False, page=P2)
+    cu, _, _ = _caches(garbage=False, page=P2)
     be = cu._attn
     cu.begin_step(2, scale=True)
     for i in range(L):
@@ -108,7 +103,6 @@ def test_plan_writes_lengths_and_page_table_on_the_device():
     assert be._table.view(-1)[:len(step.pages)].tolist() == list(step.pages)
     assert be._step_view == ("paged", None)
     cu.abort_step()
-    be.form = "dense"
     for c in "kkk":                              # fill the window: one contiguous run
         cu.begin_step(1, keyframe=c == "k")
         cu.end_step()
@@ -171,36 +165,13 @@ def test_without_the_frontend_the_real_kernel_records_why_and_stays_exact(monkey
     assert cu._attn.path == "exact" and cu._attn.calls["fixed"] == 0
 
 
-def test_create_picks_the_form_and_says_why_not(monkeypatch):
+def test_create_picks_the_form_and_says_why_not():
     bf = dict(KW, dtype=torch.bfloat16)
     cache = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **bf)
     be = CuDNNBackend.create(cache)                     # CPU: the bias form, and why
     assert type(be) is CuDNNBackend and be.mode == "bias" and "CUDA" in be.frontend_error
     fp32 = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **KW)
     assert "bf16/fp16" in CuDNNBackend.create(fp32).frontend_error
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_MODE", "bias")
-    assert CuDNNBackend.create(cache).frontend_error == "RECONSTUDIO_CUDNN_MODE=bias"
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_MODE", "frontend")
-    with pytest.raises(KVCacheError, match="RECONSTUDIO_CUDNN_MODE"):
-        CuDNNBackend.create(cache)
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_MODE", "seqlen")
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_FORM", "ragged")
-    with pytest.raises(KVCacheError, match="RECONSTUDIO_CUDNN_FORM"):
-        kcudnn.cudnn_seqlen_form()
-    for var, fn in (("RECONSTUDIO_CUDNN_IMPL", kcudnn.cudnn_impl_default),
-                    ("RECONSTUDIO_CUDNN_TUNE", kcudnn.cudnn_tune_default)):
-        monkeypatch.setenv(var, "fast")
-        with pytest.raises(KVCacheError, match=var):
-            fn()
-        monkeypatch.delenv(var)
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_SHAPE", "ragged")
-    with pytest.raises(KVCacheError, match="RECONSTUDIO_CUDNN_SHAPE"):
-        kcudnn.cudnn_shape_default()
-    monkeypatch.delenv("RECONSTUDIO_CUDNN_SHAPE")
-    assert kcudnn.cudnn_impl_default() == "composite" and kcudnn.cudnn_tune_default() is False
-    assert kcudnn.cudnn_shape_default() == "padding"
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_FORM", "paged")
-    assert CuDNNSeqLenBackend(cache, kernel=SeqLenStandIn(cache)).form == "paged"
     assert CuDNNSeqLenBackend(cache, kernel=SeqLenStandIn(cache)).min_fill == 0.0
     s = CuDNNSeqLenBackend(cache, kernel=SeqLenStandIn(cache))
     assert s.name == "cudnn" and s.mode == "seqlen"

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from engine.kv import PagedKVCache
 from engine.kv.backends import SDPABackend
-from engine.kv.cudnn import (CuDNNBackend, CuDNNSplitBackend, chunked_lse, even_chunks, merge_lse,
-                              tail_chunks, torch_flash_lse)
+from engine.kv.cudnn_split import CuDNNSplitBackend
+from engine.kv.cudnn_kernels import chunked_lse, even_chunks, merge_lse, tail_chunks, torch_flash_lse
 from tests.engine.kv_pair import KW, D, H, L, P, S6, cache_pair, drive
 
 PATTERN = "kknkkknkknknnkkkknknkk"      # fills, evicts, rolls back (interval 2), wraps the ring
@@ -205,8 +205,7 @@ def test_chunked_lse_equals_attention_over_all_keys():
     assert even_chunks(4096, 8, min_keys=1024) == 4
 
 
-def test_wave_tail_kernel_knob_picks_cudnn_only_for_equal_chunks(monkeypatch):
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_TAIL_KERNEL", "cudnn")
+def test_wave_tail_kernel_is_cudnn_only_for_equal_chunks():
     cu, sd = cache_pair()
     be = cu._attn = CuDNNSplitBackend(cu, kernel_a=FixedStandIn(cu), fallback=SDPABackend.create(cu))
     be.Q_TILE, be.tail_min_keys, be.wave_sms = 2, 2, 7
@@ -217,9 +216,6 @@ def test_wave_tail_kernel_knob_picks_cudnn_only_for_equal_chunks(monkeypatch):
     assert kinds and all(kind == ("cudnn" if L % c == 0 else "flash") for L, (c, kind) in kinds.items())
     assert any(kind == "cudnn" for _, kind in kinds.values())
     assert len(be.path_stats()["wave_tails"]) == len(kinds)
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_TAIL_KERNEL", "fast")
-    with pytest.raises(Exception, match="RECONSTUDIO_CUDNN_TAIL_KERNEL"):
-        CuDNNSplitBackend(cu, kernel_a=FixedStandIn(cu), fallback=SDPABackend.create(cu))
 
 
 @pytest.mark.parametrize("method", ["random_subset", "block_sparse"])
@@ -236,54 +232,40 @@ def test_token_slot_steps_fall_back(method):
         assert be.calls["split"] == 0
 
 
-def test_mode_split_is_selected_by_the_env_knob(monkeypatch):
+def test_split_falls_back_to_sdpa_on_the_cpu():
     cu = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **KW)
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_MODE", "split")
-    be = CuDNNBackend.create(cu)
-    assert isinstance(be, CuDNNSplitBackend) and be.mode == "split"
-    assert isinstance(be._fallback, SDPABackend)        # no FlashInfer on the CPU
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_SPLIT_A", "nope")
-    with pytest.raises(Exception, match="RECONSTUDIO_CUDNN_SPLIT_A"):
-        CuDNNSplitBackend(cu)
+    be = CuDNNSplitBackend.create(cu)
+    assert be.mode == "split" and isinstance(be._fallback, SDPABackend)     # no FlashInfer on the CPU
 
 
-def test_auto_takes_the_split_for_native_16_bit_stores_unless_switched_off(monkeypatch):
-    from engine.kv import backends, kv_precision
-    monkeypatch.setattr(backends, "_import_flashinfer", lambda: (object(), None))
+def test_auto_takes_the_split_for_native_16_bit_stores(monkeypatch):
+    from engine.kv import backends, kv_precision, resolve
     cuda = torch.device("cuda")
-    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend   # default
-    monkeypatch.setenv("RECONSTUDIO_AUTO_SPLIT", "0")
-    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is backends.FlashInferBackend
     monkeypatch.setattr(backends, "_import_flashinfer", lambda: (None, "not installed"))
-    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is SDPABackend
-    monkeypatch.setenv("RECONSTUDIO_AUTO_SPLIT", "1")      # the split without FlashInfer too
-    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend
+    assert resolve.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend   # without FlashInfer too
     monkeypatch.setattr(backends, "_import_flashinfer", lambda: (object(), None))
-    assert backends.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend
-    assert backends.resolve_backend("auto", cuda, kv_precision("fp16", "auto")) is CuDNNSplitBackend
+    assert resolve.resolve_backend("auto", cuda, torch.bfloat16) is CuDNNSplitBackend
+    assert resolve.resolve_backend("auto", cuda, kv_precision("fp16", "auto")) is CuDNNSplitBackend
     # quantized stores and the CPU keep their backends
-    assert backends.resolve_backend("auto", cuda, kv_precision("bf16", "fp8")) is backends.FlashInferBackend
-    assert backends.resolve_backend("auto", cuda, kv_precision("bf16", "int8")) is SDPABackend
-    assert backends.resolve_backend("auto", "cpu", torch.bfloat16) is SDPABackend
-    monkeypatch.setenv("RECONSTUDIO_AUTO_SPLIT", "maybe")
-    with pytest.raises(Exception, match="RECONSTUDIO_AUTO_SPLIT"):
-        backends.resolve_backend("auto", cuda, torch.bfloat16)
+    assert resolve.resolve_backend("auto", cuda, kv_precision("bf16", "fp8")) is backends.FlashInferBackend
+    assert resolve.resolve_backend("auto", cuda, kv_precision("bf16", "int8")) is SDPABackend
+    assert resolve.resolve_backend("auto", "cpu", torch.bfloat16) is SDPABackend
 
 
 def test_cudnn_split_is_a_backend_name_and_compile_blocks_a_setting():
     """The split is reachable as a typed choice ("cudnn-split": the settings panel / --backend),
     with the cuDNN backend's checks; compiled blocks as a typed setting (--compile-blocks)."""
     from engine import SessionConfig
-    from engine.kv import KVCacheError, backends
+    from engine.kv import KVCacheError, resolve
     from engine.shared_streams import model_key
     cuda = torch.device("cuda")
-    assert backends.resolve_backend("cudnn-split", cuda, torch.bfloat16) is CuDNNSplitBackend
-    assert "cudnn-split" in backends.available_backends("cuda", "bf16")
-    assert "cudnn-split" not in backends.available_backends("cpu")
+    assert resolve.resolve_backend("cudnn-split", cuda, torch.bfloat16) is CuDNNSplitBackend
+    assert "cudnn-split" in resolve.available_backends("cuda", "bf16")
+    assert "cudnn-split" not in resolve.available_backends("cpu")
     with pytest.raises(KVCacheError, match="CUDA device"):
-        backends.resolve_backend("cudnn-split", "cpu", torch.bfloat16)
-    with pytest.raises(KVCacheError, match="bf16 and fp16"):
-        backends.resolve_backend("cudnn-split", cuda, torch.float32)
+        resolve.resolve_backend("cudnn-split", "cpu", torch.bfloat16)
+    with pytest.raises(KVCacheError, match="supports bf16, fp16"):
+        resolve.resolve_backend("cudnn-split", cuda, torch.float32)
     cfg = SessionConfig(engine="lingbot-map", backend="cudnn-split", compile_blocks=True)
     assert cfg.backend == "cudnn-split" and cfg.compile_blocks is True
     assert SessionConfig().compile_blocks is False
@@ -352,13 +334,8 @@ def test_full_ring_steps_are_attended_whole_with_one_shape_per_step_kind():
     assert be.path_stats()["whole_shapes"] == 2 and cu.stats()["attention_paths"]["calls"]["whole"] == whole.calls
 
 
-def test_whole_run_is_off_on_the_cpu_and_by_the_env_knob(monkeypatch):
+def test_whole_run_is_off_on_the_cpu_without_a_stand_in():
     cu, _ = cache_pair()
     assert not CuDNNSplitBackend(cu, kernel_a=FixedStandIn(cu), fallback=SDPABackend.create(cu)).whole
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_SPLIT_WHOLE", "0")
-    be = CuDNNSplitBackend(cu, kernel_a=FixedStandIn(cu), kernel_full=WholeStandIn(cu),
-                           fallback=SDPABackend.create(cu))
-    assert not be.whole
-    monkeypatch.setenv("RECONSTUDIO_CUDNN_SPLIT_WHOLE", "yes")
-    with pytest.raises(Exception, match="RECONSTUDIO_CUDNN_SPLIT_WHOLE"):
-        CuDNNSplitBackend(cu, kernel_a=FixedStandIn(cu), kernel_full=WholeStandIn(cu))
+    assert CuDNNSplitBackend(cu, kernel_a=FixedStandIn(cu), kernel_full=WholeStandIn(cu),
+                             fallback=SDPABackend.create(cu)).whole

@@ -156,15 +156,11 @@ def test_plan_guard_waits_only_when_the_schedule_changes(fake_flashinfer):
     assert Event.waits == 2
 
 
-def test_dense_env_switch(monkeypatch, fake_flashinfer):
-    monkeypatch.setenv("RECONSTUDIO_FLASHINFER_DENSE", "0")
-    assert backends.flashinfer_dense_default() is False
+def test_dense_path_can_be_left_out(fake_flashinfer):
     fi = PagedKVCache(L, H, D, P, special_tokens=S6, scale_frames=2, window=3, special_cap=8,
                       backend=FlashInferBackend)
-    assert fi._attn._ragged is None
-    monkeypatch.setenv("RECONSTUDIO_FLASHINFER_DENSE", "maybe")
-    with pytest.raises(backends.KVCacheError, match="RECONSTUDIO_FLASHINFER_DENSE"):
-        backends.flashinfer_dense_default()
+    assert fi._attn._ragged is not None                      # the default: dense where contiguous
+    assert FlashInferBackend(fi, dense=False)._ragged is None   # comparisons: the paged kernel only
 
 
 @pytest.mark.parametrize("cap, cuda, want", [((9, 0), "13.0", "fa3"), ((8, 0), "13.0", "fa2"),
@@ -182,5 +178,4 @@ def test_fa3_is_picked_on_hopper(monkeypatch, fake_flashinfer, cap, cuda, want):
     assert be.kernel == want and be._wrapper.backend == want and be._ragged.backend == want
     # FA3 never uses the float workspace: a small one; FA2 splits and merges in it
     assert be._workspace.numel() == (8 if want == "fa3" else 128) * 2**20
-    monkeypatch.setenv("RECONSTUDIO_FLASHINFER_BACKEND", "fa2")     # the benchmark override
-    assert FlashInferBackend(fi).kernel == "fa2"
+    assert FlashInferBackend(fi, kernel="fa2").kernel == "fa2"      # benchmarks name the family

@@ -1,5 +1,5 @@
-"""CPU checks of when the fused block kernels apply (engine/models/fused.py): never on the CPU or
-when switched off, and only for the qkv / RoPE layouts the kernel reads. Numerics: test_fused_gpu.py."""
+"""CPU checks of when the fused block kernels apply (engine/models/fused.py): never on the CPU,
+and only for the qkv / RoPE layouts the kernel reads. Numerics: test_fused_gpu.py."""
 import os
 
 import pytest
@@ -10,7 +10,7 @@ from engine.models.layers import Block
 from engine.models.rope import Rope2D, VideoRope3D
 
 
-def test_not_used_on_the_cpu_or_when_switched_off(monkeypatch):
+def test_not_used_on_the_cpu():
     blk = Block(64, 4, qk_norm=True)
     x = torch.randn(1, 10, 64)
     assert not fused.usable(x, blk)
@@ -19,10 +19,6 @@ def test_not_used_on_the_cpu_or_when_switched_off(monkeypatch):
     xb = x.to(torch.bfloat16)
     assert not fused.gelu_epilogue_usable(xb, blk.mlp.to(torch.bfloat16).fc1)      # CUDA only
     assert not fused.merge_usable(torch.randn(10, 4, 16), torch.randn(4, 10))
-    monkeypatch.setenv("RECONSTUDIO_FUSED_BLOCKS", "0")
-    assert not fused.fused_requested()
-    monkeypatch.setenv("RECONSTUDIO_FUSED_BLOCKS", "1")
-    assert fused.fused_requested()
 
 
 def test_layouts_the_qk_kernel_accepts():
@@ -89,7 +85,7 @@ def test_kernels_in_the_triton_interpreter():
         torch.testing.assert_close(k.float(), k0.float(), atol=6e-2, rtol=2e-2)
 
 
-def test_cudnn_first_only_while_its_tiles_fit_one_wave(monkeypatch):
+def test_cudnn_first_only_while_its_tiles_fit_one_wave():
     from engine.models import layers
     # the H200's 132 SMs, 16 heads: one frame of 1,005 tokens is 8 x 16 = 128 tiles, one of 1,042
     # (a 640x480 input at 518x392) 144 -- a second wave -- and a batch of 8 frames 1,024
@@ -101,5 +97,3 @@ def test_cudnn_first_only_while_its_tiles_fit_one_wave(monkeypatch):
     q, k, v = (torch.randn(1, 10, 4, 16) for _ in range(3))
     ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     torch.testing.assert_close(layers.sdpa_bnhd(q, k, v), ref.transpose(1, 2))
-    monkeypatch.setenv("RECONSTUDIO_FRAME_SDPA", "flash")
-    assert not layers._cudnn_first(q)

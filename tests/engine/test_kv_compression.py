@@ -263,21 +263,15 @@ def test_bad_compression_and_dtype_settings_are_clear():
 
 def test_auto_backend_sends_an_fp8_store_attended_in_16_bit_to_flashinfer(monkeypatch):
     """On CUDA with FlashInfer importable, `auto` picks FlashInfer for an fp8 store attended in
-    bf16/fp16 (its FA2 fp8-KV kernel) and SDPA when attention would run in fp32; the fp8 kernel
-    choice is validated. (Only the choice: the kernels themselves run in tests/engine/test_kv_gpu.py.)"""
-    from engine.kv import backends, kv_precision
+    bf16/fp16 (its FA2 fp8-KV kernel) and SDPA when attention would run in fp32. (Only the choice: the kernels themselves run in tests/engine/test_kv_gpu.py.)"""
+    from engine.kv import backends, kv_precision, resolve
     monkeypatch.setattr(backends, "_import_flashinfer", lambda: (object(), None))
     cuda = torch.device("cuda")
-    assert backends.resolve_backend("auto", cuda, kv_precision("bf16", "fp8")) is backends.FlashInferBackend
-    assert backends.resolve_backend("auto", cuda, kv_precision("fp16", "fp8")) is backends.FlashInferBackend
-    assert backends.resolve_backend("auto", cuda, kv_precision("fp32", "fp8")) is backends.SDPABackend
-    assert backends.resolve_backend("auto", cuda, kv_precision("bf16", "int8")) is backends.SDPABackend
-    assert backends.resolve_backend("auto", torch.device("cpu"), kv_precision("bf16", "fp8")) is backends.SDPABackend
-    monkeypatch.setenv("RECONSTUDIO_FLASHINFER_FP8", "fa3")
-    assert backends.fp8_attention_kind() == "fa3"
-    monkeypatch.setenv("RECONSTUDIO_FLASHINFER_FP8", "e5m2")
-    with pytest.raises(KVCacheError, match="RECONSTUDIO_FLASHINFER_FP8"):
-        backends.fp8_attention_kind()
+    assert resolve.resolve_backend("auto", cuda, kv_precision("bf16", "fp8")) is backends.FlashInferBackend
+    assert resolve.resolve_backend("auto", cuda, kv_precision("fp16", "fp8")) is backends.FlashInferBackend
+    assert resolve.resolve_backend("auto", cuda, kv_precision("fp32", "fp8")) is backends.SDPABackend
+    assert resolve.resolve_backend("auto", cuda, kv_precision("bf16", "int8")) is backends.SDPABackend
+    assert resolve.resolve_backend("auto", torch.device("cpu"), kv_precision("bf16", "fp8")) is backends.SDPABackend
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "int8"])

@@ -169,9 +169,6 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, clip, tmp_path, capsys)
 def test_run_with_the_default_geometric_engine(clip, tmp_path, capsys):
     """The real default engine on the first 60 frames of the clip: every output is written and
     consistent with the session store it came from."""
-    from engine.api import available_engines
-    if "geometric" not in available_engines():
-        pytest.skip("geometric engine not available in this checkout")
     rc = main(["run", clip, "--max-frames", "60", "--ply", str(tmp_path / "g.ply"),
                "--npz", str(tmp_path / "g.npz"), "--trajectory", str(tmp_path / "g.txt"),
                "--session-dir", str(tmp_path / "sess")])

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from engine.kv.backends import SDPABackend
-from engine.kv.cudnn import CuDNNSplitBackend, masked_lse, torch_flash_lse
+from engine.kv.cudnn_kernels import masked_lse, torch_flash_lse
+from engine.kv.cudnn_split import CuDNNSplitBackend
 from tests.engine.kv_pair import H, D, KW, L, P, S6, cache_pair, drive, tiny_sessions_against_sdpa
 from tests.engine.test_cudnn_split import PATTERN, FixedStandIn, WholeStandIn
 

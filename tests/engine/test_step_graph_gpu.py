@@ -20,7 +20,7 @@ def _run(model, scope, frames):
     res = [r for f in frames for r in s.push(f)] + s.flush()
     stats = s.stats()
     keys = [k for k in s.model.aggregator.graphs._graphs if k[0][0] == "step"]
-    paths = s.kv._attn.path_stats()
+    paths = s.kv.attention.path_stats()
     s.close()
     return res, stats, keys, paths
 

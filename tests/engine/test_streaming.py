@@ -251,7 +251,7 @@ def test_close_frees_the_caches_by_refcount_alone(tiny, frames):
     s = open_session(_cfg(keyframe_interval=2), model=tiny)
     for f in frames[:8]:
         s.push(f)
-    refs = [weakref.ref(x) for x in (s.kv, s.kv.k_pool, s.kv.v_pool, s.kv._attn, s.camera_cache,
+    refs = [weakref.ref(x) for x in (s.kv, s.kv.k_pool, s.kv.v_pool, s.kv.attention, s.camera_cache,
                                      s.camera_cache.kv)]
     gc.collect()
     gc.disable()

@@ -1,15 +1,13 @@
 """The LingBot-Map engine through the GUI, with the tiny architecture (recipe weights, CPU):
 the scale phase, every result drawn and stored, and the live KV page map from the real cache."""
 import numpy as np
-import pytest
 
 from tests.ui.conftest import wait_finished
 
 
 def test_lingbot_tiny_run_shows_kv_page_map(qtbot, make_window, shared_data):
-    from engine import available_engines
-    if "lingbot-map" not in available_engines():
-        pytest.skip("lingbot-map engine not installed")
+    from engine import available_engines, unavailable_engines
+    assert "lingbot-map" in available_engines(), unavailable_engines()     # torch is a test dependency
     from engine import build_model
     from engine.models.recipe import fill_recipe
     w = make_window(engine="lingbot-map", image_width=70, scale_frames=2, window=3, special_cap=8,

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from engine import envs
+
 REPAINTS = 300
 # A working binding drifts by a few references either way (objects that hold None while the
 # test runs); 6.12.0 loses ~100-200 per repaint, i.e. tens of thousands over the run.
@@ -39,7 +41,7 @@ def paint_main_window(repaints: int = REPAINTS, noise: int = NOISE, close: bool 
     from ui.main_window import MainWindow
 
     app = QtWidgets.QApplication.instance() or QtWidgets.QApplication([])
-    w = MainWindow(settings=AppSettings(), session_root=os.environ.get("RECONSTUDIO_SESSIONS"))
+    w = MainWindow(settings=AppSettings(), session_root=envs.get("RECONSTUDIO_SESSIONS"))
     w.resize(1280, 800)
     w.show()
     mon = w.monitors

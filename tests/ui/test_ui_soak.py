@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from engine import envs
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "resources" / "sample" / "icl_livingroom_kt3.mp4"
-SOAK_SECONDS = float(os.environ.get("RECONSTUDIO_SOAK_SECONDS", 180))
+SOAK_SECONDS = envs.get("RECONSTUDIO_SOAK_SECONDS")
 BUDGET = 500_000                 # points: thinning runs every few frames, the path under test
 RATE = 20.0                      # frames/s offered by the synthetic engine
 WARMUP_S = 45.0                  # RSS baseline after this (allocators, caches, first passes)
@@ -223,7 +225,7 @@ def soak(seconds: float, budget: int = BUDGET, rate: float = RATE) -> dict:
     from ui.main_window import MainWindow
 
     app = QtWidgets.QApplication.instance() or QtWidgets.QApplication([])
-    w = MainWindow(settings=AppSettings(), session_root=os.environ.get("RECONSTUDIO_SESSIONS"))
+    w = MainWindow(settings=AppSettings(), session_root=envs.get("RECONSTUDIO_SESSIONS"))
     w.resize(1280, 800)
     w.show()
     cfg = w.settings_panel.config()

@@ -1,0 +1,307 @@
+"""The cuDNN split backend (backend name ``cudnn-split``, what "auto" takes on CUDA for a native
+bf16/fp16 store): in the steady state the patch pages, whose length is constant from frame to
+frame, go through plain cuDNN without a mask (one graph for the run) and the special tokens
+through flash, the two results merged exactly by their log-sum-exp; every other step through
+FlashInfer (else SDPA). See `CuDNNSplitBackend`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..models.layers import CUDNN_Q_TILE, cudnn_one_wave
+from .attention import LAYOUTS, Backend, Support, refusal
+from .backends import FlashInferBackend, SDPABackend
+from .cudnn import CUDNN_HEAD_DIMS
+from .cudnn_kernels import (chunk_bounds, chunked_lse, even_chunks, masked_lse, merge_lse, tail_chunks,
+                            torch_cudnn, torch_cudnn_lse, torch_flash_lse, torch_flash_varlen_lse)
+from .dtypes import FP8
+from .page_table import StepTable
+
+
+class CuDNNSplitBackend(Backend):
+    """The steady-state global attention split into a FIXED-length part, attended by plain cuDNN
+    (no mask: its fast path, 0.63 ms against FlashInfer's 0.85 at 73,728 keys on the H200) through
+    ONE graph for the run, and a small variable part attended by a kernel with no per-length
+    set-up (PyTorch flash), merged exactly by log-sum-exp (`merge_lse`). Backend "cudnn-split".
+
+    Split point, from the step's host integers only (no device reads, no sync): in a contiguous
+    step (`StepTable.contiguous`: the window is full, paged_cache "Placement") the pages are the
+    patch pages (scale + window + the new frame) -- a run whose length is constant from frame to
+    frame: 72 pages from page 1 for a keyframe, 73 from page 0 for a non-keyframe at window 64 --
+    followed by the special pages, whose visible length grows by `special_tokens` a frame up to the
+    cap and whose last page is partial. Part A = the patch pages, viewed in place as
+    [pages * page_size, H, D] (cuDNN graph keyed by that constant shape); part B = the special
+    tokens, the rest of the run (a view, `special_start + special_tokens * frames` long).
+    Once the special ring is full too (`StepTable.fixed_length`: after `special_cap` frames) the
+    whole run has one length for good, so it needs no split: one plain cuDNN call without
+    statistics (`torch_cudnn`, `kernel_full`).
+    Measured on the H200 at 78,078 keys: 0.756 ms a layer (FlashInfer 0.908, the split's parts
+    ~0.89); whole model after the cap 27.8 FPS against 22.9 with the split (docs/benchmarks.md
+    "Fixed-length steps").
+    Every other step -- the window filling (special pages apart from the patch pages), token slots
+    (compressed window, block-sparse layers), a run not laid out as above, an A length beyond
+    `max_shapes` distinct ones (a graph each) -- and every call after a kernel failure (`error`)
+    go to the fallback backend: FlashInfer (dense / paged) where it runs, else SDPA.
+    Native bf16/fp16 stores, and fp8 stores attended in bf16/fp16 (the run read into 16-bit
+    scratch: e4m3 -> bf16 is exact); int8 always falls back.
+    `static` (set for whole-step CUDA graphs): part B attends the fixed special zone with its
+    length read on the device, so a split step's kernels and buffers depend only on its kind
+    (`static_key`); the model then replays each streamed step as one graph.
+    Measurements: docs/benchmarks.md "cuDNN split"."""
+
+    name = "cudnn-split"
+    support = Support(devices=("cuda",), compute_dtypes=(torch.bfloat16, torch.float16), stores=("native", "fp8"),
+                      layouts=LAYOUTS, fixed_shapes=True, head_dims=CUDNN_HEAD_DIMS, auto_stores=("native",),
+                      note="token-slot steps and the window filling go to the fallback (FlashInfer, else "
+                           "SDPA); 'auto' takes it for native bf16/fp16 stores (fp8: FlashInfer)")
+    mode = "split"
+
+    # q rows per cuDNN work tile (its SM90 forward kernels): ceil(q / 128) x heads CTAs a call
+    Q_TILE = CUDNN_Q_TILE
+    tail_min_keys = 1024           # keys per chunk of the wave tail at least (`tail_chunks`)
+
+    def __init__(self, cache, kernel_a=None, kernel_b=None, fallback=None, max_shapes: int = 4,
+                 wave_sms: Optional[int] = -1, kernel_full=None, whole: bool = True, kernel_b_static=None,
+                 tail: bool = True):
+        """kernel_a / kernel_b: (q, k, v) -> (out [n, H, D], lse [H, n] float32, natural log); by
+        default `torch_cudnn_lse` and `torch_flash_lse`. fallback: a backend instance for the
+        other steps (tests pass one).
+        kernel_full: (q, k, v) -> out [n, H, D] for a fixed-length step attended whole (default
+        `torch_cudnn`); whole: whether such steps are (tests compare with the split form).
+        An fp8 store: the run's e4m3 keys/values are read into a 16-bit scratch pair (allocated
+        once, the pool's capacity; e4m3 values are exact in bf16), the per-head key scales folded
+        into q and the value scales applied to the output; then it attends as a native store.
+        kernel_b_static: (q, k, v, cu_q, cu_k) -> (out, lse) over the first cu_k[1] keys of a fixed
+        view, the length read on the device (default `torch_flash_varlen_lse` on CUDA, else
+        `masked_lse`): part B of a static step (`static`, below).
+        wave_sms: the split's cuDNN call takes only the query rows that fit ONE wave of work
+        tiles, ceil(q tokens / Q_TILE) x heads <= wave_sms (-1 = the GPU's SM count, no limit on
+        the CPU; None = no limit): a second, nearly empty wave costs more than the rows it adds
+        (docs/benchmarks.md "wave tail"). The remaining "wave tail" rows attend the same keys
+        through `chunked_lse` (tail=False: such steps go to the fallback; tests)."""
+        self.cache = cache
+        pool = cache.pool
+        self.fallback_refused = None               # why FlashInfer is not the fallback, if it is not
+        dev = torch.device(cache.device)
+        cuda = dev.type == "cuda"
+        if wave_sms == -1:
+            wave_sms = torch.cuda.get_device_properties(dev).multi_processor_count if cuda else None
+        self.wave_sms = wave_sms
+        self.wave_declined = 0                     # steps sent to the fallback for their q size
+        self.tail = bool(tail)
+        self.wave_tail_steps = 0                   # steps whose rows past one wave went to chunked_lse
+        self._tail = {}                            # (rows, keys) -> chunked_lse's (chunks, bounds, kernel)
+        self._rows = 0                             # the planned step's rows for the cuDNN call
+        self.capacity = pool.num_pages * pool.page_size
+        self.max_shapes = int(max_shapes)
+        self.error = None
+        self.path = None                           # "split" | "whole" | "fallback": the last attend's
+        self.calls = {"split": 0, "whole": 0, "fallback": 0}
+        self.a_shapes: set = set()                 # (q tokens, A pages) handed to the fixed kernel
+        self.whole_shapes: set = set()             # (q tokens, K/V tokens) attended whole
+        self.whole = bool(whole)
+        self.fp8 = pool.kind == "fp8"              # read into 16-bit scratch (above)
+        self._scratch = None                       # (k, v) 16-bit scratch of an fp8 store
+        attn16 = cache.attn_dtype in (torch.bfloat16, torch.float16)
+        self._ok = pool.kind in ("native", "fp8") and (kernel_a is not None or attn16)
+        self._kernel_a = kernel_a or torch_cudnn_lse
+        self._kernel_b = kernel_b or torch_flash_lse
+        if kernel_full is None and not cuda:
+            self.whole = False           # no cuDNN off the GPU (CPU tests pass a stand-in)
+        self._kernel_full = kernel_full or torch_cudnn
+        self.kernel = "cudnn-split (cuDNN + flash, merged by log-sum-exp)"
+        if self.fp8:
+            self.kernel = "cudnn-split fp8 store (cuDNN + flash on 16-bit scratch, merged by log-sum-exp)"
+        if fallback is None:
+            # the fallback from the declarations too: FlashInfer where it can serve this cache
+            fi = refusal(FlashInferBackend, cache.device, cache.precision, pool.head_dim)
+            fallback = FlashInferBackend.create(cache) if fi is None else SDPABackend.create(cache)
+            self.fallback_refused = fi
+        self._fallback = fallback
+        self._split = None          # (first page, A pages, B tokens, whole) of the step, or None
+        # Static steps (set by the session for whole-step CUDA graphs, engine/lingbot/model.py):
+        # part B attends a FIXED view -- the special zone, from the end of the patch run to the
+        # end of the pool -- whose visible length is an int32 device tensor written in `plan`, so
+        # a split step's shapes and pointers depend only on its kind (`static_key`).
+        self.static = False
+        self._kernel_b_static = kernel_b_static or (torch_flash_varlen_lse if cuda else masked_lse)
+        self._cu_q = self._cu_k = None      # int32 [2] device tensors [0, q tokens], [0, B tokens]
+
+    def split_point(self, step: StepTable):
+        """(first page, A pages, B tokens) when the step has the layout above, else None."""
+        if step.contiguous is None or step.slots_t is not None:
+            return None
+        c = self.cache
+        P, S = c.page_size, c.special_tokens
+        b = step.special_start + S * step.num_frames          # visible special tokens
+        n_sp = -(-b // P)
+        first, m = step.contiguous
+        n_a = m - n_sp
+        if n_a <= 0 or n_a * P + b != step.num_kv_tokens:
+            return None
+        patch = step.pages[:n_a]                                 # scale -> window -> new
+        if min(patch) != first or max(patch) != first + n_a - 1:
+            return None                                          # specials not after the patch pages
+        return first, n_a, b
+
+    def path_stats(self) -> dict:
+        """Layer calls per path, the distinct cuDNN shapes (a graph each), the steps declined for
+        their q size, the kernel error if any (PagedKVCache.stats "attention_paths")."""
+        return {"calls": dict(self.calls), "split_shapes": len(self.a_shapes),
+                "whole_shapes": len(self.whole_shapes), "whole": self.whole,
+                "wave_declined": self.wave_declined, "wave_tail_steps": self.wave_tail_steps,
+                "wave_tails": [f"{t} rows x {L} keys: {c} {kind} chunks"
+                               for (t, L), (c, _, kind) in sorted(self._tail.items())],
+                "error": self.error}
+
+    def fits_one_wave(self, q_tokens: int) -> bool:
+        """The cuDNN call's work tiles for `q_tokens` queries fit one wave of the GPU (see __init__)."""
+        if self.wave_sms is None:
+            return True
+        return cudnn_one_wave(1, q_tokens, self.cache.pool.num_heads, self.wave_sms, self.Q_TILE)
+
+    def wave_rows(self, q_tokens: int) -> int:
+        """The query rows of a step that cuDNN attends in one wave: all of them when they fit,
+        else whole tiles for every head (0 when not even one tile a head fits)."""
+        if self.wave_sms is None:
+            return q_tokens
+        return min(q_tokens, (self.wave_sms // self.cache.pool.num_heads) * self.Q_TILE)
+
+    def plan(self, step: StepTable) -> None:
+        split = self.split_point(step) if self._ok and self.error is None else None
+        self._rows = step.q_tokens
+        rows = self.wave_rows(step.q_tokens)
+        if split is not None and rows < step.q_tokens:        # not one wave: a tail, or decline
+            if self.tail and rows > 0:
+                self._rows = rows
+                self.wave_tail_steps += 1
+            else:
+                split = None
+                self.wave_declined += 1
+        if split is not None:
+            whole = self.whole and step.fixed_length
+            shapes, key = ((self.whole_shapes, (step.q_tokens, step.num_kv_tokens)) if whole
+                           else (self.a_shapes, (step.q_tokens, split[1])))
+            if key not in shapes:
+                if len(shapes) >= self.max_shapes:
+                    split = None                                 # no further graphs: fall back
+                else:
+                    shapes.add(key)
+            if split is not None:
+                split = (*split, whole)
+        self._split = split
+        if split is None:
+            self._fallback.plan(step)
+        elif self.static and not split[3]:
+            if self._cu_q is None:
+                self._cu_q = torch.zeros(2, dtype=torch.int32, device=self.cache.device)
+                self._cu_k = torch.zeros(2, dtype=torch.int32, device=self.cache.device)
+            self._cu_q[1:].fill_(step.q_tokens)      # kernels with the values as arguments:
+            self._cu_k[1:].fill_(split[2])           # no host sync, stream-ordered
+
+    def static_key(self):
+        """For a planned step attended with fixed shapes and pointers (`static`, split or whole):
+        a key that is equal exactly when two steps launch the same kernels on the same buffers --
+        what a whole-step CUDA graph can be keyed by; None otherwise (fallback steps, `static`
+        off, after an error)."""
+        if not self.static or self._split is None or self.error is not None:
+            return None
+        first, n_a, b, whole = self._split
+        if whole:
+            return ("whole", first, n_a * self.cache.pool.page_size + b)
+        return ("split", first, n_a)
+
+    def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
+        if self._split is not None and slots_t is None and self.error is None:
+            try:
+                out = self._attend_split(q, layer)
+            except Exception as exc:   # a kernel rejected the call: the fallback from now on
+                self.error = f"{type(exc).__name__}: {exc}"[:500]
+                self._split = None
+                self._fallback.plan(step)
+            else:
+                self.path = "whole" if self._split[3] else "split"
+                self.calls[self.path] += 1
+                return out
+        self.path = "fallback"
+        self.calls["fallback"] += 1
+        return self._fallback.attend(step, q, layer, slots_t=slots_t)
+
+    def _attend_split(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+        pool = self.cache.pool
+        first, n_a, b, whole = self._split
+        P, H, D = pool.page_size, pool.num_heads, pool.head_dim
+        q = q.contiguous()
+        n = n_a * P + b
+        m = -(-n // P)
+        static_b = self.static and not whole
+        if static_b:                   # the run to the end of the pool: B's view is fixed
+            m = pool.num_pages - first
+        full, part_a, part_b = self._kernel_full, self._kernel_a, self._kernel_b
+        kp, vp = self._run_views(layer, first, m)       # zero copy (e4m3 for an fp8 store)
+        if self.fp8:                   # the run as 16-bit scratch; key scales into q
+            kp, vp = self._converted(kp, vp)
+            ks, vs = pool.scales[layer, 0], pool.scales[layer, 1]
+            q = (q.float() * ks.view(1, H, 1)).to(q.dtype)
+        if whole:                      # one fixed-length run: no statistics, no merge
+            out = self._wave_tail(q, kp[:n], vp[:n], lambda *a: (full(*a), None))[0]
+        else:
+            out, lse_a = self._wave_tail(q, kp[:n_a * P], vp[:n_a * P], part_a)   # constant shape
+            if static_b or b:          # static: B's length from the device (cu_k), not the host
+                out_b, lse_b = (self._kernel_b_static(q, kp[n_a * P:], vp[n_a * P:], self._cu_q, self._cu_k)
+                                if static_b else part_b(q, kp[n_a * P:n], vp[n_a * P:n]))
+                out = merge_lse(out, lse_a, out_b, lse_b)
+        if self.fp8:                   # attention is linear in V: the value scales last
+            out = (out.float() * vs.view(1, H, 1)).to(q.dtype)
+        return out
+
+    def _wave_tail(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel):
+        """kernel(q, k, v) -> (out, lse) over all of q's rows, cuDNN (`kernel`) taking the rows that
+        fit one wave and `chunked_lse` the rest, the results stacked by row (disjoint queries
+        over the same keys: nothing to merge). lse is None when `kernel` returns none (whole)."""
+        r = self._rows
+        if r >= q.shape[0]:
+            return kernel(q, k, v)
+        t, L = q.shape[0] - r, k.shape[0]
+        spec = self._tail.get((t, L))
+        if spec is None:           # device kernels only: also safe inside a graph capture
+            chunks = tail_chunks(t, q.shape[1], self.wave_sms, L, self.Q_TILE, self.tail_min_keys)
+            even = even_chunks(L, chunks, self.tail_min_keys)
+            # cuDNN's batched form where equal chunks give at least half the CTAs wanted, else
+            # flash with any chunking (docs/benchmarks.md "wave tail")
+            if 2 * even >= chunks:
+                spec = (even, None, "cudnn")
+            else:
+                spec = (chunks, chunk_bounds(t, L, chunks, q.device), "flash")
+            self._tail[(t, L)] = spec
+        out_m, lse_m = kernel(q[:r], k, v)
+        out_t, lse_t = chunked_lse(q[r:], k, v, *spec)
+        out = torch.cat([out_m, out_t])
+        return out, (None if lse_m is None else torch.cat([lse_m, lse_t], dim=1))
+
+    def _run_views(self, layer: int, first: int, m: int):
+        """The layer's keys / values of pages first .. first + m - 1 as [m * page_size, H, D] views
+        of the pool (read as e4m3 for an fp8 store)."""
+        pool = self.cache.pool
+        k, v = pool.k[layer, first:first + m], pool.v[layer, first:first + m]
+        if self.fp8:
+            k, v = k.view(FP8), v.view(FP8)
+        shape = (m * pool.page_size, pool.num_heads, pool.head_dim)
+        return k.view(shape), v.view(shape)
+
+    def _converted(self, k8: torch.Tensor, v8: torch.Tensor):
+        """e4m3 run views read into the 16-bit scratch pair as stored (e4m3 -> bf16/fp16 is
+        exact), same-shaped views. The scratch holds the pool's capacity and is allocated once
+        (one layer at a time uses it)."""
+        pool = self.cache.pool
+        if self._scratch is None:
+            shape = (pool.num_pages * pool.page_size, pool.num_heads, pool.head_dim)
+            self._scratch = tuple(torch.empty(shape, dtype=self.cache.attn_dtype, device=pool.device)
+                                  for _ in range(2))
+        n = k8.shape[0]
+        sk, sv = (x[:n] for x in self._scratch)
+        sk.copy_(k8)
+        sv.copy_(v8)
+        return sk, sv
