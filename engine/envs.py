@@ -57,6 +57,9 @@ VARIABLES: tuple = (
                "checkout)."),
     EnvVar("RECONSTUDIO_SOAK_SECONDS", "float", 180.0, "tests", minimum=0.0,
            doc="Length of the GUI soak test (tests/ui/test_ui_soak.py), in seconds."),
+    EnvVar("RECONSTUDIO_ACCURACY_LOG", "path", None, "tests",
+           doc="File the engine tests' accuracy checks append their values and limits to (JSON lines; "
+               "benchmarks/cpu_dispatch_spread.py reads it). Unset: nothing is recorded."),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}

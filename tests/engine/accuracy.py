@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import operator
+
+from engine import envs
 import os
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
@@ -25,7 +27,7 @@ def check(*items: tuple[str, float, str, float]) -> None:
     """Assert each (name, value, op, limit), e.g. ("icl ATE m", 0.008, "<", 0.01). All items are
     recorded first, so a failing one does not hide the values of the others; the assertion names
     every item that fails."""
-    log = os.environ.get("RECONSTUDIO_ACCURACY_LOG")
+    log = envs.get("RECONSTUDIO_ACCURACY_LOG")
     test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
     if log:
         with open(log, "a") as f:

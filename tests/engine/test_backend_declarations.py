@@ -67,7 +67,7 @@ def test_cache_and_session_stats_carry_the_choice():
                                                                                              "flashinfer"}
     assert st["attention"]["name"] == "sdpa"
     from engine import SessionConfig, open_session
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     from engine.models.recipe import fill_recipe
     s = open_session(SessionConfig(engine="lingbot-map", image_width=70, scale_frames=2, window=3, special_cap=8,
                                    camera_iterations=1), model=fill_recipe(build_model("lingbot-map-tiny")))
@@ -129,7 +129,7 @@ def test_run_stats_json_carries_the_backend_choice(tmp_path):
     from PIL import Image
 
     from app.cli import main
-    from engine.models import build_model
+    from engine.model_zoo import build_model
     from engine.models.recipe import fill_recipe
     ckpt = tmp_path / "tiny.pt"
     torch.save(fill_recipe(build_model("lingbot-map-tiny")).state_dict(), ckpt)
