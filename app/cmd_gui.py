@@ -135,7 +135,15 @@ def main(args: argparse.Namespace) -> int:
     if stats_csv is not None:
         stats_csv.close()
     if watcher.exit_code:
-        return watcher.exit_code
+        # Ended by a signal: the session is closed and the settings saved (ui/signals.py). Leave
+        # without Qt's and the interpreter's teardown -- a crash there would turn the documented
+        # 130 / 143 into -11 with nothing left to save.
+        import logging
+        import os
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(watcher.exit_code)
     # No explicit teardown: the bool_dealloc abort at exit came from PySide6 6.12.0's refcount
     # bug (excluded in pyproject.toml; tests/ui/test_ui_refcount.py catches a relapse).
     return status["code"] or int(code)

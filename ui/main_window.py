@@ -962,6 +962,7 @@ class MainWindow(QtWidgets.QMainWindow):
         for view in list(self.second_views):       # second streams end with the window
             view.shutdown(wait=True)
         self.stop_run(wait=True)
+        self.review.reset()                        # a closed window holds no session folder open
         self._fps_timer.stop()
         if self._gc_held:
             self._gc_held = False

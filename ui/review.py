@@ -165,7 +165,9 @@ class ReviewBar(QtWidgets.QWidget):
         self._arrange(e.size().width() >= need)
 
     def reset(self) -> None:
-        """A new run or session: forget the old timeline."""
+        """A new run or session: forget the old timeline (and release its hold on the folder)."""
+        if self.timeline is not None:
+            self.timeline.close()
         self.timeline = None
         self._display_cache.clear()
         self._cached_points = 0

@@ -107,6 +107,9 @@ def test_disk_full_stops_the_run_and_closes_the_store(qtbot, make_window, tmp_pa
     assert not w.running and w.last_handle.thread.isFinished()
     folder = s["session"] or w.last_handle.worker.session_folder
     assert folder and os.path.isdir(folder)
+    # the window still shows the session (its review holds the folder); once it lets go, nothing
+    # holds it: the store released its lease, threads and files
+    w.review.reset()
     assert not os.path.exists(os.path.join(folder, "running.lock"))      # the lock is released
     assert 1 <= len(os.listdir(os.path.join(folder, "frames"))) <= 5     # what was stored is kept
     assert not [t for t in threading.enumerate() if t.name.startswith("session-store-writer")]
