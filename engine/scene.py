@@ -44,12 +44,15 @@ rows) and waits for it only if the budget fills first. Without it (tests, tools)
 synchronous and deterministic.
 
 Level of detail (the view's draw order): every point gets a *level* as it arrives, from its
-rank among the points of its LOD voxel (a grid of LOD_GRID cells across the first frames'
-extent, per segment): the first point of a voxel has rank 0, and a frame's points are ranked in
-a seeded random order, so which point of a voxel comes first is random, not the image's first
-row. Level = floor(log2(rank + 1)), capped at LOD_LEVELS - 1. The draw order is "level 0, then
-level 1, ...": the prefix of levels <= j holds min(n, 2^(j+1) - 1) points of every voxel of n
-points, so any such prefix is a spatially even subsample (every occupied voxel is in level 0).
+rank among the points of its voxel on a few nested grids (per segment): the fine LOD grid
+(LOD_GRID cells across the first frames' extent) and LOD_COARSE grids 4x and 2x coarser. A
+frame's points are ranked in a seeded random order, so which point of a voxel comes first is
+random, not the image's first row. Level 0: the first point of a 4x voxel; level 1: the first
+of a 2x voxel (not already level 0); level 2 + floor(log2(r + 1)) for the point of rank r in
+its fine voxel (capped at LOD_LEVELS - 1; rank 0 not already taken -> level 2). The draw order
+is "level 0, then level 1, ...": levels <= 0 / <= 1 hold one point of every occupied 4x / 2x
+voxel, and levels <= 2 + k hold min(n, 2^(k+1) - 1) points of every fine voxel of n points, so
+any such prefix is a spatially even subsample, octree-like, the coarsest first.
 The ranks are counted in a fixed table of per-voxel counters indexed by the voxel hash
 (LOD_TABLE_BITS; two voxels sharing a counter only share ranks), so ranking is O(new points)
 and memory is flat; `level_counts` (points per level) is kept up to date by appends and by
@@ -88,9 +91,10 @@ RECENT_CAMERAS = 200               # newest cameras never decimated
 HIGH_WATER = 0.8                   # background mode: start a pass when this full
 MIN_EVENTS_COMPACTED = 64          # superseded realign events are dropped once this many are kept
 PASS_CHUNK = 1 << 18               # rows a thinning pass hashes / moves at a time (bounds its scratch)
-LOD_LEVELS = 8                     # draw-order levels (level j: voxel ranks 2^j - 1 .. 2^(j+1) - 2)
-LOD_GRID = 64                      # LOD voxels across the first frames' extent (level 0 ~ one point per voxel)
-LOD_TABLE_BITS = 22                # per-voxel rank counters (uint8, 4 MiB)
+LOD_LEVELS = 10                    # draw-order levels (module docstring, "Level of detail")
+LOD_GRID = 64                      # fine LOD voxels across the first frames' extent
+LOD_COARSE = (4, 2)                # coarser grids (x fine voxel): their first points come first
+LOD_TABLE_BITS = 23                # per-voxel rank counters (uint8, 8 MiB)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MASK20 = np.int64((1 << 20) - 1)
@@ -278,20 +282,29 @@ class SceneModel:
             p = pos[:: max(1, n // 20000)]
             ext = float(np.linalg.norm(np.percentile(p, 95, axis=0) - np.percentile(p, 5, axis=0)))
             self.lod_voxel = max(ext, 1e-6) / LOD_GRID
-        slot = (_voxel_hash(pos, np.zeros(n, bool), np.full(n, seg, np.int32), self.lod_voxel)
-                & np.uint64((1 << LOD_TABLE_BITS) - 1)).astype(np.intp)
         order = self._lod_rng.permutation(n)                 # random rank inside a voxel
-        order = order[np.argsort(slot[order], kind="stable")]
-        ss = slot[order]
-        first = np.r_[True, ss[1:] != ss[:-1]] if n else np.zeros(0, bool)
-        starts = np.flatnonzero(first)
-        run = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))   # index inside the voxel's run
-        table = self._lod_table
-        rank = table[ss].astype(np.int64) + run
-        lens = np.diff(np.r_[starts, n])
-        table[ss[starts]] = np.minimum(table[ss[starts]].astype(np.int64) + lens, 255).astype(np.uint8)
         level = np.empty(n, np.uint8)
-        level[order] = np.minimum(np.floor(np.log2(rank + 1.0)), LOD_LEVELS - 1).astype(np.uint8)
+        nofk = np.zeros(n, bool)
+        mask = np.uint64((1 << LOD_TABLE_BITS) - 1)
+        table = self._lod_table
+        for g, factor in enumerate(LOD_COARSE + (1,)):       # coarsest grid first, fine grid last
+            tag = np.full(n, seg * 8 + g, np.int32)          # each grid its own counters
+            slot = (_voxel_hash(pos, nofk, tag, self.lod_voxel * factor) & mask).astype(np.intp)
+            o = order[np.argsort(slot[order], kind="stable")]
+            ss = slot[o]
+            starts = np.flatnonzero(np.r_[True, ss[1:] != ss[:-1]]) if n else np.zeros(0, np.intp)
+            lens = np.diff(np.r_[starts, n])
+            rank = table[ss].astype(np.int64) + (np.arange(n) - np.repeat(starts, lens))
+            table[ss[starts]] = np.minimum(table[ss[starts]].astype(np.int64) + lens, 255).astype(np.uint8)
+            if factor == 1:        # fine grid: rank r -> level len(LOD_COARSE) + floor(log2(r + 1))
+                lv = len(LOD_COARSE) + np.floor(np.log2(rank + 1.0))
+                first = level[o] < g                         # already a coarser grid's first point
+                level[o] = np.where(first, level[o], np.minimum(lv, LOD_LEVELS - 1)).astype(np.uint8)
+            else:                  # a coarse voxel's first point: level g (coarser levels kept)
+                if g == 0:
+                    level[:] = 255
+                cur = level[o]
+                level[o] = np.where((rank == 0) & (cur == 255), g, cur).astype(np.uint8)
         self.lod_ranked += n
         return level
 

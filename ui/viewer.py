@@ -63,7 +63,7 @@ _OVERLAY_CONF = 3.0e38          # lines carry this confidence so the threshold n
 # Level of detail (module docstring). The frame-time target is a display setting; until the
 # settings schema declares it, it is this viewer attribute (`frame_time_target_ms`).
 FRAME_TIME_TARGET_MS = 50.0     # a reduced draw aims at this (ms on the GUI thread)
-LIVE_FRAMES = 3                 # newest frames drawn in full whatever the detail
+LIVE_FRAMES = 2                 # newest frames drawn in full whatever the detail
 IDLE_REFINE_MS = 500            # camera and scene still this long: draw everything
 PROBE_POINTS = 200_000          # drawn at most before the cost per point has been measured
 
@@ -410,6 +410,8 @@ class SegmentCloudVisual(Visual):
         views, (first, n) = plan
         self._configure_gl_state()
         prog = self._program
+        prog.build_if_needed()         # what ModularProgram.draw does before drawing
+        prog.update_variables()
         glir = get_current_canvas().context.glir
         glir.associate(prog.glir)      # the program's pending uniforms and attribute bindings
         mode = self._vshare.draw_mode

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from engine.scene import LOD_LEVELS, SceneModel
+from engine.scene import LOD_COARSE, LOD_LEVELS, SceneModel
 
 
 def _frame(i, pts, seg=0, kf=False):
@@ -20,28 +20,40 @@ def _wall(rng, n, x0=0.0):
     return np.stack([x0 + 4.0 * u[:, 0], 2.0 * u[:, 1], np.zeros(n)], 1)
 
 
+def _voxels(m, factor):
+    """Voxel number of every row on the LOD grid `factor` x the fine one (as the model floors)."""
+    pos = m.positions[: m.count]
+    vox = np.floor(pos * np.float32(1.0 / (m.lod_voxel * factor))).astype(np.int64)
+    _, voxel_of, per_voxel = np.unique(vox, axis=0, return_inverse=True, return_counts=True)
+    return voxel_of.ravel(), per_voxel
+
+
 def test_level_prefix_is_spatially_even():
     rng = np.random.default_rng(1)
     m = SceneModel(2_000_000)
     for i in range(12):
         m.add_frame(_frame(i, _wall(rng, 8000, x0=0.05 * i)))
-    pos = m.positions[: m.count]
-    vox = np.floor(pos / m.lod_voxel).astype(np.int64)
-    _, voxel_of, per_voxel = np.unique(vox, axis=0, return_inverse=True, return_counts=True)
-    voxel_of = voxel_of.ravel()
+    level = m.level[: m.count]
+    ncoarse = len(LOD_COARSE)
+    # levels <= g hold one point of every occupied voxel of coarse grid g (coarsest first); a
+    # shared rank counter (~never) may push a voxel's first point one level down
+    for g, factor in enumerate(LOD_COARSE + (1,)):
+        voxel_of, per_voxel = _voxels(m, factor)
+        nvox = len(per_voxel)
+        got = np.bincount(voxel_of[level <= g], minlength=nvox)
+        assert np.mean(got == 1 if g < ncoarse else got >= 1) >= 0.99
+        assert len(np.unique(voxel_of[level <= g + 1])) == nvox
+    voxel_of, per_voxel = _voxels(m, 1)
     nvox = len(per_voxel)
     assert per_voxel.max() > 20 and nvox > 200           # dense and sparse voxels both present
-    level = m.level[: m.count]
-    # every occupied voxel is in the first two levels (a shared rank counter, ~never, may push
-    # a voxel's first point to level 1), and in level 0 all but a few
-    assert len(np.unique(voxel_of[level <= 1])) == nvox
-    assert len(np.unique(voxel_of[level == 0])) >= 0.99 * nvox
-    for j in range(4):
-        # the prefix of levels <= j holds min(n, 2^(j+1) - 1) points of a voxel of n points
-        got = np.bincount(voxel_of[level <= j], minlength=nvox)
-        want = np.minimum(per_voxel, 2 ** (j + 1) - 1)
+    for k in range(4):
+        # levels <= 2 + k hold min(n, 2^(k+1) - 1) points of a fine voxel of n points
+        got = np.bincount(voxel_of[level <= ncoarse + k], minlength=nvox)
+        want = np.minimum(per_voxel, 2 ** (k + 1) - 1)
         assert np.mean(got == want) >= 0.99
-        assert len(m.draw_prefix(j)) <= (2 ** (j + 1) - 1) * nvox
+        assert len(m.draw_prefix(ncoarse + k)) <= (2 ** (k + 1) - 1) * nvox
+    sizes = np.bincount(level, minlength=LOD_LEVELS)
+    assert 0 < sizes[0] < sizes[0] + sizes[1] < len(m.draw_prefix(ncoarse)) < m.count
     # a prefix is not the oldest rows: level 0 reaches into the newest frame's new ground
     assert m.frame[: m.count][level == 0].max() == 11
 
