@@ -102,7 +102,7 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
     feed.stop()
     live_wall = time.perf_counter() - t0
     live_draws = v.canvas.draws - d0
-    live_gaps = np.asarray(gaps) * 1e3
+    live_gaps = np.asarray(gaps + [time.perf_counter() - last[0]]) * 1e3   # the gap still open counts
     live_drawn = list(drawn)
     t_still = time.perf_counter()
     full_after = None
@@ -112,7 +112,7 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
             full_after = time.perf_counter() - t_still
             break
         time.sleep(0.001)
-    still_gaps = np.asarray(gaps[len(live_gaps):]) * 1e3
+    still_gaps = np.asarray(gaps[len(live_gaps) - 1:]) * 1e3
     hb.stop()
     out = dict(points=v.point_count, draws_per_s=live_draws / live_wall,
                drawn_median=float(np.median(live_drawn)) if live_drawn else 0.0,

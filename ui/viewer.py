@@ -740,6 +740,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         else:
             views = [(self.levels.ibo[j], self.levels.count_before(j, live_from)) for j in range(level + 1)]
             self.cloud.draw_plan = (views, (live_from, m.count - live_from))
+            self._reduced_key = self._still_key()
             self._idle.start()                   # (re)started: fires once nothing moved for a while
         self.drawn_points = drawn
         fraction = drawn / m.count if m.count else 1.0
@@ -753,8 +754,13 @@ class PointCloudViewer(QtWidgets.QWidget):
             self.cost_per_point_ms = c if self.cost_per_point_ms is None else 0.7 * self.cost_per_point_ms + 0.3 * c
 
     def _refine(self) -> None:
-        """The camera and the scene stood still IDLE_REFINE_MS: draw everything once."""
-        self._full_key = self._still_key()
+        """The camera and the scene stood still IDLE_REFINE_MS since the last (reduced) draw:
+        draw everything once. Anything changed since that draw (frames added while no draw
+        came, a camera move) means a reduced draw is due instead, which restarts the wait."""
+        key = self._still_key()
+        if key != getattr(self, "_reduced_key", None):
+            return
+        self._full_key = key
         self.canvas.update()
 
     @property
