@@ -311,7 +311,7 @@ class SceneModel:
     def first_row_of_frame(self, seq: int) -> int:
         """The first row of frame `seq` or a later one (rows keep the frames' order): the rows
         from it on are the newest frames', which the view always draws in full."""
-        return int(np.searchsorted(self.frame[: self.count], seq, "left"))
+        return int(np.searchsorted(self.frame[: self.count], np.int32(seq), "left"))   # int32: no O(n) cast
 
     def choose_detail(self, max_points: float, live_from: int) -> tuple[int, int]:
         """The largest draw-order prefix that fits `max_points`, the rows [live_from, count)

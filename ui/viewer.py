@@ -444,7 +444,9 @@ class ViewerCanvas(scene.SceneCanvas):
     between are merged into one deferred redraw, so a slow view drops frames instead of
     starving the event loop. Counts draws so the window can show the viewer's FPS; each draw
     ends with glFinish so its measured time includes the rasterisation (software GL rasterises
-    at the flush), and `post_draw(ms)` hands that time to the viewer's level of detail. A
+    at the flush), and `post_draw(ms)` hands that time less the uploads (`pre_draw`: after a
+    thinning pass they are millions of rows, which says nothing of the cost per point drawn)
+    to the viewer's level of detail. A
     draw with `refining` set (the idle full-detail draw) stays out of the average that spaces
     redraws."""
 
@@ -458,6 +460,7 @@ class ViewerCanvas(scene.SceneCanvas):
         self.draw_ms = 0.0                    # moving average of one draw
         self.pre_draw = None                  # called before every draw (uploads pending data)
         self.post_draw = None                 # called after every draw with its time in ms
+        self.pre_draw_ms = 0.0                # of the last draw: uploads (executed in pre_draw)
         self.refining = False
         self._in_pre_draw = False
         self._last_draw = -1e9
@@ -492,14 +495,17 @@ class ViewerCanvas(scene.SceneCanvas):
         # minimised (no draws) would grow that queue without bound.
         if self.pre_draw is not None:
             self._in_pre_draw = True          # the uploads' update requests: this draw serves them
+            t0 = time.perf_counter()
             try:
                 self.pre_draw()
             finally:
                 self._in_pre_draw = False
+                self.pre_draw_ms = (time.perf_counter() - t0) * 1000.0
         super()._draw_scene(bgcolor=bgcolor)
 
     def on_draw(self, event):
         t0 = time.perf_counter()
+        self.pre_draw_ms = 0.0
         super().on_draw(event)
         self.context.finish()
         dt = (time.perf_counter() - t0) * 1000.0
@@ -507,8 +513,8 @@ class ViewerCanvas(scene.SceneCanvas):
             self.draw_ms = dt if self.draws == 0 else 0.8 * self.draw_ms + 0.2 * dt
         self._last_draw = t0
         self.draws += 1
-        if self.post_draw is not None:
-            self.post_draw(dt)
+        if self.post_draw is not None:     # the drawing alone: uploads do not scale with points drawn
+            self.post_draw(max(0.0, dt - self.pre_draw_ms))
 
 
 class PointCloudViewer(QtWidgets.QWidget):
