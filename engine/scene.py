@@ -43,6 +43,21 @@ its plan (hashing, sorting) on a thread; the caller's thread applies it at a lat
 rows) and waits for it only if the budget fills first. Without it (tests, tools) passes are
 synchronous and deterministic.
 
+Level of detail (the view's draw order): every point gets a *level* as it arrives, from its
+rank among the points of its voxel on a few nested grids (per segment): the fine LOD grid
+(LOD_GRID cells across the first frames' extent) and LOD_COARSE grids 4x and 2x coarser. A
+frame's points are ranked in a seeded random order, so which point of a voxel comes first is
+random, not the image's first row. Level 0: the first point of a 4x voxel; level 1: the first
+of a 2x voxel (not already level 0); level 2 + floor(log2(r + 1)) for the point of rank r in
+its fine voxel (capped at LOD_LEVELS - 1; rank 0 not already taken -> level 2). The draw order
+is "level 0, then level 1, ...": levels <= 0 / <= 1 hold one point of every occupied 4x / 2x
+voxel, and levels <= 2 + k hold min(n, 2^(k+1) - 1) points of every fine voxel of n points, so
+any such prefix is a spatially even subsample, octree-like, the coarsest first.
+The ranks are counted in a fixed table of per-voxel counters indexed by the voxel hash
+(LOD_TABLE_BITS; two voxels sharing a counter only share ranks), so ranking is O(new points)
+and memory is flat; `level_counts` (points per level) is kept up to date by appends and by
+thinning (O(rows a pass rewrites)). Thinning keeps a row's level.
+
 Voxel keys: the voxel coordinates (20 bits each, wrapping) and segment/keyframe are folded into a
 64-bit key, hashed to its top bits and sorted together with the row index in the low bits (one
 `np.sort` of uint64, much faster than an argsort). Two different voxels share a hash with
@@ -76,6 +91,10 @@ RECENT_CAMERAS = 200               # newest cameras never decimated
 HIGH_WATER = 0.8                   # background mode: start a pass when this full
 MIN_EVENTS_COMPACTED = 64          # superseded realign events are dropped once this many are kept
 PASS_CHUNK = 1 << 18               # rows a thinning pass hashes / moves at a time (bounds its scratch)
+LOD_LEVELS = 10                    # draw-order levels (module docstring, "Level of detail")
+LOD_GRID = 64                      # fine LOD voxels across the first frames' extent
+LOD_COARSE = (4, 2)                # coarser grids (x fine voxel): their first points come first
+LOD_TABLE_BITS = 23                # per-voxel rank counters (uint8, 8 MiB)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MASK20 = np.int64((1 << 20) - 1)
@@ -99,7 +118,8 @@ class SceneModel:
 
     def __init__(self, point_budget: int = DEFAULT_POINT_BUDGET,
                  camera_budget: int = DEFAULT_CAMERA_BUDGET, initial_capacity: int = 1 << 16,
-                 background: bool = False):
+                 background: bool = False, lod_seed: int = 0):
+        self.lod_seed = int(lod_seed)
         self._initial_capacity = int(initial_capacity)
         self.background = bool(background)     # compute thinning passes on a thread
         self._job: Optional[dict] = None
@@ -145,6 +165,14 @@ class SceneModel:
         self.rows_rewritten = 0              # rows thinning has moved (its cost; amortised O(1)/point)
         self.frames_added = 0
         self.points_added = 0
+        self.lod_voxel: Optional[float] = None    # LOD grid size (segment units), set by the first points
+        self.level_counts = np.zeros(LOD_LEVELS, np.int64)   # rows [0, count) per level
+        self.lod_ranked = 0                  # points ranked so far (the ranking's work: O(new points))
+        self._lod_rng = np.random.default_rng(self.lod_seed)
+        if getattr(self, "_lod_table", None) is None:
+            self._lod_table = np.zeros(1 << LOD_TABLE_BITS, np.uint8)
+        else:
+            self._lod_table.fill(0)
         if getattr(self, "_cam_capacity", 0) == 0:
             self._alloc_cameras(256)
         self.camera_count = 0
@@ -155,7 +183,7 @@ class SceneModel:
         new = {"positions": np.zeros((cap, 3), np.float32), "colors": np.zeros((cap, 3), np.uint8),
                "conf": np.zeros(cap, np.float32), "depth": np.zeros(cap, np.float32),
                "segment": np.zeros(cap, np.int32), "frame": np.zeros(cap, np.int32),
-               "keyframe": np.zeros(cap, bool)}
+               "keyframe": np.zeros(cap, bool), "level": np.zeros(cap, np.uint8)}
         for k, a in new.items():
             if keep:
                 a[:keep] = getattr(self, k)[:keep]
@@ -176,7 +204,7 @@ class SceneModel:
     def host_bytes(self) -> int:
         """Bytes of the point and camera arrays (allocated capacity, not only used rows)."""
         arrays = (self.positions, self.colors, self.conf, self.depth, self.segment, self.frame, self.keyframe,
-                  self.cam_frustum, self.cam_center, self.cam_segment, self.cam_keyframe, self.cam_index,
+                  self.level, self._lod_table, self.cam_frustum, self.cam_center, self.cam_segment, self.cam_keyframe, self.cam_index,
                   self._vkeys)
         return int(sum(a.nbytes for a in arrays))
 
@@ -235,6 +263,8 @@ class SceneModel:
         self.segment[s] = seg
         self.frame[s] = self._seq
         self.keyframe[s] = kf
+        self.level[s] = self._rank_levels(self.positions[s], seg)
+        self.level_counts += np.bincount(self.level[s], minlength=LOD_LEVELS)
         self.count = need
         self.points_added += n
         lo, hi = float(c.min()), float(c.max())
@@ -243,6 +273,65 @@ class SceneModel:
         self.conf_range, self._conf_seen = (lo, hi), True
         if len(d):
             self.depth_hi = max(self.depth_hi, float(np.percentile(d, 95)))
+
+    def _rank_levels(self, pos: np.ndarray, seg: int) -> np.ndarray:
+        """Levels of new points (module docstring, "Level of detail"): O(n log n) in the n new
+        points, whatever the scene holds."""
+        n = len(pos)
+        if self.lod_voxel is None:
+            p = pos[:: max(1, n // 20000)]
+            ext = float(np.linalg.norm(np.percentile(p, 95, axis=0) - np.percentile(p, 5, axis=0)))
+            self.lod_voxel = max(ext, 1e-6) / LOD_GRID
+        order = self._lod_rng.permutation(n)                 # random rank inside a voxel
+        level = np.empty(n, np.uint8)
+        nofk = np.zeros(n, bool)
+        mask = np.uint64((1 << LOD_TABLE_BITS) - 1)
+        table = self._lod_table
+        for g, factor in enumerate(LOD_COARSE + (1,)):       # coarsest grid first, fine grid last
+            tag = np.full(n, seg * 8 + g, np.int32)          # each grid its own counters
+            slot = (_voxel_hash(pos, nofk, tag, self.lod_voxel * factor) & mask).astype(np.intp)
+            o = order[np.argsort(slot[order], kind="stable")]
+            ss = slot[o]
+            starts = np.flatnonzero(np.r_[True, ss[1:] != ss[:-1]]) if n else np.zeros(0, np.intp)
+            lens = np.diff(np.r_[starts, n])
+            rank = table[ss].astype(np.int64) + (np.arange(n) - np.repeat(starts, lens))
+            table[ss[starts]] = np.minimum(table[ss[starts]].astype(np.int64) + lens, 255).astype(np.uint8)
+            if factor == 1:        # fine grid: rank r -> level len(LOD_COARSE) + floor(log2(r + 1))
+                lv = len(LOD_COARSE) + np.floor(np.log2(rank + 1.0))
+                first = level[o] < g                         # already a coarser grid's first point
+                level[o] = np.where(first, level[o], np.minimum(lv, LOD_LEVELS - 1)).astype(np.uint8)
+            else:                  # a coarse voxel's first point: level g (coarser levels kept)
+                if g == 0:
+                    level[:] = 255
+                cur = level[o]
+                level[o] = np.where((rank == 0) & (cur == 255), g, cur).astype(np.uint8)
+        self.lod_ranked += n
+        return level
+
+    def first_row_of_frame(self, seq: int) -> int:
+        """The first row of frame `seq` or a later one (rows keep the frames' order): the rows
+        from it on are the newest frames', which the view always draws in full."""
+        return int(np.searchsorted(self.frame[: self.count], np.int32(seq), "left"))   # int32: no O(n) cast
+
+    def choose_detail(self, max_points: float, live_from: int) -> tuple[int, int]:
+        """The largest draw-order prefix that fits `max_points`, the rows [live_from, count)
+        (the newest frames) always included: (level, points drawn) -- all rows of levels
+        <= level before `live_from`, plus the live rows. level = LOD_LEVELS - 1 means every
+        row; at least level 0 is drawn (every occupied voxel), even over `max_points`.
+        O(live rows)."""
+        live_from = min(max(0, int(live_from)), self.count)
+        live = self.count - live_from
+        older = self.level_counts - np.bincount(self.level[live_from:self.count], minlength=LOD_LEVELS)
+        cum = np.cumsum(older) + live
+        fits = np.flatnonzero(cum <= max_points)
+        j = int(fits[-1]) if len(fits) else 0
+        return j, int(cum[j])
+
+    def draw_prefix(self, level: int, rows_before: Optional[int] = None) -> np.ndarray:
+        """Rows (sorted) of levels <= `level` among rows [0, rows_before) (default all): the
+        draw order's prefix (for tools and tests; the view keeps per-level index lists)."""
+        hi = self.count if rows_before is None else min(rows_before, self.count)
+        return np.flatnonzero(self.level[:hi] <= level)
 
     def _add_camera(self, f, seg: int) -> None:
         if self.camera_count >= self.camera_budget:
@@ -505,7 +594,8 @@ class SceneModel:
         k = len(rows)
         m = self.count - tail
         c = PASS_CHUNK                # in chunks: scratch of one chunk, not of every row moved
-        for name in ("positions", "colors", "conf", "depth", "segment", "frame", "keyframe"):
+        self.level_counts -= np.bincount(self.level[dst:self.count], minlength=LOD_LEVELS)
+        for name in ("positions", "colors", "conf", "depth", "segment", "frame", "keyframe", "level"):
             a = getattr(self, name)
             # rows are sorted and rows[j] >= dst + j: a chunk never overwrites a later chunk's source
             for j in range(0, k, c):
@@ -514,6 +604,7 @@ class SceneModel:
                 e = min(m, j + c)
                 a[dst + k + j:dst + k + e] = a[tail + j:tail + e]     # numpy handles the overlap
         self.count = dst + k + m
+        self.level_counts += np.bincount(self.level[dst:self.count], minlength=LOD_LEVELS)
         self.rows_rewritten += k + m
         self._dirty_points = min(self._dirty_points, dst)
 

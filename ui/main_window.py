@@ -360,6 +360,9 @@ class MainWindow(QtWidgets.QMainWindow):
                          (self.st_engine, 0), (self.st_scale, 0)):
             w.setMinimumWidth(width)
             sb.addPermanentWidget(w)
+        self.st_detail = QtWidgets.QLabel()      # "detail N % while moving" (viewer level of detail)
+        sb.addPermanentWidget(self.st_detail)
+        self.viewer.detail_changed.connect(lambda _f: self.st_detail.setText(self.viewer.detail_text))
         self._update_status()
         self._update_engine_label()
 

@@ -38,6 +38,9 @@ class _Series:
         self.v = collections.deque(maxlen=HISTORY)
         self.plot, self.name, self.optional = plot, name, optional
         self.curve = plot.plot(name=None if optional else name, pen=pg.mkPen(colour, width=2))
+        # a repaint draws at most ~one vertex per pixel column of the samples in view
+        self.curve.setDownsampling(auto=True, method="peak")
+        self.curve.setClipToView(True)
         self.in_legend = not optional
 
     def add(self, t: float, v) -> None:
@@ -140,11 +143,12 @@ class MonitorsPanel(QtWidgets.QWidget):
         except Exception:  # psutil missing: RAM curve stays empty
             self._proc = None
         self.page_map_shown: Optional[np.ndarray] = None
-        # Samples are recorded as they come; the plots repaint at REFRESH_HZ only — redrawing
-        # pyqtgraph axes is the GUI's largest CPU cost after the 3D view itself.
+        # Samples are recorded as they come; the plots repaint with the stats tick, at most at
+        # REFRESH_HZ (a single-shot timer started by a sample, never a free-running one) —
+        # redrawing pyqtgraph axes is the GUI's largest CPU cost after the 3D view itself.
         self._pending_map = None
-        self._timer = QtCore.QTimer(self, interval=int(1000 / REFRESH_HZ), timeout=self.refresh)
-        self._timer.start()
+        self._timer = QtCore.QTimer(self, interval=int(1000 / REFRESH_HZ), singleShot=True,
+                                    timeout=self.refresh)
         self.reset()
 
     def _series(self):
@@ -183,6 +187,8 @@ class MonitorsPanel(QtWidgets.QWidget):
         return self._t0.elapsed() / 1000.0
 
     def update_stats(self, stats: dict) -> None:
+        if not self._timer.isActive():
+            self._timer.start()
         t = self._now()
         self.engine_fps.add(t, stats.get("fps"))
         self.latency.add(t, stats.get("latency_ms"))
@@ -199,6 +205,8 @@ class MonitorsPanel(QtWidgets.QWidget):
 
     def update_viewer_fps(self, fps: float) -> None:
         self.viewer_fps.add(self._now(), fps)
+        if not self._timer.isActive():
+            self._timer.start()
 
     def set_page_map(self, page_map, kv: Optional[dict] = None) -> None:
         if page_map is None:

@@ -16,6 +16,17 @@ event — a whole segment or a loop closure's frame range — moves already-draw
 by rewriting the texture rows of the frames it covers (64 bytes per frame), not their points.
 The trajectory and the camera frustums use the same visual in line mode (also append-only).
 
+Level of detail: a software rasteriser (Mesa llvmpipe) draws ~1 M points a second or less, so
+the full 4 M-point budget would be a slideshow that blocks the GUI thread for seconds per
+redraw. The view therefore draws the largest prefix of the scene model's draw order (levels,
+`SceneModel.choose_detail`: spatially even) that fits `frame_time_target_ms` at the measured
+cost per point, plus the newest LIVE_FRAMES frames in full (the live edge stays sharp), and
+draws everything once the camera and the scene have stood still for IDLE_REFINE_MS. Each level
+keeps an index list of its rows (`LevelIndex`: append-only, truncated and refilled only from
+the first row a thinning pass rewrote), so a reduced draw is one glDrawElements per level plus
+one glDrawArrays of the live rows: its cost is that of the points drawn, not of the scene.
+`detail_changed` tells the window when detail is reduced (`detail_text`).
+
 The viewer does no geometry: points come back-projected by `engine.geometry` (see ui/display.py);
 framing and the chase view are `SceneModel.framing` and `engine.scene.chase_view`.
 """
@@ -29,9 +40,10 @@ from typing import Iterable, Optional
 import numpy as np
 from PySide6 import QtCore, QtGui, QtWidgets
 from vispy import gloo, scene
+from vispy.gloo.context import get_current_canvas
 from vispy.visuals import Visual
 
-from engine.scene import DEFAULT_CAMERA_BUDGET, DEFAULT_POINT_BUDGET, SceneModel, chase_view
+from engine.scene import DEFAULT_CAMERA_BUDGET, DEFAULT_POINT_BUDGET, LOD_LEVELS, SceneModel, chase_view
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +60,12 @@ os.environ.setdefault("LP_NUM_THREADS", SOFTWARE_GL_THREADS)
 COLOR_MODES = ("rgb", "depth", "confidence")
 UPLOAD_CHUNK = 1 << 18          # point rows uploaded per GL flush (bounds the copies in flight: ~10 MB)
 _OVERLAY_CONF = 3.0e38          # lines carry this confidence so the threshold never hides them
+# Level of detail (module docstring). The frame-time target is a display setting; until the
+# settings schema declares it, it is this viewer attribute (`frame_time_target_ms`).
+FRAME_TIME_TARGET_MS = 50.0     # a reduced draw aims at this (ms on the GUI thread)
+LIVE_FRAMES = 2                 # newest frames drawn in full whatever the detail
+IDLE_REFINE_MS = 500            # camera and scene still this long: draw everything
+PROBE_POINTS = 200_000          # drawn at most before the cost per point has been measured
 
 _VERT = """
 uniform sampler2D u_xf_tex;      // frame i: texture row i / 256, 4 RGBA texels = the 4 columns
@@ -227,6 +245,54 @@ class FrameTransforms:
         self.uploads += 1
 
 
+class LevelIndex:
+    """Per draw-order level, the rows of that level in row order (host uint32 and a GPU index
+    buffer, grown by doubling). `update(model, start)` keeps them equal to the model's rows
+    [0, count): entries >= start are dropped and rows [start, count) appended, so appends cost
+    O(new rows) and a thinning pass O(rows it rewrote)."""
+
+    def __init__(self, levels: int = LOD_LEVELS, capacity: int = 1 << 14):
+        self.host = [np.zeros(capacity, np.uint32) for _ in range(levels)]
+        self.used = [0] * levels
+        self.ibo = [gloo.IndexBuffer(np.zeros(capacity, np.uint32)) for _ in range(levels)]
+        self.uploaded_bytes = 0
+
+    def clear(self) -> None:
+        self.used = [0] * len(self.used)
+
+    def update(self, model: SceneModel, start: int) -> None:
+        lv = model.level[start:model.count]
+        order = np.argsort(lv, kind="stable")
+        bounds = np.searchsorted(lv[order], np.arange(len(self.used) + 1))
+        for j in range(len(self.used)):
+            h, n = self.host[j], self.used[j]
+            n = int(np.searchsorted(h[:n], start, "left"))
+            rows = (order[bounds[j]:bounds[j + 1]] + start).astype(np.uint32)
+            need = n + len(rows)
+            if need > len(h):
+                cap = len(h)
+                while cap < need:
+                    cap *= 2
+                grown = np.zeros(cap, np.uint32)
+                grown[:n] = h[:n]
+                self.host[j] = h = grown
+                self.ibo[j] = gloo.IndexBuffer(h)        # re-created at the new size
+                self.uploaded_bytes += h.nbytes
+            h[n:need] = rows
+            if len(rows):
+                self.ibo[j].set_subdata(rows.copy(), offset=n)   # GLIR uploads later
+                self.uploaded_bytes += rows.nbytes
+            self.used[j] = need
+
+    def count_before(self, level: int, row: int) -> int:
+        """Entries of `level` that are rows < `row`."""
+        return int(np.searchsorted(self.host[level][: self.used[level]], row, "left"))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(h.nbytes for h in self.host)
+
+
 class SegmentCloudVisual(Visual):
     """Points or lines with per-vertex frame numbers (placed by the shared `FrameTransforms`)
     and uniform-driven styling: appended (line layers, `append`) or written row ranges from a
@@ -335,6 +401,26 @@ class SegmentCloudVisual(Visual):
         self.update()
 
     # -- vispy hooks --------------------------------------------------------------------------
+    draw_plan = None      # None: draw vertices [0, count); else [(level index views...), (first, count)]
+
+    def draw(self):
+        plan = self.draw_plan
+        if plan is None or not self.visible or self._prepare_draw(view=self) is False:
+            return super().draw()
+        views, (first, n) = plan
+        self._configure_gl_state()
+        prog = self._program
+        prog.build_if_needed()         # what ModularProgram.draw does before drawing
+        prog.update_variables()
+        glir = get_current_canvas().context.glir
+        glir.associate(prog.glir)      # the program's pending uniforms and attribute bindings
+        mode = self._vshare.draw_mode
+        for ibo, k in views:           # glDrawElements of each level's rows before the live ones
+            glir.associate(ibo.glir)
+            glir.command("DRAW", prog._id, mode, (ibo.id, "UNSIGNED_INT", k), 1)
+        if n:                          # glDrawArrays of the live rows
+            glir.command("DRAW", prog._id, mode, (first, n), 1)
+
     def _prepare_transforms(self, view):
         view.view_program.vert["transform"] = view.get_transform()
 
@@ -354,11 +440,17 @@ SegmentCloud = scene.visuals.create_visual_node(SegmentCloudVisual)
 class ViewerCanvas(scene.SceneCanvas):
     """The SceneCanvas, with an adaptive redraw cap: redraws are spaced so that drawing takes
     at most DRAW_BUDGET of the GUI thread's time (a GPU draws in ~1 ms → up to MAX_FPS; a
-    software rasteriser taking 30 ms per frame → ~10 Hz). Requests in between are merged into
-    one deferred redraw, so a slow view drops frames instead of starving the event loop.
-    Counts draws so the window can show the viewer's FPS."""
+    software rasteriser taking the viewer's 50 ms frame-time target → 10 Hz). Requests in
+    between are merged into one deferred redraw, so a slow view drops frames instead of
+    starving the event loop. Counts draws so the window can show the viewer's FPS; each draw
+    ends with glFinish so its measured time includes the rasterisation (software GL rasterises
+    at the flush), and `post_draw(ms)` hands that time less the uploads (`pre_draw`: after a
+    thinning pass they are millions of rows, which says nothing of the cost per point drawn)
+    to the viewer's level of detail. A
+    draw with `refining` set (the idle full-detail draw) stays out of the average that spaces
+    redraws."""
 
-    DRAW_BUDGET = 0.3
+    DRAW_BUDGET = 0.5
     MAX_FPS = 60.0
 
     def __init__(self, **kw):
@@ -367,6 +459,9 @@ class ViewerCanvas(scene.SceneCanvas):
         self.draws = 0
         self.draw_ms = 0.0                    # moving average of one draw
         self.pre_draw = None                  # called before every draw (uploads pending data)
+        self.post_draw = None                 # called after every draw with its time in ms
+        self.pre_draw_ms = 0.0                # of the last draw: uploads (executed in pre_draw)
+        self.refining = False
         self._in_pre_draw = False
         self._last_draw = -1e9
         # parented to the native widget: the timer dies with it (no redraw of a deleted canvas)
@@ -400,19 +495,26 @@ class ViewerCanvas(scene.SceneCanvas):
         # minimised (no draws) would grow that queue without bound.
         if self.pre_draw is not None:
             self._in_pre_draw = True          # the uploads' update requests: this draw serves them
+            t0 = time.perf_counter()
             try:
                 self.pre_draw()
             finally:
                 self._in_pre_draw = False
+                self.pre_draw_ms = (time.perf_counter() - t0) * 1000.0
         super()._draw_scene(bgcolor=bgcolor)
 
     def on_draw(self, event):
         t0 = time.perf_counter()
+        self.pre_draw_ms = 0.0
         super().on_draw(event)
+        self.context.finish()
         dt = (time.perf_counter() - t0) * 1000.0
-        self.draw_ms = dt if self.draws == 0 else 0.8 * self.draw_ms + 0.2 * dt
+        if not self.refining:
+            self.draw_ms = dt if self.draws == 0 else 0.8 * self.draw_ms + 0.2 * dt
         self._last_draw = t0
         self.draws += 1
+        if self.post_draw is not None:     # the drawing alone: uploads do not scale with points drawn
+            self.post_draw(max(0.0, dt - self.pre_draw_ms))
 
 
 class PointCloudViewer(QtWidgets.QWidget):
@@ -425,6 +527,7 @@ class PointCloudViewer(QtWidgets.QWidget):
     """
 
     drawn = QtCore.Signal()
+    detail_changed = QtCore.Signal(float)    # fraction of the scene's points drawn (1.0 = all)
 
     def __init__(self, parent: Optional[QtWidgets.QWidget] = None, capacity: int = 1 << 20,
                  point_budget: int = DEFAULT_POINT_BUDGET, camera_budget: int = DEFAULT_CAMERA_BUDGET):
@@ -456,6 +559,16 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.all_frustums = False      # keyframes only by default (every frame: set_all_frustums)
         self._layers = (self.cloud, self.trajectory, self.frustums, self.current)
         self.canvas.pre_draw = self.sync
+        self.canvas.post_draw = self._measured
+        self.levels = LevelIndex()               # per draw-order level: its rows (index buffers)
+        self.frame_time_target_ms = FRAME_TIME_TARGET_MS
+        self.cost_per_point_ms: Optional[float] = None   # measured (moving average) per point drawn
+        self.measure_cost = True                 # tests inject cost_per_point_ms and set this False
+        self.drawn_points = 0                    # cloud points of the last draw
+        self.detail_fraction = 1.0
+        self._full_key = None                    # still-state for which everything is drawn
+        self._idle = QtCore.QTimer(self, singleShot=True, interval=IDLE_REFINE_MS)
+        self._idle.timeout.connect(self._refine)
         self.auto_fit = True
         self.canvas.events.mouse_press.connect(self._on_mouse_press)
         self.canvas.events.mouse_wheel.connect(self._on_mouse_press)
@@ -480,6 +593,11 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.scene.clear()
         for layer in self._layers:
             layer.clear()
+        if hasattr(self, "levels"):
+            self.levels.clear()
+            self.cloud.draw_plan = None
+            self._full_key = None
+            self.drawn_points = 0
         self.frame_xf.reset()
         self.result_width = 0       # width of the live results (for matching export density)
         self._last_center: dict[int, tuple] = {}   # segment → (last camera centre drawn, its frame)
@@ -564,11 +682,15 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.canvas.update()
 
     def sync(self) -> None:
-        """Upload what changed since the last sync: called before each draw, so the cost is
-        O(rows changed since the last draw) and nothing queues up while nothing is drawn."""
-        if not self._dirty:
-            return
-        self._dirty = False
+        """Upload what changed since the last sync and choose what the cloud draws: called
+        before each draw, so the cost is O(rows changed since the last draw) and nothing queues
+        up while nothing is drawn."""
+        if self._dirty:
+            self._dirty = False
+            self._sync_data()
+        self._plan_draw()
+
+    def _sync_data(self) -> None:
         if self._last_frame is not None and self._last_frame is not self._current_shown:
             self._set_current(self._last_frame)
             self._current_shown = self._last_frame
@@ -580,6 +702,7 @@ class PointCloudViewer(QtWidgets.QWidget):
             start = 0
         if start < m.count or m.count != self.cloud.count:
             self._upload_rows(start, m.count)
+            self.levels.update(m, start)
         self.cloud.set_uniform("u_conf_range", m.conf_range)
         if m.depth_hi > 0:
             self.cloud.set_uniform("u_depth_range", (0.0, m.depth_hi))
@@ -596,6 +719,67 @@ class PointCloudViewer(QtWidgets.QWidget):
             self.frame_xf.write(ch.transforms_from, m.frame_matrices(ch.transforms_from, ch.frames))
             for layer in self._layers:
                 layer.set_uniform("u_xf_rows", float(self.frame_xf.rows))
+
+    # -- level of detail ----------------------------------------------------------------------
+    def _still_key(self) -> tuple:
+        """What must stay the same for the idle full-detail draw to stay valid."""
+        m = self.scene
+        return (repr(self.view.camera.get_state()), m.frames_added, m.count, m.thinning_passes,
+                len(m.events), tuple(self.canvas.size))
+
+    def _plan_draw(self) -> None:
+        """Choose the cloud's draw: everything when it fits the frame-time target at the
+        measured cost per point or the view has stood still (idle refinement), else the
+        largest draw-order prefix that fits plus the newest LIVE_FRAMES frames in full."""
+        m = self.scene
+        full = self._full_key is not None and self._full_key == self._still_key()
+        self.canvas.refining = full
+        if full or m.count == 0:
+            level, drawn = LOD_LEVELS - 1, m.count
+        else:
+            cost = self.cost_per_point_ms
+            budget = PROBE_POINTS if cost is None else self.frame_time_target_ms / max(cost, 1e-9)
+            live_from = m.first_row_of_frame(max(0, m.frames_added - LIVE_FRAMES))
+            level, drawn = m.choose_detail(budget, live_from)
+        if drawn >= m.count:
+            self.cloud.draw_plan = None
+        else:
+            views = [(self.levels.ibo[j], self.levels.count_before(j, live_from)) for j in range(level + 1)]
+            self.cloud.draw_plan = (views, (live_from, m.count - live_from))
+            self._reduced_key = self._still_key()
+            self._idle.start()                   # (re)started: fires once nothing moved for a while
+        self.drawn_points = drawn
+        fraction = drawn / m.count if m.count else 1.0
+        if (fraction < 1.0) != (self.detail_fraction < 1.0) or abs(fraction - self.detail_fraction) > 0.01:
+            self.detail_fraction = fraction
+            self.detail_changed.emit(fraction)
+
+    def _measured(self, ms: float) -> None:
+        if self.measure_cost and self.drawn_points > 0:
+            c = ms / self.drawn_points
+            self.cost_per_point_ms = c if self.cost_per_point_ms is None else 0.7 * self.cost_per_point_ms + 0.3 * c
+
+    def _refine(self) -> None:
+        """The camera and the scene stood still IDLE_REFINE_MS since the last (reduced) draw:
+        draw everything once. Anything changed since that draw (frames added while no draw
+        came, a camera move) means a reduced draw is due instead, which restarts the wait."""
+        key = self._still_key()
+        if key != getattr(self, "_reduced_key", None):
+            return
+        self._full_key = key
+        self.canvas.update()
+
+    @property
+    def detail_reduced(self) -> bool:
+        """Whether the last draw showed a subsample of the cloud."""
+        return self.detail_fraction < 1.0
+
+    @property
+    def detail_text(self) -> str:
+        """For the status bar: empty at full detail."""
+        if not self.detail_reduced:
+            return ""
+        return f"detail {100 * self.detail_fraction:.0f} % while moving"
 
     def _upload_rows(self, lo: int, hi: int) -> None:
         """Upload the scene's rows [lo, hi) into the cloud's buffers, UPLOAD_CHUNK rows at a

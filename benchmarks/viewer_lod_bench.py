@@ -1,0 +1,173 @@
+"""Live-view benchmark (figures, not a test): draw rate, points drawn and event-loop gaps of the
+3D viewer at 1, 2 and 4 M points while frames keep arriving, then the time to full detail once
+the view stands still.
+
+For each size (point budget = size / 0.75, so live frames bring thinning passes at the high-water
+mark, as in a long run) the scene is filled with synthetic frames (a wavy terrain seen strip by strip,
+20k points a frame, colours from the height), then for --live seconds a timer adds a frame every
+100 ms on the GUI thread (as the run's batches arrive) while a background thread does numpy
+work (an engine's CPU load, --no-engine-load to drop it) and a 5 ms heartbeat timer records the
+event loop's gaps. Then frames stop and the view is left alone: "full detail after" is the time
+from the last frame until a draw has shown every point. One command, one table:
+
+    xvfb-run -a -s "-screen 0 1600x1000x24" python -m benchmarks.viewer_lod_bench [--sizes 1,2,4]
+        [--live 15] [--target-ms 50]
+    # a GPU machine without a display (hardware GL through EGL):
+    QT_QPA_PLATFORM=offscreen python -m benchmarks.viewer_lod_bench
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+FRAME_POINTS = 20_000
+
+
+def _terrain_frame(i: int, rng) -> SimpleNamespace:
+    u = rng.random((FRAME_POINTS, 2))
+    x = 0.02 * i + 0.6 * u[:, 0]
+    z = 4.0 * u[:, 1]
+    y = 0.3 * np.sin(3 * x) * np.cos(2 * z)
+    pts = np.stack([x, y, z], 1).astype(np.float32)
+    h = ((y + 0.3) / 0.6 * 255).clip(0, 255).astype(np.uint8)
+    colors = np.stack([h, 255 - h, np.full_like(h, 120)], 1)
+    c2w = np.eye(4)
+    c2w[:3, 3] = (x.mean(), -1.0, -1.0)
+    fr = np.zeros((5, 3), np.float32)
+    fr[:, :] = c2w[:3, 3]
+    return SimpleNamespace(index=i, segment=0, is_keyframe=i % 5 == 0, points=pts, colors=colors,
+                           conf=np.ones(FRAME_POINTS, np.float32), depth=np.full(FRAME_POINTS, 2.0, np.float32),
+                           c2w=c2w, frustum=fr, width=640, look_at=pts.mean(0), median_depth=2.0)
+
+
+def _engine_load(stop: threading.Event) -> None:
+    """One core's worth of numpy work (element-wise: releases the GIL, no BLAS threads)."""
+    a = np.random.default_rng(0).random(1 << 20)
+    while not stop.is_set():
+        np.sqrt(a, out=a)
+        a += 1.0
+
+
+def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: float) -> dict:
+    from PySide6 import QtCore
+
+    from ui.viewer import PointCloudViewer
+    rng = np.random.default_rng(0)
+    # budget over the size so the fill reaches it; live frames then push it into thinning passes
+    v = PointCloudViewer(capacity=1 << 20, point_budget=int(n_points / 0.75))
+    v.frame_time_target_ms = target_ms
+    v.resize(1280, 800)
+    v.show()
+    app.processEvents()
+    i = 0
+    while v.point_count < n_points:                 # fill (not measured)
+        v.add_frames([_terrain_frame(i, rng)])
+        i += 1
+        if i % 25 == 0:
+            v.canvas.render()                       # uploads in pieces, measures the cost per point
+    v.scene.wait()
+    v.canvas.render()
+    app.processEvents()
+    gaps, last = [], [time.perf_counter()]
+
+    def beat():
+        t = time.perf_counter()
+        gaps.append(t - last[0])
+        last[0] = t
+    hb = QtCore.QTimer(interval=5)
+    hb.timeout.connect(beat)
+    drawn = []
+    v.canvas.events.draw.connect(lambda e: drawn.append(v.drawn_points), position="last")
+
+    def add():
+        nonlocal i
+        v.add_frames([_terrain_frame(i, rng)])
+        i += 1
+    feed = QtCore.QTimer(interval=100)
+    feed.timeout.connect(add)
+    d0 = v.canvas.draws
+    last[0] = time.perf_counter()
+    hb.start()
+    feed.start()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < live_s:
+        app.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents, 50)
+        time.sleep(0.001)
+    feed.stop()
+    live_wall = time.perf_counter() - t0
+    live_draws = v.canvas.draws - d0
+    live_gaps = np.asarray(gaps + [time.perf_counter() - last[0]]) * 1e3   # the gap still open counts
+    live_drawn = list(drawn)
+    t_still = time.perf_counter()
+    full_after = None
+    while time.perf_counter() - t_still < still_max_s:
+        app.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents, 50)
+        if v.drawn_points == v.point_count and v.canvas.draws > d0 + live_draws:
+            full_after = time.perf_counter() - t_still
+            break
+        time.sleep(0.001)
+    still_gaps = np.asarray(gaps[len(live_gaps) - 1:]) * 1e3
+    hb.stop()
+    out = dict(points=v.point_count, draws_per_s=live_draws / live_wall,
+               drawn_median=float(np.median(live_drawn)) if live_drawn else 0.0,
+               gap_p50=float(np.percentile(live_gaps, 50)), gap_p99=float(np.percentile(live_gaps, 99)),
+               gap_max=float(live_gaps.max()), cost_ns=1e6 * (v.cost_per_point_ms or 0.0),
+               full_after=full_after, still_gap_max=float(still_gaps.max()) if len(still_gaps) else 0.0)
+    v.close()
+    v.deleteLater()
+    app.processEvents()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="live 3D view: draw rate, points drawn, event-loop gaps")
+    ap.add_argument("--sizes", default="1,2,4", help="scene sizes in millions of points")
+    ap.add_argument("--live", type=float, default=15.0, help="seconds of live frames per size")
+    ap.add_argument("--target-ms", type=float, default=50.0, help="the viewer's frame-time target")
+    ap.add_argument("--still-max", type=float, default=20.0, help="give up waiting for full detail after this")
+    ap.add_argument("--no-engine-load", action="store_true", help="no background numpy thread")
+    a = ap.parse_args(argv)
+    from PySide6 import QtWidgets
+    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication([])
+    stop = threading.Event()
+    if not a.no_engine_load:
+        threading.Thread(target=_engine_load, args=(stop,), daemon=True).start()
+    renderer = "?"
+    try:
+        from vispy import gloo
+
+        from ui.viewer import PointCloudViewer
+        v = PointCloudViewer()
+        v.show()
+        app.processEvents()
+        v.canvas.set_current()
+        renderer = gloo.gl.glGetParameter(gloo.gl.GL_RENDERER)
+        v.close()
+    except Exception as e:  # the figures stand without the renderer's name
+        renderer = f"unknown ({e})"
+    print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start; "
+          f"GL renderer: {renderer}; QT_QPA_PLATFORM={os.environ.get('QT_QPA_PLATFORM', '')}; "
+          f"LP_NUM_THREADS={os.environ.get('LP_NUM_THREADS', '')}")
+    print(f"frame-time target {a.target_ms:g} ms, frames of {FRAME_POINTS:,} points every 100 ms for "
+          f"{a.live:g} s, engine load thread {'off' if a.no_engine_load else 'on'}, window 1280x800")
+    print(f"{'points':>10} {'redraws/s':>9} {'drawn (median)':>15} {'ns/point':>9} {'gap p50 ms':>10} "
+          f"{'gap p99 ms':>10} {'gap max ms':>10} {'full detail after s':>19} {'max gap still ms':>16}", flush=True)
+    for s in a.sizes.split(","):
+        r = run_size(app, int(float(s) * 1e6), a.live, a.target_ms, a.still_max)
+        fa = f"{r['full_after']:.2f}" if r["full_after"] is not None else f"> {a.still_max:g}"
+        print(f"{r['points']:>10,} {r['draws_per_s']:>9.1f} {r['drawn_median']:>15,.0f} {r['cost_ns']:>9.0f} "
+              f"{r['gap_p50']:>10.0f} {r['gap_p99']:>10.0f} {r['gap_max']:>10.0f} {fa:>19} "
+              f"{r['still_gap_max']:>16.0f}", flush=True)
+    stop.set()
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
