@@ -51,6 +51,9 @@ KEYS: dict = {k.name: k for k in (
     Key("display/follow", bool, True, doc="the view follows the camera"),
     Key("display/point_budget", int, DEFAULT_POINT_BUDGET, range=(MIN_POINT_BUDGET, MAX_POINT_BUDGET),
         doc="most points the 3D view keeps"),
+    Key("display/frame_time_target_ms", float, 50.0, range=(5.0, 2000.0),
+        doc="time one redraw of the 3D view aims at while things move (ms): fewer points when the "
+            "full cloud would take longer; full detail once the view stands still"),
     # ranges as File > Sessions folder's spin boxes (ui/sessions_dialog.py) allow
     Key("sessions/max_gb", float, DEFAULT_MAX_GB, range=(0.0, 100_000.0),
         doc="size limit of the sessions folder in GB (0 = no limit)"),

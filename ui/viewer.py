@@ -45,6 +45,8 @@ from vispy.visuals import Visual
 
 from engine.scene import DEFAULT_CAMERA_BUDGET, DEFAULT_POINT_BUDGET, LOD_LEVELS, SceneModel, chase_view
 
+from .settings_schema import default
+
 log = logging.getLogger(__name__)
 
 # Mesa llvmpipe (software OpenGL: no GPU, VMs, Xvfb) hands each frame's binned points to
@@ -60,9 +62,9 @@ os.environ.setdefault("LP_NUM_THREADS", SOFTWARE_GL_THREADS)
 COLOR_MODES = ("rgb", "depth", "confidence")
 UPLOAD_CHUNK = 1 << 18          # point rows uploaded per GL flush (bounds the copies in flight: ~10 MB)
 _OVERLAY_CONF = 3.0e38          # lines carry this confidence so the threshold never hides them
-# Level of detail (module docstring). The frame-time target is a display setting; until the
-# settings schema declares it, it is this viewer attribute (`frame_time_target_ms`).
-FRAME_TIME_TARGET_MS = 50.0     # a reduced draw aims at this (ms on the GUI thread)
+# Level of detail (module docstring). The frame-time target is the display setting
+# "display/frame_time_target_ms" (ui/settings_schema.py), set on the viewer by the window.
+FRAME_TIME_TARGET_MS = default("display/frame_time_target_ms")
 LIVE_FRAMES = 2                 # newest frames drawn in full whatever the detail
 IDLE_REFINE_MS = 500            # camera and scene still this long: draw everything
 PROBE_POINTS = 200_000          # drawn at most before the cost per point has been measured

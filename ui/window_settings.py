@@ -30,6 +30,7 @@ def restore(win, s) -> list:
     win.show_traj.setChecked(value("display/trajectory"))
     win.follow.setChecked(value("display/follow"))
     win.point_budget.setValue(value("display/point_budget") / 1e6)
+    win.viewer.frame_time_target_ms = value("display/frame_time_target_ms")
     if s is None:
         return []
     geo = s.get_bytes("window/geometry")
