@@ -16,14 +16,13 @@ retention in any process leaves a session on screen alone.
 from __future__ import annotations
 
 import collections
-import json
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import numpy as np
 
 from .io.lease import hold_session
-from .io.store import FRAME_DIGITS, StoreError, _event_from_json, _result_from_npz
+from .io.store import FRAME_DIGITS, StoreError, _result_from_npz, read_events
 
 MODES = ("accumulated", "current")
 
@@ -83,15 +82,7 @@ class SessionTimeline:
 
     def events(self) -> list:
         """The engine events recorded so far (damaged lines skipped)."""
-        out = []
-        path = self.folder / "events.jsonl"
-        if path.exists():
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    out.append(_event_from_json(json.loads(line)))
-                except (ValueError, KeyError, TypeError):
-                    continue
-        return out
+        return read_events(self.folder)
 
 
 def frames_up_to(indices: Sequence[int], n: int, mode: str = "accumulated") -> tuple[list[int], list[int]]:

@@ -118,7 +118,7 @@ def read_session(folder, progress: bool = False, extra_events: Iterable = ()) ->
     import sys
 
     from tqdm import tqdm
-    from .store import StoreError, _event_from_json, clean_stale_temp_files
+    from .store import StoreError, clean_stale_temp_files, read_events
 
     folder = Path(folder).expanduser()
     if not folder.is_dir():
@@ -153,20 +153,8 @@ def read_session(folder, progress: bool = False, extra_events: Iterable = ()) ->
             else:
                 poses.append(got)
             bar.update(1)
-    events = []
-    ev_path = folder / "events.jsonl"
-    if ev_path.exists():
-        with open(ev_path, encoding="utf-8", errors="replace") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    e = _event_from_json(json.loads(line))
-                except (ValueError, KeyError, TypeError):
-                    problems.append(f"skipped damaged event line {n}")
-                    continue
-                if e.kind == "realign":        # the only events an export uses
-                    events.append(e)
+    # re-alignments are the only events an export uses
+    events = [e for e in read_events(folder, problems) if e.kind == "realign"]
     events += [e for e in extra_events if e.kind == "realign"]
     return FrameReader(poses, events, info=info, config=config, folder=folder, problems=problems)
 

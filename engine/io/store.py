@@ -595,6 +595,25 @@ class LoadedSession:
         return ""
 
 
+def read_events(folder: Union[str, Path], problems: Optional[list] = None) -> list:
+    """The engine events of a session folder's events.jsonl, in order. A damaged line (a kill
+    mid-write leaves half a last line) is skipped and, with `problems`, named there."""
+    events = []
+    ev_path = Path(folder) / "events.jsonl"
+    if not ev_path.exists():
+        return events
+    with open(ev_path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                events.append(_event_from_json(json.loads(line)))
+            except (ValueError, KeyError, TypeError):
+                if problems is not None:
+                    problems.append(f"skipped damaged event line {n}")
+    return events
+
+
 def clean_stale_temp_files(folder: Union[str, Path], min_age_s: float = STALE_TMP_S) -> int:
     """Remove the temp files a killed writer left in a session folder (`.NAME.*.tmp`, see
     engine.io.atomic); recent ones may belong to a writer still running and are kept."""
@@ -642,16 +661,6 @@ def load_session(folder: Union[str, Path]) -> LoadedSession:
                 problems.append(f"skipped damaged frame file {p.name} ({type(exc).__name__})")
         results.sort(key=lambda r: r.index)
 
-        events = []
-        ev_path = folder / "events.jsonl"
-        if ev_path.exists():
-            with open(ev_path, encoding="utf-8", errors="replace") as f:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        events.append(_event_from_json(json.loads(line)))
-                    except (ValueError, KeyError, TypeError):
-                        problems.append(f"skipped damaged event line {n}")
+        events = read_events(folder, problems)
         return LoadedSession(folder=folder, config=config, results=results, events=events,
                              info=info, problems=problems)
