@@ -17,7 +17,6 @@ A damaged frame file is skipped while the poses are read (and named in `reader.p
 from __future__ import annotations
 
 import dataclasses
-import json
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -118,23 +117,11 @@ def read_session(folder, progress: bool = False, extra_events: Iterable = ()) ->
     import sys
 
     from tqdm import tqdm
-    from .store import StoreError, clean_stale_temp_files, read_events
+    from .store import read_events, read_header, session_folder
 
-    folder = Path(folder).expanduser()
-    if not folder.is_dir():
-        raise StoreError(f"Session folder not found: {folder}")
+    folder = session_folder(folder)
     frames_dir = folder / "frames"
-    if not frames_dir.is_dir() and not (folder / "config.json").exists():
-        raise StoreError(f"{folder} is not a ReconStudio session folder (no config.json or frames/)")
-    clean_stale_temp_files(folder)
-    problems: list[str] = []
-    info: dict = {}
-    try:
-        info = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        config = SessionConfig.from_dict(info.get("config", {}))
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
-        problems.append(f"config.json unreadable ({exc}); default settings assumed")
-        config = SessionConfig()
+    info, config, problems = read_header(folder)
     poses = []
     paths = sorted(frames_dir.glob("*.npz")) if frames_dir.is_dir() else []
 

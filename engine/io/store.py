@@ -630,26 +630,40 @@ def clean_stale_temp_files(folder: Union[str, Path], min_age_s: float = STALE_TM
     return removed
 
 
+def session_folder(folder: Union[str, Path]) -> Path:
+    """`folder` as a Path, or StoreError when it does not exist or is not a session folder."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise StoreError(f"Session folder not found: {folder}")
+    if not (folder / "frames").is_dir() and not (folder / "config.json").exists():
+        raise StoreError(f"{folder} is not a ReconStudio session folder (no config.json or frames/)")
+    return folder
+
+
+def read_header(folder: Path) -> tuple[dict, SessionConfig, list]:
+    """(config.json's contents, the session's settings, problems) of an existing session folder,
+    after cleaning a killed writer's temp files: a missing or damaged config.json gives default
+    settings and a problem line, never an error."""
+    problems: list[str] = []
+    info: dict = {}
+    clean_stale_temp_files(folder)
+    try:
+        info = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = SessionConfig.from_dict(info.get("config", {}))
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        problems.append(f"config.json unreadable ({exc}); default settings assumed")
+        config = SessionConfig()
+    return info, config, problems
+
+
 def load_session(folder: Union[str, Path]) -> LoadedSession:
     """Reopen a session folder, tolerating what a crash leaves behind: a missing or damaged
     config.json, leftover temp files, an unreadable frame file, a half-written last event.
     The folder is held (engine/io/lease.py) while it is read: retention cannot remove it midway."""
-    folder = Path(folder).expanduser()
-    if not folder.is_dir():
-        raise StoreError(f"Session folder not found: {folder}")
+    folder = session_folder(folder)
     frames_dir = folder / "frames"
-    if not frames_dir.is_dir() and not (folder / "config.json").exists():
-        raise StoreError(f"{folder} is not a ReconStudio session folder (no config.json or frames/)")
     with hold_session(folder, role="read"):
-        problems: list[str] = []
-        info: dict = {}
-        clean_stale_temp_files(folder)
-        try:
-            info = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-            config = SessionConfig.from_dict(info.get("config", {}))
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            problems.append(f"config.json unreadable ({exc}); default settings assumed")
-            config = SessionConfig()
+        info, config, problems = read_header(folder)
 
         results = []
         for p in sorted(frames_dir.glob("*.npz")) if frames_dir.is_dir() else []:

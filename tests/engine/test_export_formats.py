@@ -12,29 +12,17 @@ from engine.io.colmap import w2c_qvec_tvec
 from engine.io.export import (EXPORT_FORMATS, ExportError, export_results, plan_export, read_tum,
                               stored_stride)
 from engine.io.store import SessionStore, load_session
+from tests.engine.factories import TEST_K, random_results
 
 pycolmap = pytest.importorskip("pycolmap")
 trimesh = pytest.importorskip("trimesh")
 
 REPO = Path(__file__).resolve().parents[2]
-K = np.array([[60.0, 0, 31.5], [0, 62.0, 23.5], [0, 0, 1]])
+K = TEST_K
 
 
 def _results(n=5, h=48, w=64, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        c2w = np.eye(4)
-        c2w[:3, :3] = Rotation.from_rotvec(0.3 * rng.normal(size=3)).as_matrix()
-        c2w[:3, 3] = [0.2 * i, 0.05 * rng.normal(), 0.0]
-        has_depth = i != 3                      # one frame without depth (non-keyframe)
-        out.append(FrameResult(
-            index=i, timestamp=0.1 * i, is_keyframe=i % 2 == 0, c2w=c2w, K=K.copy(),
-            image=rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
-            depth=rng.uniform(1.0, 3.0, (h, w)).astype(np.float32) if has_depth else None,
-            conf=rng.uniform(1.0, 10.0, (h, w)).astype(np.float32) if has_depth else None,
-            segment=int(i >= 4)))
-    return out
+    return random_results(n=n, h=h, w=w, seed=seed)
 
 
 def test_w2c_quaternion_is_colmap_convention():
