@@ -132,7 +132,7 @@ class MainWindow(QtWidgets.QMainWindow):
         mon.setWidget(self.monitors)
         mon.setFeatures(QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetMovable
                         | QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetFloatable)
-        self.monitors.setMinimumHeight(110)
+        self.monitors.setMinimumHeight(124)      # two legend rows stay inside the plots (ui/monitors.py)
         self.monitors.setMaximumHeight(260)
         self.addDockWidget(QtCore.Qt.DockWidgetArea.BottomDockWidgetArea, mon)
         self.resizeDocks([mon], [150], QtCore.Qt.Orientation.Vertical)   # the 3D view gets the room at 1280x720
