@@ -24,6 +24,7 @@ from engine.api import EngineError, engine_capabilities
 from engine.memory import bound_heap
 
 from . import gc_guard, window_settings
+from .banner import Banner
 from .display_panel import DisplayPanel
 from .export_controller import MENU as EXPORT_MENU
 from .export_controller import ExportController
@@ -33,42 +34,14 @@ from .review_controller import ReviewController
 from .run_controller import RunController
 from .session_controller import SessionController, is_session_folder
 from .settings_panel import SettingsPanel
-from .settings_schema import SPEEDS
 from .source_panel import SourcePanel
+from .status_line import StatusLine
+from .transport_bar import TransportBar
 from .viewer import PointCloudViewer
 
 log = logging.getLogger(__name__)
 
-STATUS_HZ = 4.0
 MESSAGES_KEPT = 1000          # newest messages kept in MainWindow.messages (issue #7: bounded)
-
-
-class Banner(QtWidgets.QFrame):
-    """A dismissable message strip above the view (errors in red, notes in blue)."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        lay = QtWidgets.QHBoxLayout(self)
-        lay.setContentsMargins(10, 6, 6, 6)
-        self.label = QtWidgets.QLabel()
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(QtCore.Qt.TextInteractionFlag.TextSelectableByMouse)
-        close = QtWidgets.QToolButton(text="✕")
-        close.setAutoRaise(True)
-        close.clicked.connect(self.hide)
-        lay.addWidget(self.label, 1)
-        lay.addWidget(close)
-        self.level = None
-        self.hide()
-
-    def show_message(self, text: str, level: str = "error") -> None:
-        colours = {"error": ("#5c1f24", "#ffd7d7"), "warning": ("#5a4a12", "#fff1c4"),
-                   "info": ("#1d3b5c", "#d8ecff")}
-        bg, fg = colours.get(level, colours["info"])
-        self.setStyleSheet(f"Banner {{ background: {bg}; border-radius: 4px; }} QLabel {{ color: {fg}; }}")
-        self.label.setText(text)
-        self.level = level
-        self.show()
 
 
 class MainWindow(QtWidgets.QMainWindow):
@@ -97,11 +70,6 @@ class MainWindow(QtWidgets.QMainWindow):
         self.sessions.opened.connect(self._update_actions)
         window_settings.restore(self, self.settings)   # each value checked (ui/window_settings.py)
         self._update_actions()
-        # Status texts refresh on a timer, not per batch: with a GL view in the window every
-        # widget repaint recomposes the whole window, so repaints are batched (STATUS_HZ).
-        self._status_dirty = False
-        self._status_timer = QtCore.QTimer(self, interval=int(1000 / STATUS_HZ), timeout=self._refresh_status)
-        self._status_timer.start()
 
     # -- construction -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -115,7 +83,12 @@ class MainWindow(QtWidgets.QMainWindow):
         split.setStretchFactor(0, 4)
         split.setStretchFactor(1, 1)
         split.setSizes([900, 260])
-        self._build_transport()
+        self.transport = tb = TransportBar(self.runs, lambda: self.start_run(), lambda: self.stop_run(), self)
+        self.addToolBar(QtCore.Qt.ToolBarArea.TopToolBarArea, tb)
+        self.act_start, self.act_pause, self.act_step, self.act_stop, self.act_seek = (
+            tb.act_start, tb.act_pause, tb.act_step, tb.act_stop, tb.act_seek)
+        self.speed, self.loop, self.seek_spin, self.max_frames, self.progress_label = (
+            tb.speed, tb.loop, tb.seek_spin, tb.max_frames, tb.progress_label)
         self._build_controls()                 # before the review bar: it reads the Follow checkbox
         self.reviews = ReviewController(self)
         self.review = self.reviews.bar         # timeline, camera presets, click tools (ui/review.py)
@@ -138,55 +111,6 @@ class MainWindow(QtWidgets.QMainWindow):
         self.resizeDocks([mon], [150], QtCore.Qt.Orientation.Vertical)   # the 3D view gets the room at 1280x720
         self._build_menus()
         self._build_status()
-
-    def _build_transport(self) -> None:
-        tb = QtWidgets.QToolBar("Transport")
-        tb.setObjectName("transport")
-        tb.setMovable(False)
-        tb.setToolButtonStyle(QtCore.Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-        st = self.style()
-        SP = QtWidgets.QStyle.StandardPixmap
-        self.act_start = tb.addAction(st.standardIcon(SP.SP_MediaPlay), "Start", lambda: self.start_run())
-        self.act_start.setToolTip("Start a new reconstruction (resets the scene)")
-        self.act_pause = tb.addAction(st.standardIcon(SP.SP_MediaPause), "Pause", self.runs.toggle_pause)
-        self.act_step = tb.addAction(st.standardIcon(SP.SP_MediaSkipForward), "Step", self.runs.step)
-        self.act_step.setToolTip("Process one frame (starts paused if nothing runs)")
-        self.act_stop = tb.addAction(st.standardIcon(SP.SP_MediaStop), "Stop", lambda: self.stop_run())
-        self.act_start.setShortcut(QtGui.QKeySequence("Ctrl+Return"))
-        self.act_pause.setShortcut(QtGui.QKeySequence("Space"))
-        self.act_step.setShortcut(QtGui.QKeySequence("Ctrl+Right"))
-        self.act_stop.setShortcut(QtGui.QKeySequence("Ctrl+."))
-        tb.addSeparator()
-        tb.addWidget(QtWidgets.QLabel(" Speed "))
-        self.speed = QtWidgets.QComboBox()
-        for label, val in SPEEDS:
-            self.speed.addItem(label, val)
-        self.speed.setToolTip("Replay speed for files: as fast as the engine goes, or paced by the video's clock")
-        tb.addWidget(self.speed)
-        self.loop = QtWidgets.QCheckBox("Loop")
-        self.loop.setToolTip("Restart files at the end")
-        tb.addWidget(self.loop)
-        tb.addSeparator()
-        tb.addWidget(QtWidgets.QLabel(" Frame "))
-        self.seek_spin = QtWidgets.QSpinBox()
-        self.seek_spin.setRange(0, 10_000_000)
-        self.seek_spin.setToolTip("Frame to start from (or to jump to while running)")
-        tb.addWidget(self.seek_spin)
-        self.act_seek = tb.addAction("Go", lambda: self.runs.seek_to(self.seek_spin.value()))
-        tb.addSeparator()
-        tb.addWidget(QtWidgets.QLabel(" Max frames "))
-        self.max_frames = QtWidgets.QSpinBox()
-        self.max_frames.setRange(0, 10_000_000)
-        self.max_frames.setSpecialValueText("all")
-        self.max_frames.setToolTip("Stop after this many input frames (all = to the end)")
-        tb.addWidget(self.max_frames)
-        spacer = QtWidgets.QWidget()
-        spacer.setSizePolicy(QtWidgets.QSizePolicy.Policy.Expanding, QtWidgets.QSizePolicy.Policy.Preferred)
-        tb.addWidget(spacer)
-        self.progress_label = QtWidgets.QLabel("idle ")
-        tb.addWidget(self.progress_label)
-        self.addToolBar(QtCore.Qt.ToolBarArea.TopToolBarArea, tb)
-        self.transport = tb
 
     def _build_controls(self) -> None:
         panel = QtWidgets.QWidget()
@@ -266,20 +190,9 @@ class MainWindow(QtWidgets.QMainWindow):
         v.addAction(self.follow.text(), lambda: self.follow.toggle(), QtGui.QKeySequence("F"))
 
     def _build_status(self) -> None:
-        sb = self.statusBar()
-        self.st_frames = QtWidgets.QLabel()
-        self.st_points = QtWidgets.QLabel()
-        self.st_fps = QtWidgets.QLabel()
-        self.st_engine = QtWidgets.QLabel()
-        self.st_scale = QtWidgets.QLabel("monocular: arbitrary scale")
-        self.st_scale.setStyleSheet("color: #d19a66;")
-        for w, width in ((self.st_frames, 170), (self.st_points, 170), (self.st_fps, 70),
-                         (self.st_engine, 0), (self.st_scale, 0)):
-            w.setMinimumWidth(width)
-            sb.addPermanentWidget(w)
-        self.st_detail = QtWidgets.QLabel()      # "detail N % while moving" (viewer level of detail)
-        sb.addPermanentWidget(self.st_detail)
-        self.viewer.detail_changed.connect(lambda _f: self.st_detail.setText(self.viewer.detail_text))
+        self.status_line = st = StatusLine(self.statusBar(), self.viewer, self.update_status)
+        self.st_frames, self.st_points, self.st_fps, self.st_engine, self.st_scale, self.st_detail = (
+            st.frames, st.points, st.fps, st.engine, st.scale, st.detail)
         self.update_status()
         self.update_engine_label()
 
@@ -405,8 +318,7 @@ class MainWindow(QtWidgets.QMainWindow):
             label = engine_capabilities(name).get("label", name)
         except EngineError:
             label = name
-        self.st_engine.setText(label)
-        self.st_scale.setVisible(name == "geometric")
+        self.status_line.show_engine(label, monocular=name == "geometric")
 
     def update_status(self) -> None:
         kf = self.reviews.keyframes_shown()       # scrubbing: the keyframes up to the shown frame
@@ -414,13 +326,9 @@ class MainWindow(QtWidgets.QMainWindow):
             kf = self.runs.last_stats.get("keyframes")
         if kf is None:
             kf = self.sessions.keyframes           # a reopened session: those it holds
-        self.st_frames.setText(f"{self.viewer.frame_count} frames" + (f" · {kf} keyframes" if kf is not None else ""))
-        self.st_points.setText(f"{self.drawn_point_count():,} points drawn")
-        self.st_points.setToolTip(f"{self.viewer.point_count:,} points loaded; those below the minimum "
-                                  "confidence are not drawn")
+        self.status_line.show_counts(self.viewer.frame_count, kf, self.drawn_point_count(), self.viewer.point_count,
+                                     self.runs.last_stats.get("fps"))
         self.conf_control.refresh()
-        fps = self.runs.last_stats.get("fps")
-        self.st_fps.setText(f"{fps:.1f} fps" if fps else "")
         progress = self.runs.progress_text()
         if progress is not None:
             self.progress_label.setText(progress)
@@ -430,12 +338,7 @@ class MainWindow(QtWidgets.QMainWindow):
             self.viewer.hint.show()
 
     def status_dirty(self) -> None:
-        self._status_dirty = True
-
-    def _refresh_status(self) -> None:
-        if self._status_dirty:
-            self._status_dirty = False
-            self.update_status()
+        self.status_line.mark()
 
     # -- files, drag and drop -------------------------------------------------------------------
     def _open_video_dialog(self) -> None:
