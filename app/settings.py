@@ -31,16 +31,23 @@ def session_defaults() -> dict:
     return d
 
 
+def export_defaults() -> dict:
+    """The "export" block of the defaults file (the CLI's --conf-threshold / --stride defaults):
+    the display defaults declared in ui/settings_schema.py, so `run` exports what the GUI shows."""
+    from ui.settings_schema import default
+    return {"conf_threshold": default("display/conf_threshold"), "stride": default("display/stride")}
+
+
 def write_defaults(path: Optional[Path] = None) -> Path:
-    """Regenerate the defaults file's "session" block (and "engine") from the metadata, keeping its
-    other sections: `python -m app.settings`."""
+    """Regenerate the defaults file's "session" block (and "engine") from the metadata and its
+    "export" block from the display declarations, keeping its other sections: `python -m app.settings`."""
     path = Path(path or DEFAULTS_FILE)
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         d = {}
     session = session_defaults()
-    out = {"engine": session["engine"], "session": session}
+    out = {"engine": session["engine"], "session": session, "export": export_defaults()}
     out.update({k: v for k, v in d.items() if k not in out})
     path.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return path

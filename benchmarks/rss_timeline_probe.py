@@ -53,7 +53,7 @@ def record(out_path: str, gui_argv: list) -> int:
 
     import engine.memory as memory
     import engine.scene as scene
-    import ui.main_window as main_window
+    import ui.run_controller as run_controller
     import ui.viewer as viewer
 
     def wrap(owner, name, tag, detail=None):
@@ -71,7 +71,7 @@ def record(out_path: str, gui_argv: list) -> int:
     wrap(viewer.ViewerCanvas, "on_draw", "draw")
     wrap(viewer.SegmentCloudVisual, "write_rows", "upload", lambda self, off, pos, *r: f"{off} {len(pos)}")
     wrap(memory, "trim_heap", "trim")
-    main_window.trim_heap = memory.trim_heap
+    run_controller.trim_heap = memory.trim_heap
     from app.cli import main
     try:
         return main(gui_argv)

@@ -11,7 +11,13 @@ retention in any process leaves a session on screen alone.
 "accumulated" = every frame up to n; "current" = only frame n's points (the cameras up to n stay).
 
 `pick_nearest(screen_xy, depth, click, radius)`: the front-most of the projected points within
-`radius` pixels of a click (what a user means by clicking a point or a camera).
+`radius` pixels of a click (what a user means by clicking a point).
+
+`pick_frustum(apex_xy, corners_xy, depth, click, radius)`: the front-most camera whose drawn
+frustum the click hits -- inside its image rectangle (where its thumbnail is drawn) or within
+`radius` pixels of one of its eight edges -- so a camera is clicked where the user sees it, not
+only at its centre. `place(local, mats)` puts per-camera points in the world (the frame transform
+of each camera, as the viewer draws them).
 """
 from __future__ import annotations
 
@@ -104,6 +110,45 @@ def pick_nearest(screen_xy: np.ndarray, depth: np.ndarray, click: Sequence[float
         return None
     r2 = ((xy - np.asarray(click, np.float64)[None, :2]) ** 2).sum(axis=1)
     ok = np.flatnonzero((r2 <= radius * radius) & (d > 0) & np.isfinite(d))
+    if not len(ok):
+        return None
+    return int(ok[np.argmin(d[ok])])
+
+
+def place(local: np.ndarray, mats: np.ndarray) -> np.ndarray:
+    """World positions [N,K,3] of points `local` [N,K,3] of N cameras, each moved by its 4x4 `mats` [N]."""
+    local = np.asarray(local, np.float64)
+    mats = np.asarray(mats, np.float64)
+    return np.einsum("nij,nkj->nki", mats[:, :3, :3], local) + mats[:, None, :3, 3]
+
+
+def _segment_distance(p: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance of point p [2] to segments a-b ([..., 2] each)."""
+    ab = b - a
+    t = np.clip(((p - a) * ab).sum(-1) / np.maximum((ab * ab).sum(-1), 1e-12), 0.0, 1.0)
+    return np.linalg.norm(a + t[..., None] * ab - p, axis=-1)
+
+
+def pick_frustum(apex_xy: np.ndarray, corners_xy: np.ndarray, depth: np.ndarray, click: Sequence[float],
+                 radius: float = 6.0) -> Optional[int]:
+    """Index of the front-most camera (smallest `depth` > 0) whose projected frustum the click
+    hits: inside the quadrilateral of its image corners `corners_xy` [N,4,2] (TL, TR, BR, BL, any
+    winding) or within `radius` pixels of an edge (apex to each corner, and the rectangle);
+    `apex_xy` [N,2]. None when no frustum is hit."""
+    apex = np.asarray(apex_xy, np.float64).reshape(-1, 2)
+    quad = np.asarray(corners_xy, np.float64).reshape(-1, 4, 2)
+    d = np.asarray(depth, np.float64).reshape(-1)
+    if not len(apex):
+        return None
+    p = np.asarray(click, np.float64)[:2]
+    nxt = np.roll(quad, -1, axis=1)
+    # inside a convex quadrilateral: the same side of its four edges (either winding)
+    cross = ((nxt - quad)[..., 0] * (p - quad)[..., 1] - (nxt - quad)[..., 1] * (p - quad)[..., 0])
+    inside = (cross >= 0).all(axis=1) | (cross <= 0).all(axis=1)
+    near_rect = _segment_distance(p, quad, nxt).min(axis=1) <= radius
+    near_rays = _segment_distance(p, apex[:, None, :], quad).min(axis=1) <= radius
+    finite = np.isfinite(quad).all(axis=(1, 2)) & np.isfinite(apex).all(axis=1) & np.isfinite(d)
+    ok = np.flatnonzero((inside | near_rect | near_rays) & finite & (d > 0))
     if not len(ok):
         return None
     return int(ok[np.argmin(d[ok])])

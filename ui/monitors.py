@@ -27,6 +27,22 @@ PAGE_COLOURS = np.array([[60, 62, 70, 255], [230, 160, 40, 255], [60, 150, 240, 
                          [120, 210, 110, 255], [220, 80, 200, 255]], np.ubyte)
 PAGE_MAP_COLUMNS = 32
 REFRESH_HZ = 1.0
+LEGEND_COLUMNS = 2       # entries side by side: at 1280x720 a plot has room for two legend rows
+
+
+def _legend(plot: pg.PlotItem) -> pg.LegendItem:
+    """A compact legend drawn over the curves (a translucent box, above them in z), its entries
+    in LEGEND_COLUMNS columns so that every label stays inside a short plot."""
+    lg = plot.addLegend(offset=(5, 2), labelTextSize="7.5pt", verSpacing=-6, horSpacing=8,
+                        colCount=LEGEND_COLUMNS, brush=pg.mkBrush(32, 34, 39, 200))
+    lg.setZValue(1000)
+    return lg
+
+
+def _relayout(legend: pg.LegendItem) -> None:
+    """Lay the entries out again after one was added or removed (pyqtgraph leaves holes)."""
+    legend.columnCount = 0
+    legend.setColumnCount(LEGEND_COLUMNS)
 
 
 class _Series:
@@ -48,6 +64,7 @@ class _Series:
             return
         if not self.in_legend and self.plot.legend is not None:
             self.plot.legend.addItem(self.curve, self.name)
+            _relayout(self.plot.legend)
             self.in_legend = True
         self.t.append(t)
         self.v.append(float(v))
@@ -64,6 +81,7 @@ class _Series:
         self.curve.setData([], [])
         if self.optional and self.in_legend and self.plot.legend is not None:
             self.plot.legend.removeItem(self.curve)
+            _relayout(self.plot.legend)
             self.in_legend = False
 
 
@@ -89,17 +107,17 @@ class MonitorsPanel(QtWidgets.QWidget):
         lay.addWidget(self.plots, 3)
 
         self.fps_plot = self.plots.addPlot(title="Throughput (frames/s)")
-        self.fps_plot.addLegend(offset=(5, 5))
+        _legend(self.fps_plot)
         self.engine_fps = _Series(self.fps_plot, "engine", "#4fa3ff")
         self.viewer_fps = _Series(self.fps_plot, "viewer", "#ffb000")
         self.lat_plot = self.plots.addPlot(title="Time per frame (ms)")
-        self.lat_plot.addLegend(offset=(5, 5))
+        _legend(self.lat_plot)
         self.latency = _Series(self.lat_plot, "engine (last)", "#e06c75")
         self.latency_p95 = _Series(self.lat_plot, "engine p95", "#98c379")
         self.wait_input = _Series(self.lat_plot, "waiting for input", "#61afef", optional=True)
         self.output = _Series(self.lat_plot, "output (store, view)", "#e5c07b", optional=True)
         self.mem_plot = self.plots.addPlot(title="Memory (MiB)")
-        self.mem_plot.addLegend(offset=(5, 5))
+        _legend(self.mem_plot)
         self.ram = _Series(self.mem_plot, "process RAM", "#c678dd")
         self.gpu_alloc = _Series(self.mem_plot, "GPU allocated", "#56b6c2", optional=True)
         self.gpu_reserved = _Series(self.mem_plot, "GPU reserved", "#d19a66", optional=True)

@@ -4,11 +4,15 @@ only wires widgets to the viewer.
 
 - Timeline: a slider over the stored frames. Moving it shows the session up to that frame —
   "Accumulated" (every point up to frame N) or "Current frame" (frame N's points; the cameras up
-  to N stay) — read from the session store, so it works while a run is still writing. While
+  to N stay) — read from the session store, so it works while a run is still writing. A frame
+  without depth (engines that compute depth on keyframes only) has no points of its own: "Current
+  frame" then shows the points of the nearest earlier frame with depth and says so beside the
+  timeline, as the depth preview does. While
   reviewing a live run the view stops following it; "Live" returns to the whole session and
   follows the run again.
 - Camera: Free (the user's), Follow (chase the newest camera), Top (look straight down on the scene).
-- Click a camera (its centre, within a few pixels) to show its frame and depth in the previews.
+- Click a camera -- anywhere on its drawn frustum or its thumbnail, or near its centre -- to show
+  its frame and depth in the previews.
 - Measure: click two points; the distance is shown in scene units (monocular engines: arbitrary
   scale, so it compares lengths within one run).
 - Thumbnails: the newest keyframes' images drawn inside their frustums (read from the store).
@@ -24,13 +28,15 @@ from PySide6 import QtCore, QtWidgets
 from vispy import scene as vscene
 from vispy.visuals.transforms import MatrixTransform
 
-from engine.review import SessionTimeline, frames_up_to, pick_nearest
+from engine.review import SessionTimeline, frames_up_to, pick_frustum, pick_nearest, place
 
 from .display import FRUSTUM_FRACTION, make_display_frame
 
 CAMERA_PRESETS = ("Free", "Follow", "Top")
 CLICK_PX = 4          # a press and release closer than this is a click, not a drag
-CAMERA_PICK_PX = 14
+CAMERA_PICK_PX = 14   # around a camera's centre (a non-keyframe draws no frustum by default)
+FRUSTUM_PICK_PX = 5   # around a drawn frustum's edges
+DEPTH_LOOKBACK = 64   # stored frames searched back for the newest one with depth
 POINT_PICK_PX = 8
 MAX_THUMBNAILS = 48   # newest keyframes with an image in their frustum (one draw call each)
 CACHE_POINTS = 4_000_000   # display packets kept for scrubbing (~28 bytes a point)
@@ -69,6 +75,9 @@ class ReviewBar(QtWidgets.QWidget):
         self.measure_points: list[np.ndarray] = []
         self.distance: Optional[float] = None
         self.clicked_index: Optional[int] = None
+        self.shown_keyframes = 0                  # keyframes among the frames on screen (reviewing)
+        self.points_from: Optional[int] = None    # "Current frame": the frame whose points show
+        self.click_handlers: list = []            # fn(pos) -> bool, before the built-in tools
 
         self.slider = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
         self.slider.setRange(0, 0)
@@ -174,6 +183,8 @@ class ReviewBar(QtWidgets.QWidget):
         self._frustum_depth = None
         self.shown_upto = None
         self.clicked_index = None
+        self.shown_keyframes = 0
+        self.points_from = None
         self._set_reviewing(False)
         self.slider.blockSignals(True)
         self.slider.setRange(0, 0)
@@ -291,7 +302,11 @@ class ReviewBar(QtWidgets.QWidget):
         n = idx[min(self.slider.value(), len(idx) - 1)]
         mode = self.current_mode()
         cams, pts = frames_up_to(idx, n, mode)
-        v = self.viewer
+        self.points_from = None
+        if mode == "current" and pts:
+            m = self._depth_frame(n, cams)
+            if m is not None and m != n:           # n has no depth: the nearest earlier frame's points
+                pts, self.points_from = [m], m
         incremental = (self.shown_upto is not None and mode == "accumulated" == self._shown_mode
                        and n > self.shown_upto)
         frames = []
@@ -336,20 +351,37 @@ class ReviewBar(QtWidgets.QWidget):
         else:
             cam.center, cam.distance, cam.azimuth, cam.elevation = state
             v.auto_fit = False
+        kf = sum(1 for f in frames if f.is_keyframe)
+        self.shown_keyframes = self.shown_keyframes + kf if incremental else kf
         self.shown_upto, self._shown_mode = n, mode
         last = next((f for f in reversed(frames) if f.index == n), None)
         if last is not None:
             if last.depth_map is None:          # no depth on this frame: the newest one before it
-                for i in reversed([i for i in cams if i < n][-64:]):
-                    r = self.timeline.result(i)
-                    if r is not None and r.depth is not None:
-                        self.window.preview.show_frame(self._display(i, keep_images=True), note=" · timeline")
-                        break
+                m = self._depth_frame(n, cams)
+                if m is not None:
+                    self.window.preview.show_frame(self._display(m, keep_images=True), note=" · timeline")
             self.window.preview.show_frame(last, note=" · timeline")
-        self.window._apply_threshold()
-        self.frame_label.setText(f"frame {n}" + (" only" if mode == "current" else ""))
+        self.window.display.apply_threshold()
+        text, tip = f"frame {n}" + (" only" if mode == "current" else ""), ""
+        if self.points_from is not None:
+            text = f"frame {n} · points of frame {self.points_from}"
+            tip = (f"Frame {n} has no depth map (the engine computes depth on keyframes only): "
+                   f"the points shown are those of frame {self.points_from}, the nearest earlier frame with depth")
+        elif mode == "current" and last is not None and last.depth_map is None:
+            text, tip = f"frame {n} only · no depth", "No stored frame up to this one has a depth map"
+        self.frame_label.setText(text)
+        self.frame_label.setToolTip(tip)
         self.update_thumbnails()
         v.canvas.update()
+
+    def _depth_frame(self, n: int, cams) -> Optional[int]:
+        """The newest stored frame at or before `n` with a depth map (searching DEPTH_LOOKBACK
+        frames back), None if there is none."""
+        for i in reversed([i for i in cams if i <= n][-DEPTH_LOOKBACK:]):
+            r = self.timeline.result(i)
+            if r is not None and r.depth is not None:
+                return i
+        return None
 
     def go_live(self) -> None:
         """Back to the whole session; a running reconstruction is drawn again as it comes."""
@@ -364,6 +396,8 @@ class ReviewBar(QtWidgets.QWidget):
             if self.shown_upto is not None:
                 self._apply_scrub()
         self.shown_upto = None
+        self.points_from = None
+        self.frame_label.setToolTip("")
         self._set_reviewing(False)
         self.update_thumbnails()
         if self.timeline is not None and self.timeline.indices:
@@ -400,14 +434,19 @@ class ReviewBar(QtWidgets.QWidget):
         self.click(pos)
 
     def click(self, pos) -> None:
-        """What a click at canvas pixel `pos` does: a measure pick, else show the camera's frame."""
+        """What a click at canvas pixel `pos` does: a tool that took it (`click_handlers`), else a
+        measure pick, else show the frame of the camera clicked."""
+        if any(fn(pos) for fn in self.click_handlers):
+            return
         if self.measure.isChecked():
             self._measure_pick(pos)
         else:
             self.pick_camera(pos)
 
     def pick_camera(self, pos) -> Optional[int]:
-        """Show the frame of the camera drawn nearest the click (within CAMERA_PICK_PX)."""
+        """Show the frame of the camera clicked: the camera whose centre is nearest the click
+        (within CAMERA_PICK_PX: the precise pick among overlapping frustums), else the front-most
+        drawn frustum the click hits (its image rectangle, where the thumbnail is, or its edges)."""
         m = self.viewer.scene
         n = m.camera_count
         if not n:
@@ -415,11 +454,31 @@ class ReviewBar(QtWidgets.QWidget):
         world = m.camera_centers()                # each camera placed by its frame's transform
         xy, w = project(self.viewer, world)
         k = pick_nearest(xy, w, pos, CAMERA_PICK_PX)
+        if k is None and self.viewer.frustums.visible:
+            k = self._pick_frustum(pos)
         if k is None:
             return None
         index = int(m.cam_index[k])
         self.show_frame(index)
         return index
+
+    def _pick_frustum(self, pos) -> Optional[int]:
+        """Camera row whose drawn frustum the click hits (keyframes; every frame's at half size
+        with "Every frame", as ui/viewer.py draws them), None if none."""
+        m = self.viewer.scene
+        n = m.camera_count
+        rows = np.arange(n) if self.viewer.all_frustums else np.flatnonzero(m.cam_keyframe[:n])
+        if not len(rows):
+            return None
+        local = np.asarray(m.cam_frustum[rows], np.float64)          # apex, TL, TR, BR, BL
+        small = ~m.cam_keyframe[rows]
+        local[small, 1:] = local[small, :1] + 0.5 * (local[small, 1:] - local[small, :1])
+        world = place(local, m.frame_matrices()[m.cam_frame[rows]])
+        xy, w = project(self.viewer, world.reshape(-1, 3))
+        xy, w = xy.reshape(-1, 5, 2), w.reshape(-1, 5)
+        depth = np.where((w > 0).all(axis=1), w[:, 0], -1.0)       # a frustum crossing the eye: not picked
+        k = pick_frustum(xy[:, 0], xy[:, 1:], depth, pos, FRUSTUM_PICK_PX)
+        return None if k is None else int(rows[k])
 
     def show_frame(self, index: int) -> bool:
         """The stored frame `index` in the previews (image and depth of that same frame)."""

@@ -56,8 +56,8 @@ class StatsFeed(QtCore.QObject):
         self.engine: dict = {}                 # replaced whole (never mutated): safe to read anywhere
         self._probe = LoopGapProbe(self)       # its timer lives on the GUI thread
         win.runStarted.connect(self._hook)
-        if getattr(win, "_handle", None) is not None:     # a run started before the feed existed
-            self._hook(win._handle.worker)
+        if win.runs.handle is not None:                 # a run started before the feed existed
+            self._hook(win.runs.handle.worker)
 
     def _hook(self, worker) -> None:
         worker.stats.connect(self._on_stats, QtCore.Qt.ConnectionType.DirectConnection)

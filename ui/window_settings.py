@@ -9,12 +9,13 @@ from __future__ import annotations
 import numpy as np
 from PySide6 import QtCore
 
-from .settings_schema import COLOR_MODES, KEYS, default
+from .settings_schema import COLOR_MODES, default
 
 
 def restore(win, s) -> list:
-    """Apply the settings `s` (None: the declared defaults) to the window's widgets; returns the
-    problems found (also shown in the banner)."""
+    """Apply the settings `s` (None: the declared defaults, which the display widgets already
+    hold: ui/display_panel.py) to the window's widgets; returns the problems found (also shown in
+    the banner)."""
     value = s.value if s is not None else default
     if s is not None:
         win.settings_panel.set_config(s.load_config())
@@ -47,19 +48,6 @@ def restore(win, s) -> list:
                                 + ". The defaults are used; the file is rewritten when the app closes.")
         win.show_message(win.settings_warning, "warning")
     return problems
-
-
-def apply_ranges(win) -> None:
-    """The display widgets' ranges from their declarations (one place)."""
-    lo, hi = KEYS["display/point_size"].range
-    win.point_size.setRange(lo, hi)
-    win.point_size.setValue(default("display/point_size"))
-    lo, hi = KEYS["display/stride"].range
-    win.stride.setRange(lo, hi)
-    win.stride.setValue(default("display/stride"))
-    lo, hi = KEYS["display/point_budget"].range
-    win.point_budget.setRange(lo / 1e6, hi / 1e6)
-    win.point_budget.setValue(default("display/point_budget") / 1e6)
 
 
 def save(win, s, config=None) -> None:

@@ -26,6 +26,7 @@ from engine.api import EngineError, SessionConfig
 from engine.run_driver import Controls, RunControl, RunDriver, Sink, StoreSink
 
 from .display import FRUSTUM_FRACTION, make_display_frame
+from .settings_schema import default as display_default
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class RunOptions:
     start_frame: int = 0
     max_frames: Optional[int] = None             # stop after this many input frames
     start_paused: bool = False
-    display_stride: int = 2                      # per-frame point subsampling for the viewer
+    display_stride: int = field(default_factory=lambda: display_default("display/stride"))   # viewer subsampling
     display_hz: float = 30.0
     stats_hz: float = 4.0
     webcam_resolution: Optional[tuple] = None    # (w, h) requested from a webcam

@@ -4,7 +4,7 @@ import pytest
 
 from engine.api import EngineEvent, FrameResult, SessionConfig
 from engine.io.store import SessionStore, StoreError
-from engine.review import SessionTimeline, frames_up_to, pick_nearest
+from engine.review import SessionTimeline, frames_up_to, pick_frustum, pick_nearest, place
 
 
 def _r(i):
@@ -49,3 +49,29 @@ def test_pick_nearest_takes_the_front_most_within_the_radius():
     assert pick_nearest(xy, depth, (11, 10), radius=3) == 1
     assert pick_nearest(xy, depth, (30, 30), radius=3) is None
     assert pick_nearest(np.zeros((0, 2)), np.zeros(0), (0, 0)) is None
+
+
+def test_pick_frustum_hits_the_drawn_rectangle_and_edges_front_most_first():
+    # two cameras seen face on: rectangles [0,100]x[0,60] (depth 5) and [50,150]x[20,80] (depth 2)
+    quads = np.array([[[0, 0], [100, 0], [100, 60], [0, 60]],
+                      [[50, 20], [150, 20], [150, 80], [50, 80]]], np.float64)
+    apex = np.array([[50, 30], [100, 50]], np.float64)
+    depth = np.array([5.0, 2.0])
+    assert pick_frustum(apex, quads, depth, (20, 10)) == 0            # inside the first only
+    assert pick_frustum(apex, quads, depth, (75, 40)) == 1            # both: the front-most
+    assert pick_frustum(apex, quads[:, ::-1], depth, (75, 40)) == 1   # either winding
+    assert pick_frustum(apex, quads, depth, (155, 50), radius=6) == 1  # near an edge, outside
+    assert pick_frustum(apex, quads, depth, (160, 50), radius=6) is None
+    assert pick_frustum(apex, quads, depth, (300, 300)) is None
+    assert pick_frustum(apex, quads, np.array([5.0, -1.0]), (120, 50)) is None   # behind the eye
+    assert pick_frustum(apex[:0], quads[:0], depth[:0], (0, 0)) is None
+
+
+def test_place_moves_each_camera_by_its_own_transform():
+    local = np.arange(2 * 5 * 3, dtype=np.float64).reshape(2, 5, 3)
+    T0, T1 = np.eye(4), np.eye(4)
+    T0[:3, 3] = (1, 2, 3)
+    T1[:3, :3] = [[0, -1, 0], [1, 0, 0], [0, 0, 1]]
+    out = place(local, np.stack([T0, T1]))
+    assert np.allclose(out[0], local[0] + (1, 2, 3))
+    assert np.allclose(out[1], local[1] @ T1[:3, :3].T)

@@ -8,6 +8,7 @@ slides along x). `config.extra` tunes it:
                grows with `first`), then one for frames (0, 3) that replaces the first two
   segment_every  start a new segment every N frames
   hold         return nothing for the first `hold` pushes, then all of them (a scale phase)
+  keyframe_depth  depth (and confidence) on keyframes only, as the geometric engine does
 Registered as "ui-test" on import."""
 from __future__ import annotations
 
@@ -64,6 +65,8 @@ class FakeSession:
             self.events.append(EngineEvent("realign", segment=0, transform=T))
         if self.extra.get("loop_at") is not None and i == int(self.extra["loop_at"]):
             self.events += loop_events(i)
+        if self.extra.get("keyframe_depth") and i % 2:
+            depth = conf = None
         r = FrameResult(index=i, timestamp=float(timestamp or 0.0), is_keyframe=(i % 2 == 0), c2w=c2w,
                         K=K, image=small, depth=depth, conf=conf, segment=seg)
         held = getattr(self, "_held", [])

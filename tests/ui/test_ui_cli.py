@@ -28,3 +28,28 @@ def test_scripted_gui_run_with_screenshot(tmp_path, shared_data):
 def test_scripted_gui_bad_input_exits_1(tmp_path):
     out = _gui(tmp_path, "--input", str(tmp_path / "missing.mp4"), "--autostart")
     assert out.returncode == 1
+
+
+
+def test_readme_commands_use_options_that_exist():
+    """Every `reconstudio gui|run ...` line of the README's code blocks parses and every option
+    the README names exists, so the documented review / export commands stay true."""
+    import argparse
+    import re
+    import shlex
+
+    from app.cli import build_parser
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    lines = [ln.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+             for ln in block.splitlines()]
+    cmds = [shlex.split(ln)[1:] for ln in lines if re.match(r"reconstudio (gui|run) ", ln)]
+    used = {a for c in cmds for a in c if a.startswith("--")}
+    assert {"--open-session", "--colmap", "--glb"} <= used
+    parser = build_parser()
+    for argv in cmds:
+        parser.parse_args(argv)                          # an unknown option exits (SystemExit)
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    known = {o for p in subs.values() for a in p._actions for o in a.option_strings}
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", text))
+    assert named <= known, sorted(named - known)

@@ -113,7 +113,7 @@ def test_lingbot_second_view_shares_the_model_and_batches(qtbot, make_window, sh
     second = done.args[0]
     for s, view in ((first, w.viewer), (second, v.viewer)):
         assert s["error"] is None and s["results"] == 14 == _stored(s["session"]) == view.frame_count
-    hubs = w._stream_hubs
+    hubs = w.runs.stream_hubs
     (hub,) = hubs._hubs.values()
     assert hub.model is w.model and len(hub.sessions) == 2       # one network for both streams
     assert hub.scheduler.stats()["largest_batch"] == 2            # their frames shared forwards

@@ -21,7 +21,7 @@ def test_step_pause_resume_stop(qtbot, make_window, shared_data):
     w.set_input(_rgb(shared_data))
     w.step()                                    # from idle: starts paused, one frame
     qtbot.waitUntil(lambda: w.viewer.frame_count == 1, timeout=20_000)
-    h = w._handle
+    h = w.runs.handle
     worker = h.worker
     assert worker.paused and w.running
     qtbot.wait(200)
@@ -92,7 +92,7 @@ def test_close_during_run_ends_thread(qtbot, make_window, shared_data):
     w.set_input(_rgb(shared_data))
     w.start_run()
     qtbot.waitUntil(lambda: w.viewer.frame_count >= 3, timeout=20_000)
-    h = w._handle
+    h = w.runs.handle
     w.close()
     assert h.thread.isFinished()
     assert not [t for t in threading.enumerate() if t.name.startswith("reconstudio-")]
