@@ -85,10 +85,33 @@ class BoxCrop:
         local = (np.asarray(points, np.float64) - self.center) @ self.rotation
         return np.all(np.abs(local) <= self.half_size, axis=1)
 
+    @classmethod
+    def around(cls, points: np.ndarray, rotation=None, percentile: float = 0.5) -> "BoxCrop":
+        """The box holding the points between the `percentile` and 100 - `percentile` percentiles
+        on each axis of the frame `rotation` (world = rotation @ local; identity: world axes)."""
+        P = np.asarray(points, np.float64).reshape(-1, 3)
+        if not len(P):
+            raise EditsError("no points to put a box around")
+        R = np.eye(3) if rotation is None else _mat(rotation, (3, 3), "box rotation")
+        local = P @ R
+        lo, hi = np.percentile(local, [percentile, 100 - percentile], axis=0)
+        return cls.from_bounds(lo, hi, R)
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) in the box's frame (as `from_bounds` takes them)."""
+        c = self.rotation.T @ self.center
+        return c - self.half_size, c + self.half_size
+
     def corners(self) -> np.ndarray:
         """[8,3] world corners (for drawing)."""
         s = np.array([[x, y, z] for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)], np.float64)
         return (s * self.half_size) @ self.rotation.T + self.center
+
+    def edges(self) -> np.ndarray:
+        """[24,3] world end points of the 12 edges (line segments, for drawing)."""
+        c = self.corners()
+        pairs = [(i, j) for i in range(8) for j in range(i + 1, 8) if bin(i ^ j).count("1") == 1]
+        return c[np.array(pairs).reshape(-1)]
 
     def to_dict(self) -> dict:
         return {"kind": "box", "center": self.center.tolist(), "half_size": self.half_size.tolist(),
@@ -245,6 +268,20 @@ def floor_from_points(p0, p1, p2, toward=None) -> Floor:
     R = _rotation_between(n, UP)
     T = sim3_matrix(1.0, R, -R @ a)
     return Floor(points=np.stack([a, b, c]), transform=T)
+
+
+def floor_grid(floor: "Floor", around: np.ndarray, half_extent: float, lines: int = 11) -> np.ndarray:
+    """[4 * lines, 3] world end points of a square grid on the floor plane (line segments, for
+    drawing), centred under the point `around`, `half_extent` (session units) to each side."""
+    T = floor.transform
+    R, t = T[:3, :3], T[:3, 3]
+    c = R @ np.asarray(around, np.float64) + t                      # floor coordinates
+    s = np.linspace(-half_extent, half_extent, lines)
+    seg = []
+    for v in s:
+        seg += [[c[0] + v, 0, c[2] - half_extent], [c[0] + v, 0, c[2] + half_extent],
+                [c[0] - half_extent, 0, c[2] + v], [c[0] + half_extent, 0, c[2] + v]]
+    return (np.asarray(seg) - t) @ R                                # back to the session's world
 
 
 def _rotation_between(u: np.ndarray, v: np.ndarray) -> np.ndarray:
