@@ -11,7 +11,7 @@ from plyfile import PlyData
 from engine.api import EngineEvent, FrameResult, SessionConfig
 from engine.geometry import backproject
 from engine.io.edits import (EDITS_FILE, BoxCrop, EditsError, OutlierRemoval, PolygonCrop, SessionEdits,
-                             floor_from_points, load_edits, read_edits_file, save_edits, scale_from_points)
+                             floor_from_points, load_edits, save_edits, scale_from_points)
 from engine.io.export import export_results, read_tum
 from engine.io.session_reader import read_session
 from engine.io.store import SessionStore

@@ -2,7 +2,6 @@
 outlier removal, metric scale, floor and ground truth change what is drawn (checked on the
 rendered image) and what every export holds; Reset edits gives the raw session back."""
 import numpy as np
-import pytest
 from plyfile import PlyData
 from PySide6 import QtCore
 
