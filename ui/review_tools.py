@@ -145,13 +145,19 @@ class ReviewTools(QtWidgets.QWidget):
             sl.addWidget(w)
         sl.addStretch(1)
         self.options.addWidget(sc)                                  # 4: scale
+        # floated over the bottom of the 3D view (as its hint): showing it never resizes the view,
+        # so screen positions clicked and the projection stored with a polygon stay the same
+        self.options.setParent(self.viewer)
+        self.options.setObjectName("reviewToolOptions")
+        self.options.setAttribute(QtCore.Qt.WidgetAttribute.WA_StyledBackground, True)
+        self.options.setStyleSheet("#reviewToolOptions { background: rgba(27, 29, 34, 230); border-radius: 4px; }")
         self.options.setVisible(False)
+        self.viewer.installEventFilter(self)
 
         lay = QtWidgets.QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(2)
         lay.addLayout(row)
-        lay.addWidget(self.options)
 
         # overlays: drawn over the cloud, in the session's world (the polygon in screen pixels)
         vs = self.viewer.view.scene
@@ -165,6 +171,18 @@ class ReviewTools(QtWidgets.QWidget):
             v.order = 15
             v.visible = False
         self.polygon_line.order = 30
+
+    def eventFilter(self, obj, event) -> bool:
+        if obj is self.viewer and event.type() == QtCore.QEvent.Type.Resize:
+            self._place_options()
+        return False
+
+    def _place_options(self) -> None:
+        page = self.options.currentWidget()
+        hint = page.sizeHint() if page is not None else self.options.sizeHint()
+        w = min(max(hint.width() + 12, 200), self.viewer.width() - 16)
+        self.options.setGeometry(8, max(0, self.viewer.height() - hint.height() - 20), w, hint.height() + 12)
+        self.options.raise_()
 
     @staticmethod
     def _spin() -> QtWidgets.QDoubleSpinBox:
@@ -281,8 +299,9 @@ class ReviewTools(QtWidgets.QWidget):
                 rv.scrub_to(upto)
             else:
                 rv.scrub_to(rv.timeline.indices[-1], mode="accumulated")
-                rv.shown_upto = None
-                rv._set_reviewing(False)
+                if not getattr(rv.window, "running", False):   # a running reconstruction: the view
+                    rv.shown_upto = None                        # stays on the edited timeline (Live
+                    rv._set_reviewing(False)                    # draws the raw run again)
         finally:
             QtWidgets.QApplication.restoreOverrideCursor()
             cam.center, cam.distance, cam.azimuth, cam.elevation = state
@@ -320,6 +339,7 @@ class ReviewTools(QtWidgets.QWidget):
             self.review.measure.setChecked(False)
         page = {"Crop box": 1, "Crop polygon": 2, "Remove outliers": 3, "Set scale": 4}.get(name, 0)
         self.options.setCurrentIndex(page)
+        self._place_options()
         self.options.setVisible(page != 0)
         if name == "Crop box":
             self._start_box()
@@ -349,6 +369,8 @@ class ReviewTools(QtWidgets.QWidget):
     def click(self, pos) -> bool:
         """A click on the view while a picking tool is active (True: the tool took it)."""
         if self.mode == "Crop polygon":
+            if not self.picks:                # the projection the corners are clicked in
+                self._polygon_view = (self.polygon_view(), tuple(int(v) for v in self.viewer.canvas.size))
             self.picks.append(np.asarray(pos[:2], np.float64))
             pts = np.array(self.picks + [self.picks[0]], np.float32)
             self.polygon_line.set_data(pts, color=POLYGON_COLOR)
@@ -432,8 +454,8 @@ class ReviewTools(QtWidgets.QWidget):
         if len(self.picks) < 3:
             self.review.info.setText("a polygon needs at least three corners")
             return False
-        crop = PolygonCrop(view=self.polygon_view(), polygon=np.array(self.picks, np.float64),
-                           size=tuple(int(v) for v in self.viewer.canvas.size), keep_inside=keep_inside)
+        view, size = self._polygon_view
+        crop = PolygonCrop(view=view, polygon=np.array(self.picks, np.float64), size=size, keep_inside=keep_inside)
         ok = self._save(dataclasses.replace(self.edits, crops=self.edits.crops + [crop]), "Crop polygon")
         self._end_mode()
         return ok
