@@ -83,21 +83,25 @@ class ReviewTools(QtWidgets.QWidget):
         self.box_lo = [self._spin() for _ in range(3)]
         self.box_hi = [self._spin() for _ in range(3)]
         box = QtWidgets.QWidget()
-        bl = QtWidgets.QHBoxLayout(box)
+        bl = QtWidgets.QGridLayout(box)                              # bounds, then the actions
         bl.setContentsMargins(0, 0, 0, 0)
-        for axis, lo, hi in zip("xyz", self.box_lo, self.box_hi):
-            bl.addWidget(QtWidgets.QLabel(axis))
-            bl.addWidget(lo)
-            bl.addWidget(hi)
-            for s in (lo, hi):
-                s.valueChanged.connect(self._box_from_spins)
+        bl.setHorizontalSpacing(4)
+        for col, (axis, lo, hi) in enumerate(zip("xyz", self.box_lo, self.box_hi)):
+            bl.addWidget(QtWidgets.QLabel(axis), 0, 3 * col)
+            bl.addWidget(lo, 0, 3 * col + 1)
+            bl.addWidget(hi, 0, 3 * col + 2)
+            for sp in (lo, hi):
+                sp.valueChanged.connect(self._box_from_spins)
         self.box_apply = QtWidgets.QPushButton("Keep inside")
         self.box_apply.clicked.connect(lambda: self.apply_box(keep_inside=True))
         self.box_remove = QtWidgets.QPushButton("Remove inside")
         self.box_remove.clicked.connect(lambda: self.apply_box(keep_inside=False))
-        bl.addWidget(self.box_apply)
-        bl.addWidget(self.box_remove)
-        bl.addStretch(1)
+        actions = QtWidgets.QHBoxLayout()
+        actions.addWidget(QtWidgets.QLabel("box bounds (min, max)"))
+        actions.addStretch(1)
+        actions.addWidget(self.box_apply)
+        actions.addWidget(self.box_remove)
+        bl.addLayout(actions, 1, 0, 1, 9)
         self.options.addWidget(box)                                 # 1: box
         poly = QtWidgets.QWidget()
         pl = QtWidgets.QHBoxLayout(poly)
@@ -150,7 +154,8 @@ class ReviewTools(QtWidgets.QWidget):
         self.options.setParent(self.viewer)
         self.options.setObjectName("reviewToolOptions")
         self.options.setAttribute(QtCore.Qt.WidgetAttribute.WA_StyledBackground, True)
-        self.options.setStyleSheet("#reviewToolOptions { background: rgba(27, 29, 34, 230); border-radius: 4px; }")
+        self.options.setStyleSheet("#reviewToolOptions { background: rgba(27, 29, 34, 230); border-radius: 4px; } "
+                                   "#reviewToolOptions QLabel { color: #d0d4da; }")
         self.options.setVisible(False)
         self.viewer.installEventFilter(self)
 
@@ -191,7 +196,7 @@ class ReviewTools(QtWidgets.QWidget):
         s.setDecimals(3)
         s.setSingleStep(0.05)
         s.setKeyboardTracking(False)
-        s.setMaximumWidth(80)
+        s.setMaximumWidth(76)
         return s
 
     # -- session --------------------------------------------------------------------------------
