@@ -36,6 +36,8 @@ _POSE_MEMBERS = ("index", "timestamp", "c2w", "K", "is_keyframe", "segment")
 _READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 POSE_READERS = 4            # threads reading poses: ~2.5x one on 2 cores (docs/benchmarks_io.md)
 STORED_EDITS = "stored"     # `edits=`: the session folder's own edits.json (none if it has none)
+EDIT_MASK_CACHE_BYTES = 64 << 20   # the edits' per-frame keep masks kept (bit-packed): an export reads
+                                   # each frame once per format / NPZ member, the test is done once
 
 
 @dataclasses.dataclass
@@ -91,6 +93,8 @@ class FrameReader:
         """Apply these engine.io.edits.SessionEdits from now on (None or empty: the raw session)."""
         self.edits = edits if edits is not None and not edits.empty else None
         self._outlier_model = None
+        self._masks: dict = {}                 # frame index -> bit-packed keep mask of its valid pixels
+        self._mask_bytes = 0
         S = self.edits.similarity() if self.edits is not None else None
         self.poses = (list(self.placed) if S is None else
                       [dataclasses.replace(apply_similarity(p, S), transform=p.transform) for p in self.placed])
@@ -128,8 +132,19 @@ class FrameReader:
         return self._outlier_model
 
     def _drop_points(self, r: FrameResult) -> FrameResult:
-        pts, valid = backproject(r.depth, r.K, r.c2w, 1)
-        keep = self.keep_mask(pts)
+        d = np.asarray(r.depth)
+        valid = np.isfinite(d) & (d > 0)
+        n = int(np.count_nonzero(valid))
+        packed = self._masks.get(int(r.index))
+        if packed is not None and packed[0] == n:
+            keep = np.unpackbits(packed[1], count=n).astype(bool)
+        else:
+            pts, valid = backproject(r.depth, r.K, r.c2w, 1)
+            keep = self.keep_mask(pts)
+            bits = np.packbits(keep)
+            if self._mask_bytes + bits.nbytes <= EDIT_MASK_CACHE_BYTES:
+                self._masks[int(r.index)] = (n, bits)
+                self._mask_bytes += bits.nbytes
         if keep.all():
             return r
         depth = np.array(r.depth, np.float32, copy=True)

@@ -253,3 +253,18 @@ def test_edit_geometry_errors():
     b = BoxCrop.from_bounds([0, 0, 0], [1, 2, 3], rotation=floor_from_points(
         [0, 0, 0], [1, 0, 0], [0, 0, 1], toward=[0, 0, 1]).transform[:3, :3].T)
     assert b.inside(b.corners() * 0.999 + b.center * 0.001).all()
+
+
+def test_each_frame_is_tested_once_per_export(session, tmp_path, monkeypatch):
+    """An export reads a frame once per format (and per NPZ member): the outlier test (the costly
+    edit) runs once per frame all the same."""
+    from engine.io.edits import OutlierModel
+    queried = []
+    keep = OutlierModel.keep
+    monkeypatch.setattr(OutlierModel, "keep", lambda self, p: queried.append(len(p)) or keep(self, p))
+    save_edits(session, SessionEdits(outliers=OutlierRemoval(k=8)))
+    out = export_results(session, {"ply": tmp_path / "o.ply", "npz": tmp_path / "o.npz", "glb": tmp_path / "o.glb"})
+    assert sum(queried) == 4 * H * W and len(queried) == 4
+    z = np.load(tmp_path / "o.npz")
+    assert len(z["points"]) == out["points"] == (z["depth"] > 0).sum()
+    assert 0.98 * (4 * H * W - 20) <= out["points"] <= 4 * H * W - 20       # the 20 far points are gone
