@@ -15,6 +15,7 @@ the click); a polygon's corners are screen positions, stored with the view's pro
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -50,7 +51,7 @@ class ReviewTools(QtWidgets.QWidget):
         self.ground_truth = None                 # engine.ground_truth.GroundTruthOverlay on screen
         self.ground_truth_file: Optional[str] = None
 
-        self.buttons: dict[str, QtWidgets.QPushButton] = {}
+        self.buttons: dict[str, QtWidgets.QAbstractButton] = {}
         row = QtWidgets.QHBoxLayout()
         row.setContentsMargins(0, 0, 0, 0)
         row.setSpacing(4)
@@ -65,7 +66,15 @@ class ReviewTools(QtWidgets.QWidget):
             "Reset edits": "Forget every edit of this session (its recorded data is never changed)",
         }
         for name in TOOLS:
-            b = QtWidgets.QPushButton(name)
+            if name == "Ground truth":       # its arrow: choose another reference file
+                b = QtWidgets.QToolButton()
+                b.setText(name)
+                b.setPopupMode(QtWidgets.QToolButton.ToolButtonPopupMode.MenuButtonPopup)
+                menu = QtWidgets.QMenu(b)
+                menu.addAction("Reference trajectory file (TUM)…", self.choose_ground_truth)
+                b.setMenu(menu)
+            else:
+                b = QtWidgets.QPushButton(name)
             b.setToolTip(tips[name])
             b.setCheckable(name in ("Crop box", "Crop polygon", "Remove outliers", "Set scale", "Set floor",
                                     "Ground truth"))
@@ -207,6 +216,7 @@ class ReviewTools(QtWidgets.QWidget):
         self.reader = None
         self.edits = SessionEdits()
         self.clear_ground_truth()
+        self.ground_truth_file = None
         for b in self.buttons.values():
             b.setEnabled(bool(folder))
         if not folder:
@@ -559,7 +569,15 @@ class ReviewTools(QtWidgets.QWidget):
                      f"green (no error) to red ({100 * ov.errors_m.max():.1f} cm)")
         self._update_status()
         self.viewer.canvas.update()
+        self.review.window.show_message(f"Ground truth: ATE {100 * ov.rmse_m:.2f} cm over {len(ov.indices)} frames "
+                                        f"after Sim(3) alignment ({Path(str(path)).name})", "info")
         return True
+
+    def choose_ground_truth(self) -> bool:
+        """Ask for a TUM file and show it as the reference."""
+        path, _ = QtWidgets.QFileDialog.getOpenFileName(self, "Reference trajectory (TUM: t tx ty tz qx qy qz qw)",
+                                                        "", "TUM trajectory (*.txt *.tum);;All files (*)")
+        return bool(path) and self.show_ground_truth(path)
 
     def clear_ground_truth(self) -> None:
         self.ground_truth = None

@@ -1,6 +1,8 @@
 """The review tools (ui/review_tools.py) on a real window under Xvfb: crop box, crop polygon,
 outlier removal, metric scale, floor and ground truth change what is drawn (checked on the
 rendered image) and what every export holds; Reset edits gives the raw session back."""
+import dataclasses
+
 import numpy as np
 from plyfile import PlyData
 from PySide6 import QtCore
@@ -252,3 +254,24 @@ def test_ground_truth_beside_an_eval_session(qtbot, make_window, shared_data, tm
     n = len(w.messages)
     assert not tools.show_ground_truth(str(bad)) and len(w.messages) > n
     assert tools.show_ground_truth(str(seq / "groundtruth.txt"))
+
+
+def test_gui_command_line_opens_a_session_with_its_reference(tmp_path):
+    """`reconstudio --open-session DIR --ground-truth FILE`: the reference is shown at start."""
+    import subprocess
+    import sys
+
+    from engine.io.export import export_tum
+    from tests.conftest import REPO
+    folder = _session(tmp_path / "s", outliers=False)
+    gt = []
+    for r in _results(outliers=False):               # the reference: the run in metres (x 2.5)
+        c2w = r.c2w.copy()
+        c2w[:3, 3] *= 2.5
+        gt.append(dataclasses.replace(r, c2w=c2w))
+    export_tum(tmp_path / "gt.txt", gt)
+    out = subprocess.run([sys.executable, "-m", "app", "gui", "--settings", str(tmp_path / "s.ini"),
+                          "--open-session", str(folder), "--ground-truth", str(tmp_path / "gt.txt"),
+                          "--exit-when-done"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"Ground truth: ATE 0.00 cm over {N} frames" in out.stderr
