@@ -81,11 +81,17 @@ def main(args) -> int:
         print(f"serving {view.folder} ({n} frames) at http://{args.host}:{server.get_port()}"
               + (" -- following the run" if args.live else "") + "; Ctrl-C stops", file=sys.stderr, flush=True)
         t0 = time.monotonic()
+        next_poll, seen = 0.0, len(view.problems)
         while not stop["now"] and (args.run_for is None or time.monotonic() - t0 < args.run_for):
-            time.sleep(min(args.poll, 0.2) if args.live else 0.2)
-            if args.live and time.monotonic() - getattr(view, "_last_poll", 0.0) >= args.poll:
-                view._last_poll = time.monotonic()
+            time.sleep(0.2)
+            if args.live and time.monotonic() >= next_poll:
+                t = time.monotonic()
                 view.update()
+                # a long session takes a while to rescan: never spend more than half the time on it
+                next_poll = time.monotonic() + max(args.poll, 2.0 * (time.monotonic() - t))
+                for p in view.problems[seen:]:
+                    print(f"warning: {p}", file=sys.stderr)
+                seen = len(view.problems)
     except EngineError as exc:
         print(f"reconstudio serve: {exc}", file=sys.stderr)
         return 2

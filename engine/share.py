@@ -21,6 +21,7 @@ from typing import Optional, Union
 
 import numpy as np
 
+from .api import EngineError
 from .geometry import backproject, image_at
 
 FRUSTUM_FRACTION = 0.08          # drawn frustum depth, as a fraction of the scene's median depth
@@ -90,8 +91,9 @@ class SessionView:
                 continue
             try:
                 r = reader.frame(pose)
-            except Exception as exc:      # a frame file written while we read: next time
-                self.problems.append(f"frame {pose.index}: {exc}")
+            except EngineError as exc:    # a damaged frame file: said once, tried again next time
+                if str(exc) not in self.problems:
+                    self.problems.append(str(exc))
                 continue
             self._send(r)
             self._placed[pose.index] = key

@@ -275,6 +275,7 @@ class ReviewTools(QtWidgets.QWidget):
         if self.reader is None and self.folder:
             from engine.io.session_reader import read_session
             self.reader = read_session(self.folder, edits=self.edits)
+            self._placement = {p.index: p.transform for p in self.reader.placed}
         return self.reader
 
     def display_filter(self, d):
@@ -282,7 +283,7 @@ class ReviewTools(QtWidgets.QWidget):
         if not self.edits.removes_points or not len(d.points):
             return d
         reader = self.session_reader()
-        placed = {p.index: p.transform for p in reader.placed}
+        placed = self._placement
         T = placed.get(d.index)
         if T is None and d.index not in placed:          # a frame stored after the reader was made
             from engine.geometry import result_transforms

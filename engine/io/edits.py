@@ -151,9 +151,12 @@ class PolygonCrop:
             x = v[:, 0] / v[:, 3]
             y = v[:, 1] / v[:, 3]
         ok &= np.isfinite(x) & np.isfinite(y) & (x >= -0.5) & (y >= -0.5) & (x < w - 0.5) & (y < h - 0.5)
-        mask = np.zeros((h, w), np.uint8)
-        pts = np.round(self.polygon * (1 << self.SUBPIXEL_BITS)).astype(np.int32)
-        cv2.fillPoly(mask, [pts.reshape(-1, 1, 2)], 1, lineType=cv2.LINE_8, shift=self.SUBPIXEL_BITS)
+        mask = self.__dict__.get("_mask")          # the polygon rasterised once (not a field)
+        if mask is None:
+            mask = np.zeros((h, w), np.uint8)
+            pts = np.round(self.polygon * (1 << self.SUBPIXEL_BITS)).astype(np.int32)
+            cv2.fillPoly(mask, [pts.reshape(-1, 1, 2)], 1, lineType=cv2.LINE_8, shift=self.SUBPIXEL_BITS)
+            self.__dict__["_mask"] = mask
         out = np.zeros(len(P), bool)
         i = np.flatnonzero(ok)
         out[i] = mask[np.rint(y[i]).astype(int).clip(0, h - 1), np.rint(x[i]).astype(int).clip(0, w - 1)] > 0
