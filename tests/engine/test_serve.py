@@ -145,3 +145,15 @@ def test_cli_serve_until_sigterm(tmp_path, capsys):
     assert main(["serve"]) == 2 and "give a SESSION" in capsys.readouterr().err
     assert main(["serve", str(tmp_path / "nope"), "--port", str(_port())]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_live_without_a_session_takes_the_newest(tmp_path, monkeypatch, capsys):
+    from app.cli import main
+    from engine.share import newest_session
+    monkeypatch.setenv("RECONSTUDIO_SESSIONS", str(tmp_path / "root"))
+    assert main(["serve", "--live"]) == 2 and "no session" in capsys.readouterr().err
+    for name in ("a", "b"):
+        with SessionStore(tmp_path / "root" / name, SessionConfig(engine="synthetic"), "t", image_codec="raw") as st:
+            st.write(_results()[0])
+        time.sleep(0.05)
+    assert newest_session() == tmp_path / "root" / "b"

@@ -275,3 +275,15 @@ def test_gui_command_line_opens_a_session_with_its_reference(tmp_path):
                           "--exit-when-done"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"Ground truth: ATE 0.00 cm over {N} frames" in out.stderr
+
+
+def test_unreadable_edits_file_is_kept_and_said(qtbot, make_window, tmp_path):
+    folder = _session(tmp_path / "s", outliers=False)
+    (folder / EDITS_FILE).write_text('{"format": "reconstudio-edits", "version": 7}')
+    w, rv, tools = _open(qtbot, make_window, folder)
+    assert any("newer ReconStudio" in text and level == "warning" for level, text in w.messages)
+    assert w.viewer.point_count == N * H * W // 4 and tools.edits.empty          # the raw session
+    tools.start("Crop box")
+    tools.apply_box()
+    assert (folder / (EDITS_FILE + ".unreadable")).read_text().endswith('"version": 7}')   # not lost
+    assert len(load_edits(folder).crops) == 1
