@@ -1,4 +1,4 @@
-"""`reconstudio` command line: `gui` (default), `run`, `eval`, `bench`, `model inspect`.
+"""`reconstudio` command line: `gui` (default), `run`, `eval`, `bench`, `model inspect`, `serve`.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`;
 they are imported lazily so `reconstudio run` never loads Qt and `reconstudio gui` starts fast.
@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "eval": ("app.cmd_eval", "run a sequence with ground truth and print ATE / RPE / depth metrics"),
     "bench": ("app.cmd_bench", "benchmark a neural engine (FPS, latency, GPU memory)"),
     "model": ("app.cmd_model", "checkpoint tools: `model inspect PATH`"),
+    "serve": ("app.cmd_serve", "a browser view (viser) of a session, or of a run as it goes (--live)"),
 }
 
 

@@ -15,6 +15,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("sequence", metavar="SEQUENCE_DIR",
                    help="folder with rgb/, groundtruth.txt, intrinsics.txt and optionally depth/")
     p.add_argument("--trajectory", metavar="OUT.txt", help="write the estimated trajectory (TUM format)")
+    p.add_argument("--session-dir", metavar="DIR",
+                   help="also store the run as a session in DIR (new or empty): the viewer reopens it "
+                        "with the ground truth beside the run")
     p.add_argument("--max-frames", type=int, default=None, metavar="N", help="use only the first N frames")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any engine setting by its SessionConfig name, e.g. --set depth=false "
@@ -57,7 +60,7 @@ def main(args) -> int:
                 print(f"\r{i}/{n} frames", end="" if i < n else "\n", file=sys.stderr, flush=True)
 
         rep = evaluate_sequence(args.sequence, cfg, max_frames=args.max_frames, trajectory=args.trajectory,
-                                progress=progress)
+                                progress=progress, session_dir=getattr(args, "session_dir", None))
     except (EngineError, ValueError) as exc:
         print(f"reconstudio eval: {exc}", file=sys.stderr)
         return 2

@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="save runs in new sub-folders of DIR (default: $RECONSTUDIO_SESSIONS or "
                         "~/.local/share/reconstudio/sessions)")
     p.add_argument("--open-session", metavar="DIR", help="show a saved session folder at start")
+    p.add_argument("--ground-truth", metavar="TUM_FILE",
+                   help="with --open-session: show this reference trajectory beside the run, aligned by Sim(3)")
     p.add_argument("--screenshot", metavar="FILE", help="when the run ends, save the 3D view as PNG")
     p.add_argument("--window-screenshot", metavar="FILE", help="when the run ends, save the whole window as PNG")
     p.add_argument("--exit-when-done", action="store_true",
@@ -119,7 +121,10 @@ def main(args: argparse.Namespace) -> int:
             app.quit()
 
     if args.open_session:
-        QtCore.QTimer.singleShot(0, lambda: win.open_session_folder(args.open_session))
+        def open_session():
+            if win.open_session_folder(args.open_session) and args.ground_truth:
+                win.review.edit_tools.show_ground_truth(args.ground_truth)
+        QtCore.QTimer.singleShot(0, open_session)
     if args.autostart:
         win.runFinished.connect(finish)
 

@@ -81,6 +81,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--no-frustums", action="store_true", help="GLB without camera frustums")
     o.add_argument("--max-points", type=int, default=None, metavar="N",
                    help="thin the exported points evenly to at most N (e.g. a COLMAP model from a dense session)")
+    # session edits (engine/io/edits.py): a saved session's own edits.json applies by default
+    o.add_argument("--crop", metavar="FILE",
+                   help="apply the edits (crop, outlier removal, floor, metric scale) of this edits.json "
+                        "to the exports instead of the session's own")
+    o.add_argument("--no-edits", action="store_true",
+                   help="export the raw session, ignoring the edits saved with it in the viewer")
     o.add_argument("--session-dir", metavar="DIR",
                    help="write the session store into DIR (must be new or empty; default: a new "
                         "folder under ~/.local/share/reconstudio/sessions or $RECONSTUDIO_SESSIONS)")
@@ -189,6 +195,7 @@ def _export(source, args, outputs: dict) -> tuple[dict, str]:
     from engine.io.export import EmptyExportError, export_results
 
     opts = dict(conf_threshold=args.conf_threshold, stride=args.stride, keyframes_only=args.keyframes_only)
+    source = _with_edits(source, args)
     error = ""
     with _abort_on_signals():
         try:
@@ -208,6 +215,21 @@ def _export(source, args, outputs: dict) -> tuple[dict, str]:
         print(f"warning: this session was cut short ({out['cut_short']}): the export holds only "
               "what was done", file=sys.stderr)
     return out, error
+
+
+def _with_edits(source, args):
+    """`source` (a session folder or a FrameReader) with the edits --crop / --no-edits ask for;
+    unchanged (the session's own edits) without them."""
+    crop, raw = getattr(args, "crop", None), getattr(args, "no_edits", False)
+    if not crop and not raw:
+        return source
+    from engine.io.edits import read_edits_file
+    from engine.io.session_reader import read_session
+    edits = None if raw else read_edits_file(crop)
+    if isinstance(source, (str, Path)):
+        return read_session(source, progress=not args.quiet, edits=edits)
+    source.set_edits(edits)
+    return source
 
 
 @contextlib.contextmanager
@@ -272,6 +294,11 @@ def main(args) -> int:
     from engine.api import EngineError
 
     try:
+        if getattr(args, "crop", None):           # a bad edits file fails before the run, not after it
+            if getattr(args, "no_edits", False):
+                raise _BadInput("--crop and --no-edits contradict each other; give one")
+            from engine.io.edits import read_edits_file
+            read_edits_file(args.crop)
         if getattr(args, "more_inputs", None):
             return run_many(args, [args.input, *args.more_inputs])
         return _run(args)

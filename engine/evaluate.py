@@ -108,9 +108,11 @@ def _gt_depth_on_grid(gt_mm: np.ndarray, K_gt: np.ndarray, K_res: np.ndarray, si
 def evaluate_sequence(seq_dir, config: Optional[SessionConfig] = None, *, engine: Optional[str] = None,
                       max_frames: Optional[int] = None, trajectory: Optional[Union[str, Path]] = None,
                       model=None, progress: Optional[Callable[[int, int], None]] = None,
-                      keep_results: bool = False) -> dict:
+                      keep_results: bool = False, session_dir: Optional[Union[str, Path]] = None) -> dict:
     """Push every frame of `seq_dir` through a session and compute the metrics. The session uses
-    the sequence's intrinsics unless `config.intrinsics` is set. Returns a JSON-friendly dict."""
+    the sequence's intrinsics unless `config.intrinsics` is set. Returns a JSON-friendly dict.
+    `session_dir`: also store the run there (a session the viewer reopens, its ground truth named
+    in config.json so the review shows it beside the run: engine/ground_truth.py)."""
     import cv2
     seq = load_sequence(seq_dir)
     cfg = SessionConfig(**{**(config.to_dict() if config else {})})
@@ -132,6 +134,17 @@ def evaluate_sequence(seq_dir, config: Optional[SessionConfig] = None, *, engine
     # the one run loop (engine.run_driver): frames decoded as the engine takes them, never dropped
     collect = CollectSink()
     sinks = [collect] + ([CallbackSink(stats=lambda st: progress(st["frames_in"], n))] if progress else [])
+    if session_dir:
+        from .io.store import SessionStore
+        from .run_driver import StoreSink
+        try:
+            store = SessionStore(session_dir, cfg, str(seq.root), background=True,
+                                 meta={"kind": "sequence", "frames": n,
+                                       "ground_truth": str((seq.root / "groundtruth.txt").resolve())})
+        except BaseException:
+            session.close()
+            raise
+        sinks.append(StoreSink(store))
     driver = RunDriver(SequenceSource(seq.frames[:n], seq.timestamps[:n], load=load, name=seq.root.name),
                        session, sinks, stats_hz=10.0 if progress else 0.0)
     try:

@@ -146,6 +146,10 @@ class ReviewBar(QtWidgets.QWidget):
         self._thumb_images: dict[int, np.ndarray] = {}
         self._thumb_timer = QtCore.QTimer(self, singleShot=True, interval=1000, timeout=self.update_thumbnails)
         self.thumbs.toggled.connect(lambda *_: self.update_thumbnails())
+        from .review_tools import ReviewTools       # crop, outliers, scale, floor, ground truth
+        self.edit_tools = ReviewTools(self)
+        self._grid.addWidget(self.edit_tools, 2, 0, 1, 2)
+        self.click_handlers.append(self.edit_tools.click)
 
     # -- session ------------------------------------------------------------------------------
 
@@ -193,6 +197,7 @@ class ReviewBar(QtWidgets.QWidget):
         self.frame_label.setText("—")
         self._clear_measure()
         self._clear_thumbnails()
+        self.edit_tools.set_session(None)
 
     def set_session(self, folder: Optional[str]) -> None:
         self.reset()
@@ -203,6 +208,7 @@ class ReviewBar(QtWidgets.QWidget):
         except Exception:          # a folder that is not (yet) a session: timeline stays off
             self.timeline = None
             return
+        self.edit_tools.set_session(folder)
         self._update_range(follow_end=True)
         self._thumb_timer.start()           # a reopened session: its keyframes' thumbnails
 
@@ -287,6 +293,7 @@ class ReviewBar(QtWidgets.QWidget):
         d = make_display_frame(r, stride, frustum_depth=self._frustum_depth, keep_images=keep_images)
         if self._frustum_depth is None and len(d.depth):
             self._frustum_depth = FRUSTUM_FRACTION * d.median_depth
+        d = self.edit_tools.display_filter(d)          # only what the session's edits keep
         if key not in self._display_cache:
             self._cached_points += len(d.points)
         self._display_cache[key] = dataclasses.replace(d, image=None, depth_map=None, conf_map=None)
@@ -434,8 +441,8 @@ class ReviewBar(QtWidgets.QWidget):
         self.click(pos)
 
     def click(self, pos) -> None:
-        """What a click at canvas pixel `pos` does: a tool that took it (`click_handlers`), else a
-        measure pick, else show the frame of the camera clicked."""
+        """What a click at canvas pixel `pos` does: a tool that took it (`click_handlers`: the edit
+        row first), else a measure pick, else show the frame of the camera clicked."""
         if any(fn(pos) for fn in self.click_handlers):
             return
         if self.measure.isChecked():
@@ -505,6 +512,13 @@ class ReviewBar(QtWidgets.QWidget):
         self._markers.visible = False
 
     def _measure_pick(self, pos) -> Optional[np.ndarray]:
+        p = self.pick_point(pos)
+        if p is not None:
+            self.add_measure_point(p)
+        return p
+
+    def pick_point(self, pos) -> Optional[np.ndarray]:
+        """The world position of the front-most drawn point within POINT_PICK_PX of `pos`."""
         m = self.viewer.scene
         if not m.count:
             return None
@@ -519,9 +533,7 @@ class ReviewBar(QtWidgets.QWidget):
         if k is None:
             self.info.setText("no point there")
             return None
-        p = np.asarray(world[k], np.float64)
-        self.add_measure_point(p)
-        return p
+        return np.asarray(world[k], np.float64)
 
     def add_measure_point(self, p) -> None:
         if len(self.measure_points) >= 2:
@@ -534,7 +546,7 @@ class ReviewBar(QtWidgets.QWidget):
             self.distance = float(np.linalg.norm(pts[1].astype(np.float64) - pts[0]))
             self._line.set_data(pts)
             self._line.visible = True
-            self.info.setText(f"distance {self.distance:.3g}")
+            self.info.setText(self.edit_tools.distance_text(self.distance))
             self.info.setToolTip("scene units; a monocular engine's scale is arbitrary (compare lengths "
                                  "within one run)")
             self.measured.emit(self.distance)

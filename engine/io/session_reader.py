@@ -13,6 +13,11 @@ FrameResults, the same interface):
 
 A damaged frame file is skipped while the poses are read (and named in `reader.problems`, as
 `load_session` does); one that fails later, when its arrays are decoded, raises StoreError naming it.
+
+Session edits (engine/io/edits.py: crop, outlier removal, floor, metric scale) are applied here,
+after the re-alignments, so every export honours them: a session folder's own `edits.json` by
+default, other edits or none with `edits=` (`reader.set_edits`). Poses and frames come out moved by
+the edits' similarity; a frame's dropped points have depth 0 (no depth).
 """
 from __future__ import annotations
 
@@ -25,11 +30,14 @@ from typing import Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from ..api import FrameResult, SessionConfig
-from ..geometry import apply_similarity, result_transforms
+from ..geometry import apply_similarity, backproject, result_transforms
 
 _POSE_MEMBERS = ("index", "timestamp", "c2w", "K", "is_keyframe", "segment")
 _READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 POSE_READERS = 4            # threads reading poses: ~2.5x one on 2 cores (docs/benchmarks_io.md)
+STORED_EDITS = "stored"     # `edits=`: the session folder's own edits.json (none if it has none)
+EDIT_MASK_CACHE_BYTES = 64 << 20   # the edits' per-frame keep masks kept (bit-packed): an export reads
+                                   # each frame once per format / NPZ member, the test is done once
 
 
 @dataclasses.dataclass
@@ -68,7 +76,7 @@ class FrameReader:
 
     def __init__(self, poses: list, events: Sequence, info: Optional[dict] = None,
                  config: Optional[SessionConfig] = None, folder: Optional[Path] = None,
-                 problems: Optional[list] = None, results: Optional[Sequence] = None):
+                 problems: Optional[list] = None, results: Optional[Sequence] = None, edits=None):
         self.events = list(events)
         self.info = dict(info or {})
         self.config = config
@@ -77,13 +85,75 @@ class FrameReader:
         self._results = results
         poses.sort(key=lambda p: p.index)
         Ts = result_transforms([(p.segment, p.index) for p in poses], self.events) if poses else []
-        self.poses = [p if T is None else dataclasses.replace(apply_similarity(p, T), transform=T)
-                      for p, T in zip(poses, Ts)]
+        self.placed = [p if T is None else dataclasses.replace(apply_similarity(p, T), transform=T)
+                       for p, T in zip(poses, Ts)]      # re-aligned, before the edits
+        self.set_edits(edits)
+
+    def set_edits(self, edits) -> None:
+        """Apply these engine.io.edits.SessionEdits from now on (None or empty: the raw session)."""
+        self.edits = edits if edits is not None and not edits.empty else None
+        self._outlier_model = None
+        self._masks: dict = {}                 # frame index -> bit-packed keep mask of its valid pixels
+        self._mask_bytes = 0
+        S = self.edits.similarity() if self.edits is not None else None
+        self.poses = (list(self.placed) if S is None else
+                      [dataclasses.replace(apply_similarity(p, S), transform=p.transform) for p in self.placed])
 
     def __len__(self) -> int:
         return len(self.poses)
 
     def frame(self, pose: FramePose) -> FrameResult:
+        """The FrameResult of `pose` (one of `self.poses`): re-aligned, then edited."""
+        r = self._placed_frame(pose)
+        if self.edits is None:
+            return r
+        if self.edits.removes_points and r.depth is not None:
+            r = self._drop_points(r)
+        S = self.edits.similarity()
+        return r if S is None else apply_similarity(r, S)
+
+    def keep_mask(self, points) -> "np.ndarray":
+        """Which of these world points (re-aligned, before the edits' similarity: as the viewer
+        draws the session) the edits keep (all without edits)."""
+        if self.edits is None:
+            return np.ones(len(points), bool)
+        return self.edits.keep_mask(points, self.outlier_model())
+
+    def outlier_model(self):
+        """The edits' outlier statistics over this session (built on first use: one pass over
+        the frames), or None without outlier removal."""
+        if self.edits is None or self.edits.outliers is None:
+            return None
+        if self._outlier_model is None:
+            from .edits import fit_outliers
+            with_depth = [p for p in self.placed if p.has_depth]
+            self._outlier_model = fit_outliers((self._placed_frame(p) for p in with_depth), len(with_depth),
+                                               self.edits)
+        return self._outlier_model
+
+    def _drop_points(self, r: FrameResult) -> FrameResult:
+        d = np.asarray(r.depth)
+        valid = np.isfinite(d) & (d > 0)
+        n = int(np.count_nonzero(valid))
+        packed = self._masks.get(int(r.index))
+        if packed is not None and packed[0] == n:
+            keep = np.unpackbits(packed[1], count=n).astype(bool)
+        else:
+            pts, valid = backproject(r.depth, r.K, r.c2w, 1)
+            keep = self.keep_mask(pts)
+            bits = np.packbits(keep)
+            if self._mask_bytes + bits.nbytes <= EDIT_MASK_CACHE_BYTES:
+                self._masks[int(r.index)] = (n, bits)
+                self._mask_bytes += bits.nbytes
+        if keep.all():
+            return r
+        depth = np.array(r.depth, np.float32, copy=True)
+        drop = np.zeros_like(valid)
+        drop[valid] = ~keep
+        depth[drop] = 0.0
+        return dataclasses.replace(r, depth=depth)
+
+    def _placed_frame(self, pose: FramePose) -> FrameResult:
         if self._results is not None:
             r = self._results[pose.key]
         else:
@@ -110,10 +180,12 @@ def results_reader(results: Sequence, events: Iterable = ()) -> FrameReader:
     return FrameReader(poses, list(events), results=results)
 
 
-def read_session(folder, progress: bool = False, extra_events: Iterable = ()) -> FrameReader:
+def read_session(folder, progress: bool = False, extra_events: Iterable = (), edits=STORED_EDITS) -> FrameReader:
     """A FrameReader over a session folder: config.json, events.jsonl and every frame's pose.
     Leftover temp files of a killed writer are removed first (as `load_session` does).
-    `progress`: a tqdm bar on stderr if reading the poses takes more than a couple of seconds."""
+    `progress`: a tqdm bar on stderr if reading the poses takes more than a couple of seconds.
+    `edits`: STORED_EDITS (the folder's edits.json; an unreadable one raises EditsError), a
+    SessionEdits, or None (the raw session)."""
     import sys
 
     from tqdm import tqdm
@@ -143,7 +215,10 @@ def read_session(folder, progress: bool = False, extra_events: Iterable = ()) ->
     # re-alignments are the only events an export uses
     events = [e for e in read_events(folder, problems) if e.kind == "realign"]
     events += [e for e in extra_events if e.kind == "realign"]
-    return FrameReader(poses, events, info=info, config=config, folder=folder, problems=problems)
+    if isinstance(edits, str) and edits == STORED_EDITS:
+        from .edits import load_edits
+        edits = load_edits(folder)
+    return FrameReader(poses, events, info=info, config=config, folder=folder, problems=problems, edits=edits)
 
 
 def open_frames(source, events: Iterable = (), progress: bool = False) -> FrameReader:
@@ -162,5 +237,8 @@ def open_frames(source, events: Iterable = (), progress: bool = False) -> FrameR
         reader.config = getattr(source, "config", None)
         reader.folder = getattr(source, "folder", None)
         reader.problems = list(getattr(source, "problems", []) or [])
+        if reader.folder is not None:             # a reopened session: its stored edits
+            from .edits import load_edits
+            reader.set_edits(load_edits(reader.folder))
         return reader
     return results_reader(source, events)
