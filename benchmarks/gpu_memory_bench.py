@@ -65,7 +65,8 @@ def _pct(xs, q):
     return float(np.percentile(np.asarray(xs) * 1e3, q)) if len(xs) else None
 
 
-def stream(session, frames: list, n: int, keep: int, row: int, warmup: int = 30) -> dict:
+def stream(session, frames: list, n: int, keep: int, row: int, warmup: int = 30,
+           max_seconds: float = 0.0) -> dict:
     """Push n frames; timing per push, rows of memory every `row` results, outputs of the first
     `keep` results (pose_enc, depth subsampled 4x)."""
     dev = session.device
@@ -83,6 +84,8 @@ def stream(session, frames: list, n: int, keep: int, row: int, warmup: int = 30)
                 kept[r.index] = (np.asarray(r.pose_enc, np.float64), np.asarray(r.depth[::4, ::4], np.float64))
 
     for i in range(n):
+        if max_seconds and i > keep and time.perf_counter() - t0 > max_seconds:
+            break                          # the call's time is up: the frames done are reported
         t = time.perf_counter()
         out = session.push(frames[i % len(frames)])
         dt = time.perf_counter() - t
@@ -131,7 +134,7 @@ def capped(args) -> dict:
     cuda = dev.type == "cuda"
     if cuda:
         total = torch.cuda.get_device_properties(dev).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap * GIB / total), dev)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap * GIB / total), dev.index or 0)
     frames = _frames(args.width)
     res = {"cap_gib": args.cap, "width": args.width, "weights": args.weights, "model": args.model,
            "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu", "torch": torch.__version__}
@@ -140,7 +143,7 @@ def capped(args) -> dict:
     try:
         session = open_session(_config(args, gpu_memory=args.cap), model=model)
         res["plan_at_open"] = session.memory_plan.as_dict()
-        run = stream(session, frames, args.frames, args.ref_frames, args.row)
+        run = stream(session, frames, args.frames, args.ref_frames, args.row, max_seconds=args.max_seconds)
         res["oom"] = None
     except Exception as exc:            # an out-of-memory error is a result here, not a crash
         res["oom"] = f"{type(exc).__name__}: {exc}"
@@ -162,7 +165,7 @@ def capped(args) -> dict:
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(1.0, dev)
+        torch.cuda.set_per_process_memory_fraction(1.0, dev.index or 0)
     if args.ref_frames and kept:
         model = _model(args)
         ref_s = open_session(_config(args), model=model)
@@ -202,6 +205,7 @@ def main(argv=None) -> None:
     ap.add_argument("--frames", type=int, default=10000)
     ap.add_argument("--ref-frames", type=int, default=200, help="frames compared with the exact path")
     ap.add_argument("--row", type=int, default=1000, help="a memory row every N frames")
+    ap.add_argument("--max-seconds", type=float, default=0.0, help="stop streaming after this long (0 = never)")
     ap.add_argument("--width", type=int, default=518)
     ap.add_argument("--weights", default="random", help="random | recipe | a checkpoint path")
     ap.add_argument("--model", default="lingbot-map", help="architecture (lingbot-map-tiny: a CPU check)")

@@ -12,10 +12,10 @@ run time:
   formula of engine/kv/pool.py (keys + values, plus fp8's per-head / int8's per-token scales);
 * **camera cache** -- iterations x blocks x K/V x (scale frames + special cap) camera tokens in
   float32 (engine/models/camera_head.py);
-* **workspace** -- activations, CUDA-graph pools and attention scratch: a fixed part plus a
-  part proportional to the tokens of the scale step (the largest step: `scale_frames` frames at
-  once), in bytes per token of the compute dtype. The two constants are calibrated on the H200
-  (docs/benchmarks.md, "Memory plans", with the commands).
+* **workspace** -- activations, CUDA-graph pools and attention scratch: the larger of the scale
+  step's (a fixed part plus bytes per token of `scale_frames` frames at once) and a streamed
+  step's (a fixed part plus bytes per token of one frame), in the compute dtype. The constants
+  are calibrated on the H200 (docs/benchmarks.md, "Memory plans", with the commands).
 
 `plan_memory` walks the candidates from the exact path down and returns the first that fits
 `budget - headroom`, with the reasons. Order (the first tier that fits wins; within a tier the
@@ -51,13 +51,18 @@ PLANNED = ("window", "kv_dtype", "weight_dtype", "kv_compression", "kv_keep_rati
 FAST_MIN_WINDOW = 16    # tier 2 stops here: below it the quantized tiers keep more context
 MIN_WINDOW = 8          # no plan caches fewer window frames
 
-# Workspace calibration (bf16 compute; scaled by the compute dtype's size): see the module
-# docstring -- the figures and the runs they come from are in docs/benchmarks.md.
-WORKSPACE_FIXED_BYTES = 0.25 * GIB
-WORKSPACE_BYTES_PER_SCALE_TOKEN = 183_500
+# Workspace calibration (bf16 compute; scaled by the compute dtype's size): the larger of the
+# scale step's activations (grows with scale_frames x tokens) and a streamed step's (CUDA-graph
+# capture and replay pools, attention scratch: grows with the tokens of one frame). The
+# constants bound every calibration shape from above; the figures and the command are in
+# docs/benchmarks.md ("Memory plans").
+WORKSPACE_SCALE_FIXED_BYTES = 0.25 * GIB
+WORKSPACE_BYTES_PER_SCALE_TOKEN = 133_300
+WORKSPACE_STEP_FIXED_BYTES = 1.25 * GIB
+WORKSPACE_BYTES_PER_FRAME_TOKEN = 599_000
 # what the caching allocator needs beyond the predicted peak (fragmentation) before a cap bites
-HEADROOM_FRACTION = 0.01
-HEADROOM_BYTES = 64 * 2 ** 20
+HEADROOM_FRACTION = 0.02
+HEADROOM_BYTES = 128 * 2 ** 20
 
 
 class MemoryPlanError(EngineError):
@@ -160,9 +165,10 @@ def camera_cache_bytes(facts: ModelFacts, iterations: int, scale_frames: int, sp
 
 
 def workspace_bytes(facts: ModelFacts, patch_tokens: int, scale_frames: int) -> int:
-    tokens = scale_frames * (patch_tokens + facts.special_tokens)
-    scale = facts.compute_bytes / 2
-    return int(scale * (WORKSPACE_FIXED_BYTES + WORKSPACE_BYTES_PER_SCALE_TOKEN * tokens))
+    tokens = patch_tokens + facts.special_tokens
+    scale_step = WORKSPACE_SCALE_FIXED_BYTES + WORKSPACE_BYTES_PER_SCALE_TOKEN * scale_frames * tokens
+    streamed = WORKSPACE_STEP_FIXED_BYTES + WORKSPACE_BYTES_PER_FRAME_TOKEN * tokens
+    return int(facts.compute_bytes / 2 * max(scale_step, streamed))
 
 
 def headroom_bytes(budget: int) -> int:
