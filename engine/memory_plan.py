@@ -12,6 +12,8 @@ run time:
   formula of engine/kv/pool.py (keys + values, plus fp8's per-head / int8's per-token scales);
 * **camera cache** -- iterations x blocks x K/V x (scale frames + special cap) camera tokens in
   float32 (engine/models/camera_head.py);
+* **step graph** -- on CUDA with graphs, the private pool of the whole-step graph (per token of
+  one frame), which needs room on top of the workspace when it is captured;
 * **workspace** -- activations, CUDA-graph pools and attention scratch: the larger of the scale
   step's (a fixed part plus bytes per token of `scale_frames` frames at once) and a streamed
   step's (a fixed part plus bytes per token of one frame), in the compute dtype. The constants
@@ -23,7 +25,8 @@ largest window):
 
 1. the configured settings (the exact path by default: compute-dtype KV, full window);
 2. a shorter window, compute-dtype KV, down to `FAST_MIN_WINDOW`: exact arithmetic and the
-   fixed-shape attention + whole-step CUDA graphs stay, only the cached context shrinks;
+   fixed-shape attention + whole-step CUDA graphs stay (fp8 KV and int8 weights leave them),
+   only the cached context shrinks;
 3. fp8 KV (half the pool), window from the configured one down to `MIN_WINDOW`;
 4. int8 weights + fp8 KV (quantized weights run eagerly: no CUDA graphs);
 5. token_partition KV compression (keep 0.5, then 0.25) with int8 weights + fp8 KV.
@@ -48,8 +51,8 @@ GIB = 2 ** 30
 # Planned fields and their defaults: a value other than the default is the user's choice.
 PLANNED = ("window", "kv_dtype", "weight_dtype", "kv_compression", "kv_keep_ratio")
 
-FAST_MIN_WINDOW = 16    # tier 2 stops here: below it the quantized tiers keep more context
 MIN_WINDOW = 8          # no plan caches fewer window frames
+FAST_MIN_WINDOW = MIN_WINDOW   # tier 2's floor: the exact-arithmetic path with its graphs first
 
 # Workspace calibration (bf16 compute; scaled by the compute dtype's size): the larger of the
 # scale step's activations (grows with scale_frames x tokens) and a streamed step's (CUDA-graph
@@ -60,9 +63,13 @@ WORKSPACE_SCALE_FIXED_BYTES = 0.25 * GIB
 WORKSPACE_BYTES_PER_SCALE_TOKEN = 133_300
 WORKSPACE_STEP_FIXED_BYTES = 1.25 * GIB
 WORKSPACE_BYTES_PER_FRAME_TOKEN = 599_000
+# the private memory pool of the whole-step CUDA graph (captured at the first steady step, on
+# top of the workspace): without room for it the capture fails and the session runs the slower
+# per-part graphs (stats()["step_graph"]["error"])
+STEP_GRAPH_BYTES_PER_FRAME_TOKEN = 603_000
 # what the caching allocator needs beyond the predicted peak (fragmentation) before a cap bites
-HEADROOM_FRACTION = 0.02
-HEADROOM_BYTES = 128 * 2 ** 20
+HEADROOM_FRACTION = 0.01
+HEADROOM_BYTES = 256 * 2 ** 20
 
 
 class MemoryPlanError(EngineError):
@@ -171,6 +178,13 @@ def workspace_bytes(facts: ModelFacts, patch_tokens: int, scale_frames: int) -> 
     return int(facts.compute_bytes / 2 * max(scale_step, streamed))
 
 
+def step_graph_bytes(facts: ModelFacts, patch_tokens: int, cfg: SessionConfig) -> int:
+    """The whole-step CUDA graph's private pool (CUDA with graphs only; 0 otherwise)."""
+    if not cfg.cuda_graphs or not str(cfg.device).startswith("cuda"):
+        return 0
+    return int(facts.compute_bytes / 2 * STEP_GRAPH_BYTES_PER_FRAME_TOKEN * (patch_tokens + facts.special_tokens))
+
+
 def headroom_bytes(budget: int) -> int:
     return int(HEADROOM_BYTES + HEADROOM_FRACTION * budget)
 
@@ -254,6 +268,8 @@ def _predict(facts: ModelFacts, cfg: SessionConfig, patch_tokens: int, window: i
                                  keep_tokens=keep_tokens),
         "camera_cache": camera_cache_bytes(facts, cfg.camera_iterations, cfg.scale_frames, cfg.special_cap),
         "workspace": workspace_bytes(facts, patch_tokens, cfg.scale_frames),
+        # quantized weights run eagerly: no graphs
+        "step_graph": 0 if weight_dtype in ("int8", "fp8") else step_graph_bytes(facts, patch_tokens, cfg),
     }
 
 
