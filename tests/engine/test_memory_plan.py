@@ -147,3 +147,33 @@ def test_session_refuses_before_allocating():
     s = _tiny_session(0.0)
     assert s.stats()["memory_plan"] is None
     s.close()
+
+
+def test_cli_flag_stats_json_and_refusal(tmp_path, capsys):
+    """`--gpu-memory` is generated from the setting; the plan is in --stats-json; a budget nothing
+    fits ends the run with the plan's message before the engine allocates."""
+    import json
+
+    from PIL import Image
+
+    from app.cli import main
+    from engine.model_zoo import build_model
+    from engine.models.recipe import fill_recipe
+    ckpt = tmp_path / "tiny.pt"
+    torch.save(fill_recipe(build_model("lingbot-map-tiny")).state_dict(), ckpt)
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(frames / f"{i:03d}.png")
+    common = ["run", str(frames), "--checkpoint", str(ckpt), "--engine", "lingbot-map", "--model", "lingbot-map-tiny",
+              "--device", "cpu", "--image-width", "70", "--scale-frames", "2", "--special-cap", "128",
+              "--camera-iterations", "1", "-q"]
+    rc = main(common + ["--gpu-memory", "8", "--session-dir", str(tmp_path / "s"), "--stats-json", str(tmp_path / "st.json")])
+    assert rc == 0
+    plan = json.loads((tmp_path / "st.json").read_text())["engine"]["memory_plan"]
+    assert plan["budget_gib"] == 8.0 and plan["exact"] and plan["window"] == 64
+    capsys.readouterr()
+    rc = main(common + ["--gpu-memory", "0.01", "--session-dir", str(tmp_path / "s2")])
+    assert rc != 0
+    assert "not enough GPU memory" in capsys.readouterr().err
