@@ -377,3 +377,22 @@ def apply_plan(cfg: SessionConfig, plan: Optional[MemoryPlan]) -> SessionConfig:
     if cfg.special_cap < cfg.scale_frames + s["window"]:
         s["special_cap"] = cfg.scale_frames + s["window"]
     return dataclasses.replace(cfg, **s)
+
+
+def preview(cfg: SessionConfig) -> str:
+    """One line for a settings view: the plan `cfg` would run with, the refusal, or why no plan
+    applies ("" for engines without one). Never raises."""
+    if cfg.engine != "lingbot-map":
+        return ""
+    try:
+        budget = float(cfg.gpu_memory or 0)
+        if budget <= 0:
+            import torch
+            if not str(cfg.device).startswith("cuda") or not torch.cuda.is_available():
+                return "Memory plan: none (set a GPU memory budget, or run on CUDA)"
+            budget = device_budget_gib(torch.device(cfg.device))
+        return "Memory plan: " + plan_memory(cfg, budget, facts_for_name(cfg.model, cfg.dtype)).describe()
+    except EngineError as exc:
+        return f"Memory plan: {exc}"
+    except Exception as exc:            # a preview never breaks the settings view
+        return f"Memory plan: unavailable ({type(exc).__name__}: {exc})"
