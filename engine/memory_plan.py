@@ -12,15 +12,14 @@ run time:
   formula of engine/kv/pool.py (keys + values, plus fp8's per-head / int8's per-token scales);
 * **camera cache** -- iterations x blocks x K/V x (scale frames + special cap) camera tokens in
   float32 (engine/models/camera_head.py);
-* **step graph** -- on CUDA with graphs, the private pool of the whole-step graph (per token of
-  one frame), which needs room on top of the workspace when it is captured;
 * **workspace** -- activations, CUDA-graph pools and attention scratch: the larger of the scale
   step's (a fixed part plus bytes per token of `scale_frames` frames at once) and a streamed
   step's (a fixed part plus bytes per token of one frame), in the compute dtype. The constants
   are calibrated on the H200 (docs/benchmarks.md, "Memory plans", with the commands).
 
 `plan_memory` walks the candidates from the exact path down and returns the first that fits
-`budget - headroom`, with the reasons. Order (the first tier that fits wins; within a tier the
+`budget - headroom` (the headroom: the allocator's fragmentation and the whole-step CUDA graph's
+capture, see HEADROOM_BYTES), with the reasons. Order (the first tier that fits wins; within a tier the
 largest window):
 
 1. the configured settings (the exact path by default: compute-dtype KV, full window);
@@ -63,13 +62,13 @@ WORKSPACE_SCALE_FIXED_BYTES = 0.25 * GIB
 WORKSPACE_BYTES_PER_SCALE_TOKEN = 133_300
 WORKSPACE_STEP_FIXED_BYTES = 1.25 * GIB
 WORKSPACE_BYTES_PER_FRAME_TOKEN = 599_000
-# the private memory pool of the whole-step CUDA graph (captured at the first steady step, on
-# top of the workspace): without room for it the capture fails and the session runs the slower
-# per-part graphs (stats()["step_graph"]["error"])
-STEP_GRAPH_BYTES_PER_FRAME_TOKEN = 603_000
-# what the caching allocator needs beyond the predicted peak (fragmentation) before a cap bites
-HEADROOM_FRACTION = 0.01
-HEADROOM_BYTES = 256 * 2 ** 20
+# Room kept free beyond the predicted peak: the caching allocator's reserved-but-unallocated
+# blocks (fragmentation) and the whole-step CUDA graph's capture, which needs memory on top of
+# the peak of the steps before it -- without it the capture fails under a cap and the session
+# falls back to the slower per-part graphs (stats()["step_graph"]["error"]). Sized from the
+# capped H200 runs (docs/benchmarks.md, "Memory plans").
+HEADROOM_FRACTION = 0.02
+HEADROOM_BYTES = 512 * 2 ** 20
 
 
 class MemoryPlanError(EngineError):
@@ -178,13 +177,6 @@ def workspace_bytes(facts: ModelFacts, patch_tokens: int, scale_frames: int) -> 
     return int(facts.compute_bytes / 2 * max(scale_step, streamed))
 
 
-def step_graph_bytes(facts: ModelFacts, patch_tokens: int, cfg: SessionConfig) -> int:
-    """The whole-step CUDA graph's private pool (CUDA with graphs only; 0 otherwise)."""
-    if not cfg.cuda_graphs or not str(cfg.device).startswith("cuda"):
-        return 0
-    return int(facts.compute_bytes / 2 * STEP_GRAPH_BYTES_PER_FRAME_TOKEN * (patch_tokens + facts.special_tokens))
-
-
 def headroom_bytes(budget: int) -> int:
     return int(HEADROOM_BYTES + HEADROOM_FRACTION * budget)
 
@@ -268,8 +260,6 @@ def _predict(facts: ModelFacts, cfg: SessionConfig, patch_tokens: int, window: i
                                  keep_tokens=keep_tokens),
         "camera_cache": camera_cache_bytes(facts, cfg.camera_iterations, cfg.scale_frames, cfg.special_cap),
         "workspace": workspace_bytes(facts, patch_tokens, cfg.scale_frames),
-        # quantized weights run eagerly: no graphs
-        "step_graph": 0 if weight_dtype in ("int8", "fp8") else step_graph_bytes(facts, patch_tokens, cfg),
     }
 
 
