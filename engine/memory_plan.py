@@ -1,7 +1,7 @@
 """Memory plans: which LingBot-Map settings fit a GPU-memory budget (`SessionConfig.gpu_memory`).
 
-A streaming session's device memory is four blocks, each computed from facts, never guessed at
-run time:
+A streaming session's device memory is four blocks, computed from facts (the workspace from a
+calibration), never measured at run time:
 
 * **weights** -- the architecture built on the meta device (no memory, no checkpoint) and
   converted to the compute dtype exactly as a session converts it; int8 / fp8 trunk weights
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -283,7 +282,7 @@ def plan_memory(cfg: SessionConfig, budget_gib: float, facts: ModelFacts, *, pat
     tiers.append((2, kv0, wd0, cfg.kv_compression, cfg.kv_keep_ratio, FAST_MIN_WINDOW if native else MIN_WINDOW,
                   "a shorter window keeps exact arithmetic and the fixed-shape attention + CUDA graphs"))
     tiers.append((3, "fp8", wd0, cfg.kv_compression, cfg.kv_keep_ratio, MIN_WINDOW,
-                  "fp8 KV halves the pool (attention through FlashInfer: slower than the exact path)"))
+                  "fp8 KV halves the pool (attention reads it back in the compute dtype: slower than the exact path)"))
     tiers.append((4, "fp8", "int8", cfg.kv_compression, cfg.kv_keep_ratio, MIN_WINDOW,
                   "int8 trunk weights save about half the trunk (eager: no CUDA graphs)"))
     for keep in (0.5, 0.25):
