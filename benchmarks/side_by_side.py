@@ -23,6 +23,15 @@ Upstream runs in its fastest configuration: FlashInfer fa3 paged cache, the aggr
 bf16 under bf16 autocast (its demo.py), the hot modules under torch.compile(mode="reduce-overhead")
 as its gct_profile.py / demo.py --compile do, with an eager warm-up of the same call pattern. Its
 fp32 reference uses its own FlashInfer-path cache in fp32 gather mode (`kv_cache_force_fp32`).
+
+Honest figures (issue 26): upstream's latency is not always flat in a call (a slow first stretch,
+or a whole run tens of percent slower), so its compiled keyframe-interval-1 run is repeated until
+two consecutive runs agree within `--agree` (3 %) in both p50 latency and steady FPS
+(`--max-repeats`); each run's latency trace (median ms per 50 frames) is kept, and the report
+quotes the agreeing pair or says that none agreed. Its bf16 error is measured with both its
+default kernel (FlashInfer fa2) and its fastest (fa3). Ours runs both ways: deferred (a frame's
+results come out of the next push: what the product does on CUDA, `LingBotMapSession.
+defer_results`) and sync (each push waits for its own frame); the report gives both ratios.
 Upstream code is read from `--upstream` (an exported work tree, never part of this repository).
 
 Frames: a video or a folder of images, resized to 518x378 (cv2 INTER_AREA; the issue's benchmark
@@ -103,7 +112,9 @@ def speed_summary(times: list, n_scale: int, peak: int, t_total: float, label: s
            "full_window_fps": (len(times) - full) / float(np.sum(times[full:])) if len(times) > full else None,
            "latency_p50_ms": float(np.percentile(times, 50) * 1e3),
            "latency_p95_ms": float(np.percentile(times, 95) * 1e3),
-           "peak_allocated_gib": peak / 2**30}
+           "peak_allocated_gib": peak / 2**30,
+           # median ms per 50 streamed frames: whether the latency is flat over the run
+           "latency_trace_ms": [round(float(np.median(times[i:i + 50])) * 1e3, 2) for i in range(0, len(times), 50)]}
     print(f"  {label}: {n} frames, overall {out['overall_fps']:.1f} FPS, steady {out['steady_fps']:.1f} FPS, "
           f"full window {out['full_window_fps'] or 0:.1f} FPS, p50 {out['latency_p50_ms']:.1f} ms, p95 {out['latency_p95_ms']:.1f} ms, "
           f"peak allocated {out['peak_allocated_gib']:.2f} GiB", flush=True)
@@ -329,7 +340,8 @@ def cmd_ours(args) -> None:
     del sd
     if dev.startswith("cuda"):
         base = torch.cuda.memory_allocated()
-    runs = [("default", 1), ("default", 2)]
+    # default = deferred results (the product on CUDA); sync = each push waits for its frame
+    runs = [("default", 1), ("sync", 1), ("default", 2)]
     for v in (args.variants or "").split(","):
         if v:
             name, _, iv = v.partition(":")
@@ -455,13 +467,16 @@ def cmd_upstream(args) -> None:
         torch.cuda.empty_cache()
     if args.npz:
         np.savez(args.npz, **ref)
-    # bf16 as its demo runs it: aggregator cast to bf16, bf16 autocast, FlashInfer fa3
+    # bf16 as its demo runs it: aggregator cast to bf16, bf16 autocast; its default kernel
+    # (FlashInfer fa2) and its fastest (fa3), both measured against its fp32
     m = _upstream_model(args, sd)
     m.aggregator = m.aggregator.to(torch.bfloat16)
-    m.aggregator.kv_cache_fa3 = True
-    got, *_ = _upstream_stream(m, fid, 1, torch.bfloat16, args.device, keep=True)
-    result["fidelity_bf16"] = errors(got, ref)
-    print(f"  upstream bf16 vs fp32: {result['fidelity_bf16']}", flush=True)
+    for kernel, fa3 in (("fa2_default", False), ("fa3_fastest", True)):
+        m.aggregator.kv_cache_fa3 = fa3
+        got, *_ = _upstream_stream(m, fid, 1, torch.bfloat16, args.device, keep=True)
+        result[f"fidelity_bf16_{kernel}"] = errors(got, ref)
+        print(f"  upstream bf16 ({kernel}) vs fp32: {result[f'fidelity_bf16_{kernel}']}", flush=True)
+    m.aggregator.kv_cache_fa3 = True            # the speed runs: its fastest kernel
     modes = ([] if args.no_eager and not args.no_compile else [("eager", False)]) + \
         ([] if args.no_compile else [("compiled", True)])
     for label, comp in modes:
@@ -478,12 +493,32 @@ def cmd_upstream(args) -> None:
             result["compile_s"] = time.perf_counter() - t0
             print(f"  compile + warm-up {result['compile_s']:.0f} s", flush=True)
         for interval in (1, 2):
-            _, times, n_scale, peak, total = _upstream_stream(m, frames[:args.frames], interval, torch.bfloat16,
-                                                              args.device, keep=False)
-            row = speed_summary(times, n_scale, peak, total, f"upstream {label} kf{interval}", interval)
-            row.update(interval=interval, variant=label)
-            result["speed"].append(row)
+            # the fastest mode at interval 1 repeats until two consecutive runs agree (settled)
+            settle = comp and interval == 1
+            prev = None
+            for rep in range(args.max_repeats if settle else 1):
+                _, times, n_scale, peak, total = _upstream_stream(m, frames[:args.frames], interval, torch.bfloat16,
+                                                                  args.device, keep=False)
+                row = speed_summary(times, n_scale, peak, total, f"upstream {label} kf{interval} #{rep + 1}", interval)
+                row.update(interval=interval, variant=label, repeat=rep + 1)
+                if settle and prev is not None:
+                    row["agrees_with_previous"] = agree(row, prev, args.agree)
+                result["speed"].append(row)
+                Path(args.json).write_text(json.dumps(result, indent=1))
+                if settle and row.get("agrees_with_previous"):
+                    result["settled"] = {"runs": [prev["label"], row["label"]], "tolerance": args.agree}
+                    break
+                prev = row
+            if settle and "settled" not in result:
+                result["settled"] = None     # no two consecutive runs agreed: the report says so
             Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+def agree(a: dict, b: dict, tol: float) -> bool:
+    """Two runs agree: steady FPS and p50 latency each within `tol` (relative) of each other."""
+    def close(x, y):
+        return x is not None and y is not None and abs(x - y) <= tol * max(abs(x), abs(y))
+    return close(a["steady_fps"], b["steady_fps"]) and close(a["latency_p50_ms"], b["latency_p50_ms"])
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -499,13 +534,23 @@ def cmd_report(args) -> None:
     for impl in (a, b):
         for e in impl.get("errors", []) + ([impl["compile_error"]] if impl.get("compile_error") else []):
             print(f"{impl['impl']} failed: {e}")
+    for r in b["speed"]:
+        print(f"upstream latency trace {r['label']} (median ms per 50 frames): {r.get('latency_trace_ms')}")
+    settled = b.get("settled")
+    if "settled" in b:
+        print(f"upstream settled: {settled['runs'][0]} and {settled['runs'][1]} agree within {settled['tolerance']:.0%}"
+              if settled else "upstream did NOT settle: no two consecutive runs agreed; its ratio below is not "
+                              "a flat figure")
     for interval in (1, 2):
         ub = [r for r in b["speed"] if r["interval"] == interval]
+        if interval == 1 and settled:       # the agreeing pair's later run, not the best of several
+            ub = [r for r in ub if r["label"] == settled["runs"][1]]
         best = max(ub, key=lambda r: r["steady_fps"]) if ub else None
-        oa = [r for r in a["speed"] if r["interval"] == interval and r["variant"] == "default"]
-        if best and oa:
-            print(f"ratio ours (default) / upstream ({best['variant']}, its fastest here), keyframe interval "
-                  f"{interval}: steady {oa[0]['steady_fps'] / best['steady_fps']:.2f}x")
+        for variant, how in (("default", "deferred: the product's way on CUDA"), ("sync", "sync")):
+            oa = [r for r in a["speed"] if r["interval"] == interval and r["variant"] == variant]
+            if best and oa:
+                print(f"ratio ours ({how}) / upstream ({best['variant']}, its fastest{', settled' if settled and interval == 1 else ''}), "
+                      f"keyframe interval {interval}: steady {oa[0]['steady_fps'] / best['steady_fps']:.2f}x")
     k1 = [r for r in a["speed"] if r["variant"] == "default"]
     if len(k1) == 2:
         print(f"ours keyframe interval 2 / interval 1: {k1[1]['steady_fps'] / k1[0]['steady_fps']:.2f}x")
@@ -563,6 +608,9 @@ def main(argv=None) -> None:
             p.add_argument("--upstream", required=True)
             p.add_argument("--no-compile", action="store_true")
             p.add_argument("--no-eager", action="store_true", help="skip the eager speed runs (compiled is its fastest)")
+            p.add_argument("--agree", type=float, default=0.03,
+                           help="relative tolerance two consecutive compiled runs must agree within (p50, steady FPS)")
+            p.add_argument("--max-repeats", type=int, default=5, help="most compiled kf1 runs while settling")
         else:
             p.add_argument("--variants", default="", help="extra speed variants (keyframe interval 1): "
                                                           + ", ".join(_VARIANTS))

@@ -82,6 +82,13 @@ class SessionConfig:
                                  "released 1.2 B model) or lingbot-map-tiny (test-sized).")
     device: str = setting("cpu", label="Device", group="Engine",
                           tooltip="Where the engine runs (cpu, cuda, cuda:N): a GPU is much faster; CPU works everywhere.")
+    gpu_memory: float = setting(0.0, label="GPU memory (GiB)", group="Engine", engines=_NEURAL,
+                                range=(0.0, 4096.0), step=0.5,
+                                tooltip="Memory budget of the neural engine on the GPU, in GiB (0 = what the "
+                                        "device has free). A plan picks the window, KV precision, weight "
+                                        "precision and KV compression that fit it, preferring the exact path; "
+                                        "settings you changed from their defaults are kept, and the run "
+                                        "refuses before allocating when nothing fits. Shown in stats.")
     dtype: str = setting("fp32", label="Precision", group="Engine", engines=_NEURAL,
                          choices=("fp32", "bf16", "fp16"),
                          tooltip="Compute precision: bf16/fp16 halve memory and run faster on GPUs; fp32 is "

@@ -137,6 +137,14 @@ class SettingsPanel(QtWidgets.QWidget):
             self._add_row(name, meta.get("label") or name, w)
         self.fov = self.controls.get("fov_deg")       # kept names for callers and tests
         self.fps = self.controls.get("fps")
+        # read-only: the memory plan the current settings would run with (engine/memory_plan.py)
+        self.memory_plan_note = QtWidgets.QLabel()
+        self.memory_plan_note.setWordWrap(True)
+        self.memory_plan_note.setStyleSheet("color: #888;")
+        if "gpu_memory" in self._rows:
+            row = self._form.getWidgetPosition(self._rows["gpu_memory"])[0] + 1
+            self._form.insertRow(row, self.memory_plan_note)
+        self.changed.connect(self.update_memory_plan)
 
         self.engine.currentIndexChanged.connect(self._on_engine_changed)
         self.set_config(SessionConfig())
@@ -168,6 +176,15 @@ class SettingsPanel(QtWidgets.QWidget):
             w.setPlaceholderText("(none)")
             w.editingFinished.connect(self.changed)
         return w
+
+    def update_memory_plan(self) -> None:
+        from engine.memory_plan import preview
+        try:
+            text = preview(self.config())
+        except EngineError as exc:          # settings the panel cannot build yet
+            text = f"Memory plan: {exc}"
+        self.memory_plan_note.setText(text)
+        self.memory_plan_note.setVisible(bool(text))
 
     def _add_row(self, field: str, label: str, widget: QtWidgets.QWidget) -> None:
         widget.setToolTip(_tooltip(field))

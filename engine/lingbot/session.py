@@ -103,6 +103,15 @@ class LingBotMapSession(SessionTiming):
     def __init__(self, config: SessionConfig, model: Any = None):
         _validate(config)
         from .model import LingBotMap
+        # the memory plan (engine/memory_plan.py) decides window / KV / weight precision /
+        # compression for the budget before anything is loaded or allocated; it raises
+        # MemoryPlanError when nothing fits. The session runs the planned config.
+        from ..memory_plan import apply_plan, session_plan
+        self.requested_config = config
+        planning_model = model if model is None or isinstance(model, LingBotMap) else None
+        self.memory_plan = (session_plan(config, planning_model, _device(config))
+                            if model is None or planning_model is not None else None)
+        config = apply_plan(config, self.memory_plan)
         # config, device, dtype, the model (converted in place), events, timing (engine/session_timing.py)
         self._open_model(config, model, engine="lingbot-map", kind=LingBotMap, load=load_lingbot_map,
                          error=_config_error)
@@ -181,6 +190,8 @@ class LingBotMapSession(SessionTiming):
             "kernel_errors": kernel_errors(),
             "pending_scale_frames": len(self._pending),
             "resolution": (self._hw[1], self._hw[0]) if self._hw else None,
+            # the settings the memory budget allowed, with its accounting and reasons
+            "memory_plan": self.memory_plan.as_dict() if self.memory_plan is not None else None,
         }
         return out
 
@@ -292,9 +303,10 @@ class LingBotMapSession(SessionTiming):
             return
         from ..kv import PagedKVCache, make_compressor
         from ..kv.coordinator import StreamCaches
-        cfg, geo = self.config, self.model.kv_geometry()
         h, w = self._hw
         patches = (h // 14) * (w // 14)
+        self._replan(patches)
+        cfg, geo = self.config, self.model.kv_geometry()
         self.kv = PagedKVCache(geo["num_layers"], geo["num_heads"], geo["head_dim"], patches,
                                special_tokens=geo["special_tokens"], scale_frames=cfg.scale_frames,
                                window=cfg.window, special_cap=cfg.special_cap, dtype=self.kv_precision,
@@ -309,6 +321,22 @@ class LingBotMapSession(SessionTiming):
             self.kv.enable_static_steps()
         self.camera_cache = self.model.new_camera_cache(cfg.camera_iterations, cfg.scale_frames, cfg.special_cap)
         self.caches = StreamCaches(self.kv, self.camera_cache)     # stepped together
+
+    def _replan(self, patches: int) -> None:
+        """The plan again at the frame size the first frame fixed (the plan at open assumed the
+        518x378 aspect), with the weights as already applied; raises before the KV allocation."""
+        plan = self.memory_plan
+        if plan is None or plan.patch_tokens == patches:
+            return
+        from ..kv.dtypes import kv_precision
+        from ..memory_plan import apply_plan, explicit_fields, model_facts, plan_memory
+        req = self.requested_config
+        plan = plan_memory(req, plan.budget_bytes / 2**30, model_facts(self.model, req.dtype), patch_tokens=patches,
+                           explicit=explicit_fields(req), fixed_weights=self.config.weight_dtype)
+        self.memory_plan = plan
+        self.config = apply_plan(req, plan)
+        self.kv_precision = kv_precision(self.config.dtype, self.config.kv_dtype)
+        self.kv_dtype = self.kv_precision.storage
 
     def _timed(self, t0: float, run) -> list:
         """As SessionTiming._timed, without its GPU synchronisation when results are deferred
