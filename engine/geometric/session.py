@@ -107,7 +107,7 @@ class _FrameView:
 
 class _Pending:
     __slots__ = ("fid", "timestamp", "image", "c2w", "is_kf", "segment", "future", "dropped", "deferred",
-                 "world_scale", "depth_scale")
+                 "world_scale", "depth_scale", "K")
 
     def __init__(self, fid, timestamp, image):
         self.fid, self.timestamp, self.image = fid, timestamp, image
@@ -119,6 +119,7 @@ class _Pending:
         self.deferred = False     # keyframe waiting for a neighbour keyframe with enough baseline
         self.world_scale = 1.0    # the tracker's world scale when this frame was posed
         self.depth_scale = 1.0    # depth computed in a later (re-anchored) world → this frame's world
+        self.K = None             # intrinsics the frame was posed with (self-calibration may refine them later)
 
 
 class GeometricSession:
@@ -208,6 +209,9 @@ class GeometricSession:
         self.calib_max_frames = 60      # the hold ends here whatever the estimate's spread
         self.calib_target = 0.01        # relative sigma that ends the hold early
         self.calib_accept = 0.05        # relative sigma above which the assumed FOV is kept
+        self.calib_refine_keyframes = 6 # keyframes of the scratch map before the focal bundle adjustment
+        self.calib_max_held = 150       # frames held in all (memory bound: their images wait too)
+        self._scratch: Optional[MonoTracker] = None
 
     # --- setup on the first frame ------------------------------------------------------------
     def _setup(self, w_in: int, h_in: int):
@@ -269,7 +273,7 @@ class GeometricSession:
         self._loop_poll(fid)
         ids, uv = self.frontend.track(gray)
         self._gray = gray
-        if self._calib is not None:
+        if self._calib is not None or self._scratch is not None:
             self._hold(fid, ids, uv, gray)
             self._track_times.append(time.perf_counter() - t0)
             self._track_cpu.append(time.thread_time() - c0)
@@ -300,7 +304,9 @@ class GeometricSession:
         if self.tracker is None:
             return []
         if self._calib is not None:
-            self._end_hold(self._calib.estimate())
+            self._start_map(self._calib.estimate())
+        if self._scratch is not None:
+            self._end_hold(self._scratch.refine_focal() if len(self._scratch.keyframes) >= 3 else None)
         self._apply(self.tracker.finish(), None)
         self._loop_poll(None)
         return self._drain(block_older_than=None, all_=True)
@@ -389,6 +395,7 @@ class GeometricSession:
             if rec is None:
                 continue
             rec.c2w, rec.is_kf, rec.segment = pf.c2w, pf.is_keyframe, pf.segment
+            rec.K = self.K
             rec.world_scale = self.tracker.world_scale
             if pf.is_keyframe:
                 new_kfs.append(rec)
@@ -457,22 +464,86 @@ class GeometricSession:
             rec.future = self._pool.submit(self._depth_job, view, nbrs, uv * sd, z, sweep)
 
     # --- focal self-calibration --------------------------------------------------------------
+    # Three phases while no intrinsics are stated: (1) "pairs": the frames are held and their
+    # tracks feed the two-view estimator (selfcal.py) until its spread is small or the hold is
+    # full; (2) "map": a scratch tracker runs on the held and the following frames with that
+    # focal length, nothing is returned, until its map has `calib_refine_keyframes` keyframes,
+    # then a bundle adjustment over them refines the focal length; (3) a fresh tracker replays
+    # every held frame's tracks with the refined focal length and the session goes on as usual.
+    # Results are only ever produced with the final focal length, so no pose or depth is made
+    # in one camera model and returned in another.
     def _hold(self, fid, ids, uv, gray) -> None:
-        """A frame seen while calibrating: keep enough tracks alive (new corners whenever they
-        thin out, so pairs up to the estimator's largest gap share tracks), feed the estimator,
-        and end the hold once the estimate is certain enough or the hold is full."""
+        """A frame seen while calibrating (phases 1 and 2)."""
         det_ids, det_uv = np.zeros(0, np.int64), np.zeros((0, 2), np.float32)
-        if len(ids) < 0.8 * self.max_features:
-            det_ids, det_uv = self.frontend.detect(gray)
-        self._calib.add_frame(np.concatenate([ids, det_ids]), np.concatenate([uv, det_uv]))
+        if self._scratch is None:
+            # keep enough tracks alive (new corners whenever they thin out), so that pairs up to
+            # the estimator's largest gap share tracks
+            if len(ids) < 0.8 * self.max_features:
+                det_ids, det_uv = self.frontend.detect(gray)
+            self._calib.add_frame(np.concatenate([ids, det_ids]), np.concatenate([uv, det_uv]))
+            self._held.append((fid, ids, uv, gray, det_ids, det_uv))
+            n = len(self._held)
+            est = None
+            if n >= self.calib_max_frames or (n >= self.calib_min_frames and n % 5 == 0):
+                est = self._calib.estimate()
+            if n >= self.calib_max_frames or (est is not None and est.rel_sigma <= self.calib_target):
+                self._start_map(est)
+            return
+        self._act(self._scratch_step(fid, ids, uv, gray, det_ids, det_uv, live=True))
+
+    def _scratch_step(self, fid, ids, uv, gray, det_ids, det_uv, live: bool) -> str:
+        """One frame through the scratch tracker (phase 2), kept for the replay. `live`: the
+        frame is the current one, so new corners may be detected in it (held frames only bring
+        the corners detected when they arrived). Returns "more", "refine" or "stop"."""
+        tr = self._scratch
+        try:
+            step = tr.process(fid, ids, uv)
+        except Exception:          # any trouble in the scratch map: keep the two-view estimate
+            step = None
+        if step is not None:
+            self.frontend.remove(step.drop_ids)
+            if step.need_features and live:
+                det_ids, det_uv = self.frontend.detect(gray)
+            if len(det_ids):
+                tr.add_tracks(fid, det_ids, det_uv)
         self._held.append((fid, ids, uv, gray, det_ids, det_uv))
-        n = len(self._held)
-        if n >= self.calib_max_frames:
-            self._end_hold(self._calib.estimate())
-        elif n >= self.calib_min_frames and n % 5 == 0:
-            est = self._calib.estimate()
-            if est is not None and est.rel_sigma <= self.calib_target:
-                self._end_hold(est)
+        if step is None or step.reset_tracks:
+            return "stop"
+        if len(tr.keyframes) >= self.calib_refine_keyframes:
+            return "refine"
+        return "stop" if len(self._held) >= self.calib_max_held else "more"
+
+    def _act(self, what: str) -> None:
+        if what == "refine":
+            self._end_hold(self._scratch.refine_focal())
+        elif what == "stop":
+            self._end_hold(None)
+
+    def _start_map(self, est: Optional[FocalEstimate]) -> None:
+        """End of phase 1: adopt the two-view estimate when its spread is acceptable, else fall
+        back to the assumed field of view (said once, as a warning) and replay at once; with an
+        estimate, phase 2 starts on the held frames."""
+        self._calib = None
+        if est is None or est.rel_sigma > self.calib_accept:
+            why = ("too few frame pairs with enough motion" if est is None else
+                   f"estimate {est.focal:.1f} ± {est.sigma:.1f} px too uncertain")
+            self.intrinsics_note = f"{self.intrinsics_note} (self-calibration failed: {why})"
+            self._events.append(EngineEvent("warning", 0, message=(
+                f"Focal length could not be self-calibrated ({why}); using the assumed {self.config.fov_deg:g}° "
+                "field of view. Give intrinsics (intrinsics.txt or --intrinsics) for better geometry")))
+            self._end_hold(None)
+            return
+        self._set_focal(est.focal)
+        self.focal, self.focal_source = est, "self-calibrated"
+        self._scratch = MonoTracker(self.K, dataclasses.replace(self.tracker.p))
+        held, self._held = self._held, []
+        what = "more"
+        for k, h in enumerate(held):
+            what = self._scratch_step(*h, live=False)
+            if what != "more":
+                self._held += held[k + 1:]
+                break
+        self._act(what)
 
     def _set_focal(self, f: float) -> None:
         """Use focal length f (px at the working size; square pixels, centred principal point)."""
@@ -485,25 +556,29 @@ class GeometricSession:
         if self._loop is not None:
             self._loop.K = self.K.copy()
 
-    def _end_hold(self, est: Optional[FocalEstimate]) -> None:
-        """Adopt the estimate (when its spread is acceptable) and replay the held frames' tracks
-        through the tracker, as if they had just arrived."""
-        held, self._held, self._calib = self._held, [], None
-        if est is not None and est.rel_sigma <= self.calib_accept:
-            self._set_focal(est.focal)
-            self.focal, self.focal_source = est, "self-calibrated"
-            fov = 2 * np.degrees(np.arctan(self.work_size[0] / 2.0 / est.focal))
-            self.intrinsics_note = (f"self-calibrated: focal {est.focal:.1f} ± {est.sigma:.1f} px at "
-                                    f"{self.work_size[0]}×{self.work_size[1]} ({fov:.1f}° horizontal FOV; "
-                                    f"{est.pairs} frame pairs over {est.frames} frames)")
+    def _end_hold(self, refined) -> None:
+        """End of phase 2: adopt the bundle adjustment's focal length (`refined` = (f, sigma), or
+        None to keep the current one) and replay the held frames (phase 3)."""
+        scratch, self._scratch, self._calib = self._scratch, None, None
+        est = self.focal
+        if refined is not None and est is not None:
+            f, sigma = refined
+            self._set_focal(f)
+            self.focal = FocalEstimate(f, sigma, est.pairs, est.frames)
+        if self.focal is not None:
+            fov = 2 * np.degrees(np.arctan(self.work_size[0] / 2.0 / self.focal.focal))
+            how = (f"{est.focal:.1f} ± {est.sigma:.1f} from {est.pairs} frame pairs, refined by bundle adjustment "
+                   f"over {len(scratch.keyframes)} keyframes" if refined is not None and scratch is not None else
+                   f"{est.pairs} frame pairs over {est.frames} frames")
+            self.intrinsics_note = (f"self-calibrated: focal {self.focal.focal:.1f} ± {self.focal.sigma:.1f} px at "
+                                    f"{self.work_size[0]}×{self.work_size[1]} ({fov:.1f}° horizontal FOV; {how})")
             self._events.append(EngineEvent("info", 0, message=f"Focal length {self.intrinsics_note}"))
-        else:
-            why = ("too few frame pairs with enough motion" if est is None else
-                   f"estimate {est.focal:.1f} ± {est.sigma:.1f} px too uncertain")
-            self.intrinsics_note = f"{self.intrinsics_note} (self-calibration failed: {why})"
-            self._events.append(EngineEvent("warning", 0, message=(
-                f"Focal length could not be self-calibrated ({why}); using the assumed {self.config.fov_deg:g}° "
-                "field of view. Give intrinsics (intrinsics.txt or --intrinsics) for better geometry")))
+        self._replay()
+
+    def _replay(self) -> None:
+        """Phase 3: the held frames' tracks through the session's tracker, as if they had just
+        arrived (results, depth and loop closure as usual)."""
+        held, self._held = self._held, []
         step = None
         for fid, ids, uv, gray, det_ids, det_uv in held:
             self._gray = gray
@@ -828,7 +903,7 @@ class GeometricSession:
                         depth = depth * np.float32(rec.depth_scale)
         self._n_out += 1
         res = FrameResult(index=rec.fid, timestamp=rec.timestamp, is_keyframe=rec.is_kf,
-                          c2w=np.array(c2w, np.float64), K=self.K.copy(), image=rec.image,
+                          c2w=np.array(c2w, np.float64), K=(rec.K if rec.K is not None else self.K).copy(), image=rec.image,
                           depth=depth, conf=conf, segment=rec.segment)
         cont = self._cont.get(rec.segment)
         if cont is not None and rec.fid >= cont[0]:
