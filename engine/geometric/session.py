@@ -168,6 +168,7 @@ class GeometricSession:
         self.reuse_radius = 8.0                        # px at 640 wide: a reused point lands this close to its projection
         self.reuse_max_sources = 3                     # keyframe images matched from per keyframe
         self.min_stereo_ratio = 0.012                  # last-resort stereo baseline / median depth
+        self.stereo_partners = 3                       # keyframes fused per depth map
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geom-depth") if self.depth_enabled else None
         self._n_out = self._n_kf = self._n_untracked = 0
         self._latencies: collections.deque = collections.deque(maxlen=300)
@@ -441,7 +442,7 @@ class GeometricSession:
             return
         uv, z = self.tracker.visible_points(rec.fid)
         sd = self.depth_size[0] / self.work_size[0]
-        nbrs = choose_neighbours(view, cands, self.tracker.median_depth)
+        nbrs = choose_neighbours(view, cands, self.tracker.median_depth, k=self.stereo_partners)
         if not nbrs and last_chance:
             # posed frames still waiting in the queue (non-keyframes; their poses are not bundle
             # adjusted, so keyframes come first): right after the map starts every held frame has
