@@ -122,3 +122,19 @@ def test_a_still_clip_falls_back_to_the_assumed_fov(icl):
     assert any(e.kind == "warning" and "could not be self-calibrated" in e.message for e in ev)
     assert st["focal_source"] == "assumed"
     assert st["focal_px"] == pytest.approx(320 / math.tan(math.radians(30)), rel=1e-6)
+
+
+def test_a_short_clip_without_intrinsics_gets_depth(icl):
+    # 60 frames of a start that mostly turns: the keyframes pair with posed frames (a shorter
+    # baseline as the last resort) instead of going out without depth
+    _, frames = icl
+    s = open_session(SessionConfig(engine="geometric", loop_closure=False))
+    res = []
+    for f in frames[:60]:
+        res += s.push(f)
+    res += s.flush()
+    s.close()
+    kd = [r for r in res if r.is_keyframe and r.depth is not None]
+    assert len(res) == 60 and len(kd) >= 2
+    # the exporter's default stride 2 keeps a quarter of these: ≥ 10,000 points wanted
+    check(("depth pixels", sum(int((r.depth > 0).sum()) for r in kd), ">", 40000))
