@@ -200,14 +200,15 @@ def keyframe_depth(ref: DepthView, neighbours: list, K: np.ndarray, sparse_uv: n
 
 
 def fuse_pairs(pairs: list, agree: float = 0.04, sigma_px: float = 0.25, k_sigma: float = 2.5,
-               keep_single: bool = True):
+               keep_single: bool = False):
     """Fuse the (depth, disparity) maps of several stereo pairs of one keyframe, per pixel, in
     inverse depth: each pair's inverse depth ρ has the uncertainty σ_ρ = sigma_px · ρ / disparity
     (a disparity error of sigma_px), so the fused value is the inverse-variance mean -- longer
     baselines weigh more. A pixel two or more pairs see is kept when every pair agrees with the
-    fused value within `agree` (relative) or k_sigma of their combined uncertainty; one pair
-    alone counts half. Returns (depth, effective disparity = ρ / σ_ρ · sigma_px, the
-    confidence's measure: √Σ disparity², halved where only one of several pairs saw the pixel)."""
+    fused value within `agree` (relative) or k_sigma of their combined uncertainty; a pixel only
+    one of several pairs saw is dropped (kept at half weight with `keep_single`). Returns (depth,
+    effective disparity √Σ disparity² -- the fused ρ / σ_ρ times sigma_px, the confidence's
+    measure -- halved for a kept one-pair pixel)."""
     if len(pairs) == 1:
         d, disp = pairs[0]
         return d.astype(np.float32), np.where(d > 0, disp, 0.0).astype(np.float32)
