@@ -224,7 +224,7 @@ def refine_focal(K, Rs, ts, fixed, X, cam_idx, pt_idx, uv, f_scale=1.0, max_nfev
     Returns (K', Rs, ts, X, per-observation error in px, sigma of log f) -- sigma from the
     Gauss-Newton information of a with every pose and point marginalised (the residuals' robust
     spread as the noise level), so it says how well these views constrain the focal length."""
-    from scipy.sparse import csr_matrix, diags, hstack
+    from scipy.sparse import diags
     from scipy.sparse.linalg import spsolve
     Rs = np.asarray(Rs, np.float64)
     ts = np.asarray(ts, np.float64)

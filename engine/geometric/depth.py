@@ -199,16 +199,14 @@ def keyframe_depth(ref: DepthView, neighbours: list, K: np.ndarray, sparse_uv: n
     return d1, conf
 
 
-def fuse_pairs(pairs: list, agree: float = 0.04, sigma_px: float = 0.25, k_sigma: float = 2.5,
-               keep_single: bool = False):
+def fuse_pairs(pairs: list, agree: float = 0.04, sigma_px: float = 0.25, k_sigma: float = 2.5):
     """Fuse the (depth, disparity) maps of several stereo pairs of one keyframe, per pixel, in
     inverse depth: each pair's inverse depth ρ has the uncertainty σ_ρ = sigma_px · ρ / disparity
     (a disparity error of sigma_px), so the fused value is the inverse-variance mean -- longer
     baselines weigh more. A pixel two or more pairs see is kept when every pair agrees with the
     fused value within `agree` (relative) or k_sigma of their combined uncertainty; a pixel only
-    one of several pairs saw is dropped (kept at half weight with `keep_single`). Returns (depth,
-    effective disparity √Σ disparity² -- the fused ρ / σ_ρ times sigma_px, the confidence's
-    measure -- halved for a kept one-pair pixel)."""
+    one of several pairs saw is dropped. Returns (depth, effective disparity √Σ disparity² -- the
+    fused ρ / σ_ρ times sigma_px, the confidence's measure)."""
     if len(pairs) == 1:
         d, disp = pairs[0]
         return d.astype(np.float32), np.where(d > 0, disp, 0.0).astype(np.float32)
@@ -226,10 +224,8 @@ def fuse_pairs(pairs: list, agree: float = 0.04, sigma_px: float = 0.25, k_sigma
     tol = np.maximum(agree * fused, k_sigma * np.sqrt(np.where(ok, sig, 0.0) ** 2 + np.where(wsum > 0, sig_f, 0.0) ** 2))
     agrees = (~ok | (np.abs(rho - fused) <= tol)).all(0)
     keep = (n >= 2) & agrees
-    single = (n == 1) & keep_single
-    depth = np.where(keep | single, 1.0 / np.maximum(fused, 1e-300), 0.0)
-    deff = np.sqrt((np.where(ok, disp, 0.0) ** 2).sum(0))
-    deff = np.where(keep, deff, np.where(single, 0.5 * deff, 0.0))
+    depth = np.where(keep, 1.0 / np.maximum(fused, 1e-300), 0.0)
+    deff = np.where(keep, np.sqrt((np.where(ok, disp, 0.0) ** 2).sum(0)), 0.0)
     return depth.astype(np.float32), deff.astype(np.float32)
 
 

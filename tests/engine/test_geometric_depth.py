@@ -126,7 +126,7 @@ def test_fusion_weighs_pairs_by_their_uncertainty():
     from engine.geometric.depth import fuse_pairs
     # pixel 0: a long-baseline pair (disparity 20) and a short one (5) that agree loosely: the
     # fused inverse depth weighs them by (disparity / inverse depth)², ≈ 15:1; pixel 1: they disagree by 30 %: dropped; pixel 2:
-    # one pair only: dropped (kept at half weight with keep_single); pixel 3: neither
+    # one pair only: dropped; pixel 3: neither
     d_long = np.array([[1.0, 1.0, 2.0, 0.0]], np.float32)
     d_short = np.array([[1.03, 1.3, 0.0, 0.0]], np.float32)
     disp_long = np.array([[20.0, 20.0, 10.0, 0.0]], np.float32)
@@ -138,8 +138,6 @@ def test_fusion_weighs_pairs_by_their_uncertainty():
     assert deff[0, 0] == pytest.approx(np.hypot(20, 5), rel=1e-6)
     assert depth[0, 1] == 0 and deff[0, 1] == 0
     assert depth[0, 2] == 0 and deff[0, 2] == 0
-    d1, deff1 = fuse_pairs([(d_long, disp_long), (d_short, disp_short)], keep_single=True)
-    assert d1[0, 2] == pytest.approx(2.0) and deff1[0, 2] == pytest.approx(5.0)
     assert depth[0, 3] == 0
     # the short pair alone would not pass the agreement test with a tighter uncertainty
     depth2, _ = fuse_pairs([(d_long, disp_long), (d_short, disp_short)], sigma_px=0.01, agree=0.01)
