@@ -107,7 +107,7 @@ class _FrameView:
 
 class _Pending:
     __slots__ = ("fid", "timestamp", "image", "c2w", "is_kf", "segment", "future", "dropped", "deferred",
-                 "world_scale", "depth_scale", "K")
+                 "world_scale", "depth_scale")
 
     def __init__(self, fid, timestamp, image):
         self.fid, self.timestamp, self.image = fid, timestamp, image
@@ -119,7 +119,6 @@ class _Pending:
         self.deferred = False     # keyframe waiting for a neighbour keyframe with enough baseline
         self.world_scale = 1.0    # the tracker's world scale when this frame was posed
         self.depth_scale = 1.0    # depth computed in a later (re-anchored) world → this frame's world
-        self.K = None             # intrinsics the frame was posed with (self-calibration may refine them later)
 
 
 class GeometricSession:
@@ -199,8 +198,8 @@ class GeometricSession:
         self._loops_closed = 0
         self.tracker: Optional[MonoTracker] = None
         self.intrinsics_note = ""
-        # focal self-calibration (no intrinsics stated): the first frames are held, their tracks
-        # feed the estimator, and the tracker starts on them once the focal length is known
+        # focal self-calibration (no intrinsics stated; "focal self-calibration" below): the first
+        # frames are held until the focal length is known, so K never changes once a frame is posed
         self.self_calibration = bool(getattr(config, "self_calibration", True))
         self._calib: Optional[FocalEstimator] = None
         self._held: list = []           # (fid, ids, uv, gray, detected ids, detected uv) while calibrating
@@ -396,7 +395,6 @@ class GeometricSession:
             if rec is None:
                 continue
             rec.c2w, rec.is_kf, rec.segment = pf.c2w, pf.is_keyframe, pf.segment
-            rec.K = self.K
             rec.world_scale = self.tracker.world_scale
             if pf.is_keyframe:
                 new_kfs.append(rec)
@@ -904,7 +902,7 @@ class GeometricSession:
                         depth = depth * np.float32(rec.depth_scale)
         self._n_out += 1
         res = FrameResult(index=rec.fid, timestamp=rec.timestamp, is_keyframe=rec.is_kf,
-                          c2w=np.array(c2w, np.float64), K=(rec.K if rec.K is not None else self.K).copy(), image=rec.image,
+                          c2w=np.array(c2w, np.float64), K=self.K.copy(), image=rec.image,
                           depth=depth, conf=conf, segment=rec.segment)
         cont = self._cont.get(rec.segment)
         if cont is not None and rec.fid >= cont[0]:
