@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(unknown keys go to SessionConfig.extra)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    p.add_argument("--no-intrinsics", action="store_true",
+                   help="ignore the sequence's intrinsics.txt (and --intrinsics): the engine self-calibrates "
+                        "its focal length, which the report compares with the sequence's")
     # every engine setting from the SessionConfig metadata (--intrinsics overrides intrinsics.txt)
     add_session_flags(p)
 
@@ -60,7 +63,8 @@ def main(args) -> int:
                 print(f"\r{i}/{n} frames", end="" if i < n else "\n", file=sys.stderr, flush=True)
 
         rep = evaluate_sequence(args.sequence, cfg, max_frames=args.max_frames, trajectory=args.trajectory,
-                                progress=progress, session_dir=getattr(args, "session_dir", None))
+                                progress=progress, session_dir=getattr(args, "session_dir", None),
+                                use_intrinsics=not args.no_intrinsics)
     except (EngineError, ValueError) as exc:
         print(f"reconstudio eval: {exc}", file=sys.stderr)
         return 2

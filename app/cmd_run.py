@@ -428,6 +428,8 @@ def _run(args) -> int:
         print(f"{summary.frames_in} frames → {summary.results} results in {elapsed:.1f} s "
               f"({summary.frames_in / max(elapsed, 1e-9):.1f} frames/s overall"
               f"{f', engine {fps:.1f} fps' if fps else ''}{dropped}); session: {folder}", file=sys.stderr)
+        if summary.stats.get("focal_source") not in (None, "stated"):   # the engine's own focal length
+            print(f"intrinsics: {summary.stats.get('intrinsics')}", file=sys.stderr)
     code = 0
     if outputs:
         from engine.io.lease import hold_session

@@ -70,6 +70,8 @@ def speed_and_accuracy(seq, frames, cfg) -> dict:
         "loops_consistent": st.get("loops_consistent"), "push_waited_for_loops_s": st.get("loop_wait_s"),
         "latency_p50_ms": st["latency_p50_ms"], "latency_p95_ms": st["latency_p95_ms"],
         "resolution": st["resolution"], "load_avg_1min": os.getloadavg()[0],
+        "focal_px": st.get("focal_px"), "focal_sigma_px": st.get("focal_sigma_px"),
+        "focal_source": st.get("focal_source"),
     }
 
 
@@ -171,6 +173,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-frames", type=int, default=None)
     p.add_argument("--max-side", type=int, default=640)
     p.add_argument("--no-depth", action="store_true")
+    p.add_argument("--no-intrinsics", action="store_true",
+                   help="ignore the sequence's intrinsics: the engine self-calibrates its focal length")
     p.add_argument("--robustness", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--soak", type=int, default=0, metavar="N",
@@ -184,7 +188,7 @@ def main(argv=None) -> int:
     fields, extra = _settings(a.set)
     seq = load_sequence(a.sequence)
     if a.soak:
-        cfg = SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple() if seq.intrinsics else None,
+        cfg = SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple() if seq.intrinsics and not a.no_intrinsics else None,
                             max_side=a.max_side, depth=not a.no_depth, loop_max_keyframes=a.loop_max_keyframes,
                             extra=extra, **fields)
         rows = soak(seq, cfg, a.soak, use_tracemalloc=a.tracemalloc)
@@ -192,7 +196,7 @@ def main(argv=None) -> int:
             print(json.dumps(rows, indent=2))
         return 0
     frames = _frames(seq, a.max_frames or len(seq))
-    cfg = SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple() if seq.intrinsics else None,
+    cfg = SessionConfig(engine="geometric", intrinsics=seq.intrinsics.as_tuple() if seq.intrinsics and not a.no_intrinsics else None,
                         max_side=a.max_side, depth=not a.no_depth, extra=extra, **fields)
     rep = robustness(seq, frames, cfg) if a.robustness else speed_and_accuracy(seq, frames, cfg)
     if a.json:

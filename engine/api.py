@@ -202,8 +202,12 @@ class SessionConfig:
                                              tooltip="A file with the intrinsics (intrinsics.txt), used when no "
                                                      "numbers are given; one beside the input is found automatically.")
     fov_deg: float = setting(60.0, label="Assumed FOV", group="Camera", engines=_GEOMETRIC, range=(10.0, 170.0),
-                             tooltip="Horizontal field of view assumed when no intrinsics are known. A wrong "
-                                     "value bends the trajectory and the geometry.")
+                             tooltip="Horizontal field of view assumed when no intrinsics are known and "
+                                     "self-calibration is off or fails. A wrong value bends the trajectory and the geometry.")
+    self_calibration: bool = setting(True, label="Self-calibrate focal", group="Camera", engines=_GEOMETRIC,
+                                     tooltip="With no intrinsics given, estimate the focal length from the first "
+                                             "frames' tracks (square pixels, centred principal point) instead of "
+                                             "assuming the field of view. Stated intrinsics always win.")
     max_side: int = setting(640, label="Working size", group="Geometric", engines=_GEOMETRIC, range=(64, 8192),
                             step=32, tooltip="The geometric engine works at most at this resolution (longest "
                                              "side): larger = denser and more accurate, slower.")

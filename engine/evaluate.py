@@ -108,17 +108,22 @@ def _gt_depth_on_grid(gt_mm: np.ndarray, K_gt: np.ndarray, K_res: np.ndarray, si
 def evaluate_sequence(seq_dir, config: Optional[SessionConfig] = None, *, engine: Optional[str] = None,
                       max_frames: Optional[int] = None, trajectory: Optional[Union[str, Path]] = None,
                       model=None, progress: Optional[Callable[[int, int], None]] = None,
-                      keep_results: bool = False, session_dir: Optional[Union[str, Path]] = None) -> dict:
+                      keep_results: bool = False, session_dir: Optional[Union[str, Path]] = None,
+                      use_intrinsics: bool = True) -> dict:
     """Push every frame of `seq_dir` through a session and compute the metrics. The session uses
-    the sequence's intrinsics unless `config.intrinsics` is set. Returns a JSON-friendly dict.
-    `session_dir`: also store the run there (a session the viewer reopens, its ground truth named
-    in config.json so the review shows it beside the run: engine/ground_truth.py)."""
+    the sequence's intrinsics unless `config.intrinsics` is set; `use_intrinsics=False` ignores
+    them (and any intrinsics file) so the engine self-calibrates, and the report compares its focal
+    length with the sequence's. `session_dir`: also store the run there (a session the viewer
+    reopens, its ground truth named in config.json so the review shows it beside the run:
+    engine/ground_truth.py). Returns a JSON-friendly dict."""
     import cv2
     seq = load_sequence(seq_dir)
     cfg = SessionConfig(**{**(config.to_dict() if config else {})})
     if engine:
         cfg.engine = engine
-    if cfg.intrinsics is None and seq.intrinsics is not None:
+    if not use_intrinsics:
+        cfg.intrinsics, cfg.intrinsics_file = None, None
+    elif cfg.intrinsics is None and seq.intrinsics is not None:
         cfg.intrinsics = seq.intrinsics.as_tuple()
     n = len(seq) if not max_frames else min(len(seq), int(max_frames))
     if n < 3:
@@ -170,7 +175,18 @@ def evaluate_sequence(seq_dir, config: Optional[SessionConfig] = None, *, engine
         "loops_closed": stats.get("loops_closed"), "loops_consistent": stats.get("loops_consistent"),
         "segments_relocalised": stats.get("segments_relocalised"),
         "realign_events": sum(1 for e in events if e.kind == "realign"),
+        "intrinsics_used": use_intrinsics,
     }
+    # focal length in use (engines that report it), against the sequence's at the same resolution
+    if stats.get("focal_px") is not None:
+        report["focal_px"] = stats["focal_px"]
+        report["focal_sigma_px"] = stats.get("focal_sigma_px")
+        report["focal_source"] = stats.get("focal_source")
+        if seq.intrinsics is not None and results:
+            h, w = results[0].image.shape[:2]
+            si = seq.intrinsics.scaled_to(w, h)
+            report["focal_true_px"] = 0.5 * (si.fx + si.fy)
+            report["focal_error"] = stats["focal_px"] / report["focal_true_px"] - 1.0
     if trajectory:
         export_tum(trajectory, results)
         report["trajectory"] = str(trajectory)
@@ -262,6 +278,13 @@ def format_report(rep: dict) -> str:
         if rep.get("ate_raw_rmse_m") is not None:
             parts.append(f"ATE before corrections {f(rep['ate_raw_rmse_m'], ' cm', 100, '{:.2f}')}")
         lines.append("loops      " + ", ".join(parts))
+    if rep.get("focal_px") is not None:
+        line = f"focal      {rep['focal_px']:.1f} px ({rep.get('focal_source')})"
+        if rep.get("focal_sigma_px") is not None:
+            line += f" ± {rep['focal_sigma_px']:.1f}"
+        if rep.get("focal_true_px") is not None:
+            line += f"; sequence's intrinsics {rep['focal_true_px']:.1f} px ({100 * rep['focal_error']:+.1f} %)"
+        lines.append(line)
     if "depth_abs_rel" in rep:
         lines.append(f"depth      AbsRel {f(rep['depth_abs_rel'])}, delta<1.25 {f(rep['depth_delta1'])} "
                      f"over {rep['depth_frames']} keyframes ({100 * rep['depth_density']:.0f}% of pixels have depth)")

@@ -5,7 +5,9 @@ Sources, in order of precedence (see `resolve_intrinsics`):
 2. a file in the `fx fy cx cy width height` format of the shared data (`# comments` allowed),
    found automatically as `intrinsics.txt` beside a sequence (`find_intrinsics`);
 3. a default pinhole camera with the horizontal field of view `SessionConfig.fov_deg`
-   (60° unless set), square pixels, principal point at the image centre.
+   (60° unless set), square pixels, principal point at the image centre. With
+   `SessionConfig.self_calibration` (default) the geometric engine replaces its focal length by
+   one estimated from the first frames (engine/geometric/selfcal.py); stated intrinsics always win.
 
 Intrinsics are always stated for a resolution; `Intrinsics.scaled_to(w, h)` rescales them when the
 input is resized (the aspect ratio must match, otherwise the file belongs to another camera).
@@ -143,6 +145,9 @@ def attach_found_intrinsics(config, input_path) -> str:
         config.intrinsics_file = str(found)
         return str(found)
     config.intrinsics_file = None
+    if getattr(config, "self_calibration", False) and getattr(config, "engine", "geometric") == "geometric":
+        return (f"none found: the focal length is self-calibrated from the first frames "
+                f"(else {config.fov_deg:g}° horizontal field of view)")
     return f"assumed {config.fov_deg:g}° horizontal field of view"
 
 

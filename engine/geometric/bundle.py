@@ -214,3 +214,91 @@ def _lm_schur(K, Rs, ts, fixed, X, cam_idx, pt_idx, uv, delta, max_iter):
         r, Jc, Jx = _project_jac(K, R, t, P, cam_idx, pt_idx, uv)
     r, _, _ = _project_jac(K, R, t, P, cam_idx, pt_idx, uv, want_jac=False)
     return R, t, P, np.linalg.norm(r, axis=1)
+
+
+def refine_focal(K, Rs, ts, fixed, X, cam_idx, pt_idx, uv, f_scale=1.0, max_nfev=30):
+    """Bundle adjustment with one shared focal length (square pixels, principal point kept):
+    self-calibration once the map is well conditioned. Same model as `bundle_adjust` plus the
+    log focal scale a (fx, fy = e^a · K's); soft-L1 loss, analytic sparse Jacobian.
+
+    Returns (K', Rs, ts, X, per-observation error in px, sigma of log f) -- sigma from the
+    Gauss-Newton information of a with every pose and point marginalised (the residuals' robust
+    spread as the noise level), so it says how well these views constrain the focal length."""
+    from scipy.sparse import diags
+    from scipy.sparse.linalg import spsolve
+    Rs = np.asarray(Rs, np.float64)
+    ts = np.asarray(ts, np.float64)
+    X = np.asarray(X, np.float64)
+    fixed = np.asarray(fixed, bool)
+    cam_idx, pt_idx, uv = np.asarray(cam_idx), np.asarray(pt_idx), np.asarray(uv, np.float64)
+    free = np.flatnonzero(~fixed)
+    nf, m, n_obs = len(free), len(X), len(cam_idx)
+    slot = np.full(len(Rs), -1)
+    slot[free] = np.arange(nf)
+    fx0, fy0, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    s = slot[cam_idx]
+    has = s >= 0
+    obs = np.arange(n_obs)
+    rows, cols = [], []
+    for d in range(2):
+        r = 2 * obs + d
+        for j in range(3):
+            rows += [r[has], r[has], r]
+            cols += [3 * s[has] + j, 3 * nf + 3 * s[has] + j, 6 * nf + 3 * pt_idx + j]
+        rows.append(r)
+        cols.append(np.full(n_obs, 6 * nf + 3 * m))
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    shape = (2 * n_obs, 6 * nf + 3 * m + 1)
+
+    def unpack(p):
+        R, t = Rs.copy(), ts.copy()
+        if nf:
+            R[free] = so3_exp(p[:3 * nf].reshape(nf, 3)) @ Rs[free]
+            t[free] = ts[free] + p[3 * nf:6 * nf].reshape(nf, 3)
+        return R, t, X + p[6 * nf:6 * nf + 3 * m].reshape(m, 3), np.exp(p[-1])
+
+    def residuals(p):
+        R, t, P, e = unpack(p)
+        Xc = np.einsum("nij,nj->ni", R[cam_idx], P[pt_idx]) + t[cam_idx]
+        z = np.maximum(Xc[:, 2], 1e-6)
+        return np.stack([e * fx0 * Xc[:, 0] / z + cx - uv[:, 0], e * fy0 * Xc[:, 1] / z + cy - uv[:, 1]], 1).ravel()
+
+    def jacobian(p):
+        R, t, P, e = unpack(p)
+        fx, fy = e * fx0, e * fy0
+        Xc = np.einsum("nij,nj->ni", R[cam_idx], P[pt_idx]) + t[cam_idx]
+        z = np.maximum(Xc[:, 2], 1e-6)
+        Jp = np.zeros((n_obs, 2, 3))
+        Jp[:, 0, 0] = fx / z
+        Jp[:, 0, 2] = -fx * Xc[:, 0] / z ** 2
+        Jp[:, 1, 1] = fy / z
+        Jp[:, 1, 2] = -fy * Xc[:, 1] / z ** 2
+        Jw = -np.einsum("nij,njk->nik", Jp, skew(Xc - t[cam_idx]))
+        Jx = np.einsum("nij,njk->nik", Jp, R[cam_idx])
+        Ja = np.stack([fx * Xc[:, 0] / z, fy * Xc[:, 1] / z], 1)      # d(u, v) / d log f
+        data = []
+        for d in range(2):
+            for j in range(3):
+                data += [Jw[has, d, j], Jp[has, d, j], Jx[:, d, j]]
+            data.append(Ja[:, d])
+        return coo_matrix((np.concatenate(data), (rows, cols)), shape=shape).tocsr()
+
+    sol = least_squares(residuals, np.zeros(shape[1]), jac=jacobian, method="trf", loss="soft_l1",
+                        f_scale=f_scale, max_nfev=max_nfev, x_scale="jac", tr_solver="lsmr",
+                        xtol=1e-8, ftol=1e-8)
+    R, t, P, e = unpack(sol.x)
+    res = residuals(sol.x)
+    err = np.linalg.norm(res.reshape(-1, 2), axis=1)
+    # information of log f with the rest marginalised: J_a'J_a - J_a'J_o (J_o'J_o)^-1 J_o'J_a over
+    # the inlier observations (gauge freedoms get a tiny prior so the solve is defined)
+    inl = np.repeat(err < 3.0 * f_scale, 2)
+    J = jacobian(sol.x)[inl]
+    Jo, Ja = J[:, :-1], J[:, -1]
+    A = (Jo.T @ Jo + diags(np.full(Jo.shape[1], 1e-6))).tocsc()
+    b = Jo.T @ Ja.toarray().ravel()
+    info = float((Ja.T @ Ja).toarray().ravel()[0]) - float(b @ spsolve(A, b))
+    sigma_px = 1.4826 * float(np.median(np.abs(res[inl]))) if inl.any() else 1.0
+    sigma = sigma_px / np.sqrt(max(info, 1e-18))
+    K2 = np.array(K, np.float64).copy()
+    K2[0, 0], K2[1, 1] = e * fx0, e * fy0
+    return K2, R, t, P, err, float(sigma)

@@ -60,11 +60,45 @@ def _disparity_range(sgn_d: np.ndarray, range_lo: float = 0.6, range_hi: float =
     return lo, min(n, 192)
 
 
+def refine_disparity(a: np.ndarray, b: np.ndarray, disp: np.ndarray, iterations: int = 2, win: int = 5,
+                     below: float = 8.0) -> np.ndarray:
+    """Sub-pixel refinement of a rectified disparity map (a(x) ≈ b(x − d), 0 = none): Gauss-Newton
+    steps of the windowed intensity difference along the scan line. Block matching interpolates
+    its cost between whole disparities, which pulls sub-pixel values towards integers (pixel
+    locking) -- at the small disparities of distant surfaces that shows as stepped depth layers.
+    Only disparities below `below` px are refined: that is where a fraction of a pixel matters
+    (at larger ones the noise of real images outweighs the gain)."""
+    a = a.astype(np.float32)
+    b = b.astype(np.float32)
+    h, w = a.shape
+    valid = (disp > 0).astype(np.float32)
+    if not (disp[disp > 0] < below).any():
+        return disp
+    xs = np.broadcast_to(np.arange(w, dtype=np.float32), (h, w))
+    ys = np.broadcast_to(np.arange(h, dtype=np.float32)[:, None], (h, w))
+    gx = cv2.Sobel(b, cv2.CV_32F, 1, 0, ksize=3) / 8.0
+    d = disp.astype(np.float32).copy()
+    total = np.zeros_like(d)
+    for _ in range(iterations):
+        mx = np.ascontiguousarray(xs - d)
+        bw = cv2.remap(b, mx, np.ascontiguousarray(ys), cv2.INTER_LINEAR)
+        gw = cv2.remap(gx, mx, np.ascontiguousarray(ys), cv2.INTER_LINEAR)
+        num = cv2.boxFilter(gw * (a - bw) * valid, -1, (win, win), normalize=False)
+        den = cv2.boxFilter(gw * gw * valid, -1, (win, win), normalize=False)
+        step = np.where(den > 1e-2, -num / np.maximum(den, 1e-2), 0.0).astype(np.float32)
+        step = np.clip(step, -0.5 - total, 0.5 - total)     # at most half a pixel from the matcher's value
+        total += step
+        d = np.where(valid > 0, d + step, 0.0).astype(np.float32)
+    return np.where(disp < below, d, disp).astype(np.float32)
+
+
 def pair_depth(ref: DepthView, nbr: DepthView, K: np.ndarray, sparse_uv: np.ndarray, sparse_z: np.ndarray,
                block: int = 5, alpha: float = -1.0, upscale: float = 1.0,
                min_texture: float = 4.0, uniqueness: int = 10, range_lo: float = 0.4, range_hi: float = 2.5,
-               min_disparity: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Depth (float32, 0 = none) and disparity (in depth-resolution pixels) on ref's grid."""
+               min_angle_deg: float = 0.25, subpixel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Depth (float32, 0 = none) and disparity (in depth-resolution pixels) on ref's grid.
+    Pixels whose viewing rays meet at less than `min_angle_deg` are dropped: their depth is too
+    uncertain (relative error ≈ disparity error / disparity)."""
     h, w = ref.gray.shape
     Rr, Rn = ref.c2w[:3, :3].T, nbr.c2w[:3, :3].T
     tr, tn = -Rr @ ref.c2w[:3, 3], -Rn @ nbr.c2w[:3, 3]
@@ -104,13 +138,17 @@ def pair_depth(ref: DepthView, nbr: DepthView, K: np.ndarray, sparse_uv: np.ndar
                                  uniquenessRatio=uniqueness, speckleWindowSize=80, speckleRange=2,
                                  mode=cv2.STEREO_SGBM_MODE_SGBM)
     raw = sgbm.compute(a, b).astype(np.float32) / 16.0
+    raw[raw < lo] = 0
+    if subpixel:
+        raw = refine_disparity(a, b, raw)
     if not ref_is_left:
         raw = raw[:, ::-1]
     if vertical:
         raw = raw.T
     disp = np.ascontiguousarray(raw)
-    # invalid pixels come back as lo-1; below ~1 px the depth is too uncertain (far, low parallax)
-    disp[disp < max(lo, min_disparity)] = 0
+    # the rays of a pixel meet at ≈ disparity / focal (rectified): cull by that angle, whatever
+    # the resolution or the baseline
+    disp[(disp < max(lo, 1e-3)) | (disp < f * np.tan(np.radians(min_angle_deg)))] = 0
 
     # back to the keyframe's grid: pixel → rectified ray → sample disparity
     uu, vv = np.meshgrid(np.arange(w, dtype=np.float64), np.arange(h, dtype=np.float64))
@@ -153,20 +191,42 @@ def keyframe_depth(ref: DepthView, neighbours: list, K: np.ndarray, sparse_uv: n
             conf = cv2.resize(conf, out_size, interpolation=cv2.INTER_NEAREST)
         return d1, conf
     scale_out = out_size[0] / w
-    d1, disp1 = pair_depth(ref, neighbours[0], K, sparse_uv, sparse_z, **kw)
-    conf = np.where(d1 > 0, 1.0 + disp1 * scale_out / 4.0, 0.0).astype(np.float32)
-    if len(neighbours) > 1:
-        d2, _ = pair_depth(ref, neighbours[1], K, sparse_uv, sparse_z, **kw)
-        both = (d1 > 0) & (d2 > 0)
-        rel = np.abs(d1 - d2) / np.maximum(d1, 1e-9)
-        keep = both & (rel < agree)
-        d1 = np.where(keep, 0.5 * (d1 + d2), np.where(both, 0.0, d1)).astype(np.float32)
-        weight = np.where(keep, 1.0, 0.5)   # seen by one pair only: half the confidence
-        conf = np.where(d1 > 0, conf * weight, 0.0).astype(np.float32)
+    d1, conf = fuse_pairs([pair_depth(ref, nb, K, sparse_uv, sparse_z, **kw) for nb in neighbours], agree)
+    conf = np.where(d1 > 0, 1.0 + conf * scale_out / 4.0, 0.0).astype(np.float32)
     if (w, h) != tuple(out_size):
         d1 = cv2.resize(d1, out_size, interpolation=cv2.INTER_NEAREST)
         conf = cv2.resize(conf, out_size, interpolation=cv2.INTER_NEAREST)
     return d1, conf
+
+
+def fuse_pairs(pairs: list, agree: float = 0.04, sigma_px: float = 0.25, k_sigma: float = 2.5):
+    """Fuse the (depth, disparity) maps of several stereo pairs of one keyframe, per pixel, in
+    inverse depth: each pair's inverse depth ρ has the uncertainty σ_ρ = sigma_px · ρ / disparity
+    (a disparity error of sigma_px), so the fused value is the inverse-variance mean -- longer
+    baselines weigh more. A pixel two or more pairs see is kept when every pair agrees with the
+    fused value within `agree` (relative) or k_sigma of their combined uncertainty; a pixel only
+    one of several pairs saw is dropped. Returns (depth, effective disparity √Σ disparity² -- the
+    fused ρ / σ_ρ times sigma_px, the confidence's measure)."""
+    if len(pairs) == 1:
+        d, disp = pairs[0]
+        return d.astype(np.float32), np.where(d > 0, disp, 0.0).astype(np.float32)
+    ds = np.stack([p[0] for p in pairs]).astype(np.float64)
+    disp = np.stack([p[1] for p in pairs]).astype(np.float64)
+    ok = (ds > 0) & (disp > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = np.where(ok, 1.0 / ds, 0.0)
+        sig = np.where(ok, sigma_px * rho / np.where(ok, disp, 1.0), np.inf)
+        w = np.where(ok, 1.0 / sig ** 2, 0.0)
+    wsum = w.sum(0)
+    fused = np.where(wsum > 0, (w * rho).sum(0) / np.maximum(wsum, 1e-300), 0.0)
+    sig_f = np.where(wsum > 0, 1.0 / np.sqrt(np.maximum(wsum, 1e-300)), np.inf)
+    n = ok.sum(0)
+    tol = np.maximum(agree * fused, k_sigma * np.sqrt(np.where(ok, sig, 0.0) ** 2 + np.where(wsum > 0, sig_f, 0.0) ** 2))
+    agrees = (~ok | (np.abs(rho - fused) <= tol)).all(0)
+    keep = (n >= 2) & agrees
+    depth = np.where(keep, 1.0 / np.maximum(fused, 1e-300), 0.0)
+    deff = np.where(keep, np.sqrt((np.where(ok, disp, 0.0) ** 2).sum(0)), 0.0)
+    return depth.astype(np.float32), deff.astype(np.float32)
 
 
 def choose_sweep_neighbours(ref: DepthView, candidates: list, median_depth: float, k: int = 2,

@@ -35,6 +35,7 @@ from ..intrinsics import resolve_intrinsics
 from .depth import DepthView, choose_neighbours, choose_sweep_neighbours, keyframe_depth, limit_depth
 from .frontend import KLTFrontend
 from .loop import Forget, LoopCloser, LoopParams, SegmentLink
+from .selfcal import FocalEstimate, FocalEstimator
 from .tracker import MonoTracker, TrackerParams
 
 
@@ -85,6 +86,23 @@ def _zncc(a: np.ndarray, pa, b: np.ndarray, pb, r: int = 5) -> float:
     A, B = A - A.mean(), B - B.mean()
     den = float(np.sqrt((A @ A) * (B @ B)))
     return float(A @ B) / den if den > 1e-6 else -1.0
+
+
+class _FrameView:
+    """A posed non-keyframe as a depth partner: its pose as tracked, its small grey image made
+    only if it is chosen (depth.DepthView's fields)."""
+    __slots__ = ("fid", "c2w", "segment", "_rgb", "_size", "_gray")
+
+    def __init__(self, rec, size):
+        self.fid, self.c2w, self.segment = rec.fid, np.array(rec.c2w, np.float64), rec.segment
+        self._rgb, self._size, self._gray = rec.image, size, None
+
+    @property
+    def gray(self) -> np.ndarray:
+        if self._gray is None:
+            self._gray = cv2.cvtColor(cv2.resize(self._rgb, self._size, interpolation=cv2.INTER_AREA),
+                                      cv2.COLOR_RGB2GRAY)
+        return self._gray
 
 
 class _Pending:
@@ -148,6 +166,8 @@ class GeometricSession:
         self._gray: Optional[np.ndarray] = None
         self.reuse_radius = 8.0                        # px at 640 wide: a reused point lands this close to its projection
         self.reuse_max_sources = 3                     # keyframe images matched from per keyframe
+        self.min_stereo_ratio = 0.012                  # last-resort stereo baseline / median depth
+        self.stereo_partners = 3                       # keyframes fused per depth map
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geom-depth") if self.depth_enabled else None
         self._n_out = self._n_kf = self._n_untracked = 0
         self._latencies: collections.deque = collections.deque(maxlen=300)
@@ -178,6 +198,20 @@ class GeometricSession:
         self._loops_closed = 0
         self.tracker: Optional[MonoTracker] = None
         self.intrinsics_note = ""
+        # focal self-calibration (no intrinsics stated; "focal self-calibration" below): the first
+        # frames are held until the focal length is known, so K never changes once a frame is posed
+        self.self_calibration = bool(getattr(config, "self_calibration", True))
+        self._calib: Optional[FocalEstimator] = None
+        self._held: list = []           # (fid, ids, uv, gray, detected ids, detected uv) while calibrating
+        self.focal: Optional[FocalEstimate] = None
+        self.focal_source = ""
+        self.calib_min_frames = 20      # frames before the first estimate is trusted
+        self.calib_max_frames = 60      # the hold ends here whatever the estimate's spread
+        self.calib_target = 0.01        # relative sigma that ends the hold early
+        self.calib_accept = 0.05        # relative sigma above which the assumed FOV is kept
+        self.calib_refine_keyframes = 6 # keyframes of the scratch map before the focal bundle adjustment
+        self.calib_max_held = 150       # frames held in all (memory bound: their images wait too)
+        self._scratch: Optional[MonoTracker] = None
 
     # --- setup on the first frame ------------------------------------------------------------
     def _setup(self, w_in: int, h_in: int):
@@ -201,6 +235,11 @@ class GeometricSession:
             self._loop_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geom-loop")
         self._input_size = (w_in, h_in)
         self.intrinsics_note = note
+        stated = getattr(self.config, "intrinsics", None) is not None or bool(getattr(self.config, "intrinsics_file", None))
+        self.focal_source = "stated" if stated else "assumed"
+        if not stated and self.self_calibration:
+            self._calib = FocalEstimator(*self.work_size)
+            note = f"{note}, self-calibrating the focal length over the first frames"
         self._events.append(EngineEvent("info", 0, message=f"geometric engine: {self.work_size[0]}×{self.work_size[1]}, "
                                                    f"intrinsics {note}; scale is arbitrary (monocular)"))
         if self.work_size != (w_in, h_in):
@@ -234,6 +273,13 @@ class GeometricSession:
         self._loop_poll(fid)
         ids, uv = self.frontend.track(gray)
         self._gray = gray
+        if self._calib is not None or self._scratch is not None:
+            self._hold(fid, ids, uv, gray)
+            self._track_times.append(time.perf_counter() - t0)
+            self._track_cpu.append(time.thread_time() - c0)
+            out = self._drain(block_older_than=fid - self.depth_max_lag)
+            self._latencies.append(time.perf_counter() - t0)
+            return out
         try:
             step = self.tracker.process(fid, ids, uv)
         except Exception as exc:   # numerical corner cases must not end a live session
@@ -257,6 +303,10 @@ class GeometricSession:
     def flush(self) -> list[FrameResult]:
         if self.tracker is None:
             return []
+        if self._calib is not None:
+            self._start_map(self._calib.estimate())
+        if self._scratch is not None:
+            self._end_hold(self._scratch.refine_focal() if len(self._scratch.keyframes) >= 3 else None)
         self._apply(self.tracker.finish(), None)
         self._loop_poll(None)
         return self._drain(block_older_than=None, all_=True)
@@ -290,6 +340,10 @@ class GeometricSession:
             "rotation_aided_frames": self.tracker.rotation_aided_total if self.tracker else 0,
             "resolution": list(self.work_size) if self._input_size else None,
             "intrinsics": self.intrinsics_note or None,
+            # the focal length in use at the working resolution; sigma only when self-calibrated
+            "focal_px": float(self.K[0, 0]) if self._input_size else None,
+            "focal_sigma_px": self.focal.sigma if self.focal is not None else None,
+            "focal_source": self.focal_source or None,
             "loops_closed": self._loops_closed, "segments_relocalised": self._n_links,
             "segments_continued": self._n_cont,
             "loops_consistent": self._loop.loops_consistent if self._loop is not None else 0,
@@ -365,7 +419,10 @@ class GeometricSession:
             for rec in [r for r in self._queue if r.deferred and not r.dropped] + new_kfs:
                 self._submit_depth(rec)
 
-    def _submit_depth(self, rec: _Pending):
+    def _submit_depth(self, rec: _Pending, last_chance: bool = False):
+        """Queue the depth job of keyframe `rec` with its best stereo (or plane-sweep) partner
+        keyframes; with none it stays deferred. `last_chance` (it is about to go out without
+        depth): posed non-keyframes waiting in the queue become partners too."""
         if self._pool is None:
             return
         view, cands = None, []
@@ -383,15 +440,161 @@ class GeometricSession:
             return
         uv, z = self.tracker.visible_points(rec.fid)
         sd = self.depth_size[0] / self.work_size[0]
-        nbrs = choose_neighbours(view, cands, self.tracker.median_depth)
+        nbrs = choose_neighbours(view, cands, self.tracker.median_depth, k=self.stereo_partners)
+        if not nbrs and last_chance:
+            # posed frames still waiting in the queue (non-keyframes; their poses are not bundle
+            # adjusted, so keyframes come first): right after the map starts every held frame has
+            # a pose, so the first keyframes get depth without waiting for later keyframes
+            near = [_FrameView(r, self.depth_size) for r in self._queue if r.c2w is not None and not r.is_kf
+                    and not r.dropped and r.segment == rec.segment]
+            nbrs = choose_neighbours(view, near, self.tracker.median_depth)
+            if not nbrs:
+                # a start that mostly turns (short clips): one partner at a shorter baseline; its
+                # far pixels fall to the triangulation-angle cull
+                nbrs = choose_neighbours(view, cands + near, self.tracker.median_depth, k=1,
+                                         min_ratio=self.min_stereo_ratio)
         sweep = False
-        if not nbrs:   # no sideways baseline: plane sweep against neighbours in any direction
+        if not nbrs and not last_chance:   # no sideways baseline: plane sweep against neighbours in any direction
             nbrs = choose_sweep_neighbours(view, cands, self.tracker.median_depth)
             sweep = bool(nbrs)
         rec.deferred = not nbrs
         rec.depth_scale = rec.world_scale / self.tracker.world_scale
         if nbrs:
             rec.future = self._pool.submit(self._depth_job, view, nbrs, uv * sd, z, sweep)
+
+    # --- focal self-calibration --------------------------------------------------------------
+    # Three phases while no intrinsics are stated: (1) "pairs": the frames are held and their
+    # tracks feed the two-view estimator (selfcal.py) until its spread is small or the hold is
+    # full; (2) "map": a scratch tracker runs on the held and the following frames with that
+    # focal length, nothing is returned, until its map has `calib_refine_keyframes` keyframes,
+    # then a bundle adjustment over them refines the focal length; (3) a fresh tracker replays
+    # every held frame's tracks with the refined focal length and the session goes on as usual.
+    # Results are only ever produced with the final focal length, so no pose or depth is made
+    # in one camera model and returned in another.
+    def _hold(self, fid, ids, uv, gray) -> None:
+        """A frame seen while calibrating (phases 1 and 2)."""
+        det_ids, det_uv = np.zeros(0, np.int64), np.zeros((0, 2), np.float32)
+        if self._scratch is None:
+            # keep enough tracks alive (new corners whenever they thin out), so that pairs up to
+            # the estimator's largest gap share tracks
+            if len(ids) < 0.8 * self.max_features:
+                det_ids, det_uv = self.frontend.detect(gray)
+            self._calib.add_frame(np.concatenate([ids, det_ids]), np.concatenate([uv, det_uv]))
+            self._held.append((fid, ids, uv, gray, det_ids, det_uv))
+            n = len(self._held)
+            est = None
+            if n >= self.calib_max_frames or (n >= self.calib_min_frames and n % 5 == 0):
+                est = self._calib.estimate()
+            if n >= self.calib_max_frames or (est is not None and est.rel_sigma <= self.calib_target):
+                self._start_map(est)
+            return
+        self._act(self._scratch_step(fid, ids, uv, gray, det_ids, det_uv, live=True))
+
+    def _scratch_step(self, fid, ids, uv, gray, det_ids, det_uv, live: bool) -> str:
+        """One frame through the scratch tracker (phase 2), kept for the replay. `live`: the
+        frame is the current one, so new corners may be detected in it (held frames only bring
+        the corners detected when they arrived). Returns "more", "refine" or "stop"."""
+        tr = self._scratch
+        try:
+            step = tr.process(fid, ids, uv)
+        except Exception:          # any trouble in the scratch map: keep the two-view estimate
+            step = None
+        if step is not None:
+            self.frontend.remove(step.drop_ids)
+            if step.need_features and live:
+                det_ids, det_uv = self.frontend.detect(gray)
+            if len(det_ids):
+                tr.add_tracks(fid, det_ids, det_uv)
+        self._held.append((fid, ids, uv, gray, det_ids, det_uv))
+        if step is None or step.reset_tracks:
+            return "stop"
+        if len(tr.keyframes) >= self.calib_refine_keyframes:
+            return "refine"
+        return "stop" if len(self._held) >= self.calib_max_held else "more"
+
+    def _act(self, what: str) -> None:
+        if what == "refine":
+            self._end_hold(self._scratch.refine_focal())
+        elif what == "stop":
+            self._end_hold(None)
+
+    def _start_map(self, est: Optional[FocalEstimate]) -> None:
+        """End of phase 1: adopt the two-view estimate when its spread is acceptable, else fall
+        back to the assumed field of view (said once, as a warning) and replay at once; with an
+        estimate, phase 2 starts on the held frames."""
+        self._calib = None
+        if est is None or est.rel_sigma > self.calib_accept:
+            why = ("too few frame pairs with enough motion" if est is None else
+                   f"estimate {est.focal:.1f} ± {est.sigma:.1f} px too uncertain")
+            self.intrinsics_note = f"{self.intrinsics_note} (self-calibration failed: {why})"
+            self._events.append(EngineEvent("warning", 0, message=(
+                f"Focal length could not be self-calibrated ({why}); using the assumed {self.config.fov_deg:g}° "
+                "field of view. Give intrinsics (intrinsics.txt or --intrinsics) for better geometry")))
+            self._end_hold(None)
+            return
+        self._set_focal(est.focal)
+        self.focal, self.focal_source = est, "self-calibrated"
+        self._scratch = MonoTracker(self.K, dataclasses.replace(self.tracker.p))
+        held, self._held = self._held, []
+        what = "more"
+        for k, h in enumerate(held):
+            what = self._scratch_step(*h, live=False)
+            if what != "more":
+                self._held += held[k + 1:]
+                break
+        self._act(what)
+
+    def _set_focal(self, f: float) -> None:
+        """Use focal length f (px at the working size; square pixels, centred principal point)."""
+        w, h = self.work_size
+        from ..intrinsics import Intrinsics
+        self.intr = Intrinsics(f, f, (w - 1) / 2.0, (h - 1) / 2.0, w, h)
+        self.K = self.intr.matrix()
+        self.K_depth = self.intr.scaled_to(*self.depth_size).matrix()
+        self.tracker.K = self.K.copy()
+        if self._loop is not None:
+            self._loop.K = self.K.copy()
+
+    def _end_hold(self, refined) -> None:
+        """End of phase 2: adopt the bundle adjustment's focal length (`refined` = (f, sigma), or
+        None to keep the current one) and replay the held frames (phase 3)."""
+        scratch, self._scratch, self._calib = self._scratch, None, None
+        est = self.focal
+        if refined is not None and est is not None:
+            f, sigma = refined
+            self._set_focal(f)
+            self.focal = FocalEstimate(f, sigma, est.pairs, est.frames)
+        if self.focal is not None:
+            fov = 2 * np.degrees(np.arctan(self.work_size[0] / 2.0 / self.focal.focal))
+            how = (f"{est.focal:.1f} ± {est.sigma:.1f} from {est.pairs} frame pairs, refined by bundle adjustment "
+                   f"over {len(scratch.keyframes)} keyframes" if refined is not None and scratch is not None else
+                   f"{est.pairs} frame pairs over {est.frames} frames")
+            self.intrinsics_note = (f"self-calibrated: focal {self.focal.focal:.1f} ± {self.focal.sigma:.1f} px at "
+                                    f"{self.work_size[0]}×{self.work_size[1]} ({fov:.1f}° horizontal FOV; {how})")
+            self._events.append(EngineEvent("info", 0, message=f"Focal length {self.intrinsics_note}"))
+        self._replay()
+
+    def _replay(self) -> None:
+        """Phase 3: the held frames' tracks through the session's tracker, as if they had just
+        arrived (results, depth and loop closure as usual)."""
+        held, self._held = self._held, []
+        step = None
+        for fid, ids, uv, gray, det_ids, det_uv in held:
+            self._gray = gray
+            try:
+                step = self.tracker.process(fid, ids, uv)
+            except Exception as exc:   # as in push: numerical corner cases must not end a live session
+                step = self.tracker.recover(fid, f"internal error: {type(exc).__name__}: {exc}")
+            # the frontend is at the last frame now: outliers are dropped there; a past reset or
+            # revival cannot be replayed (the held tracks simply go on)
+            self.frontend.remove(step.drop_ids)
+            if len(det_ids):
+                self.tracker.add_tracks(fid, det_ids, det_uv)
+            self._apply(step, gray)
+        if step is not None and step.need_features and held:
+            fid, gray = held[-1][0], held[-1][3]
+            new_ids, new_uv = self.frontend.detect(gray)
+            self.tracker.add_tracks(fid, new_ids, new_uv)
 
     # --- map-point reuse ---------------------------------------------------------------------
     def _match_points(self, fid, R, t, ids, X, src_fid, src_uv, pred_uv):
@@ -668,6 +871,8 @@ class GeometricSession:
                 break
             if rec.deferred and not all_ and (block_older_than is None or rec.fid > block_older_than):
                 break   # may still find a neighbour in the next keyframe
+            if rec.deferred:
+                self._submit_depth(rec, last_chance=True)
             if rec.future is not None and not rec.future.done():
                 if not all_ and (block_older_than is None or rec.fid > block_older_than):
                     break

@@ -678,6 +678,50 @@ class MonoTracker:
             out.revived_uv.append(q)
         self.reused_total += int(good.sum())
 
+    # --- focal self-calibration ---------------------------------------------------------------
+    def refine_focal(self, max_rel_sigma: float = 0.01):
+        """Bundle adjustment over every keyframe of the map with the focal length free (the first
+        keyframe fixed; bundle.refine_focal). Accepted when its spread is below `max_rel_sigma`:
+        the map, the keyframe poses and K take the solution. Returns (focal, sigma) or None."""
+        from .bundle import refine_focal
+        kfs = self.keyframes
+        pids = sorted({i for k in kfs for i in k.obs if i in self.points})
+        slot = {i: j for j, i in enumerate(pids)}
+        obs = [(c, slot[i], q) for c, k in enumerate(kfs) for i, q in k.obs.items() if i in slot]
+        if len(kfs) < 3 or len(obs) < 50:
+            return None
+        cam_idx = np.array([o[0] for o in obs])
+        pt_idx = np.array([o[1] for o in obs])
+        uvs = np.array([o[2] for o in obs])
+        keep = np.bincount(pt_idx, minlength=len(pids)) >= 2
+        remap = np.cumsum(keep) - 1
+        ko = keep[pt_idx]
+        cam_idx, pt_idx, uvs = cam_idx[ko], remap[pt_idx[ko]], uvs[ko]
+        pids = [i for i, k in zip(pids, keep) if k]
+        fixed = np.zeros(len(kfs), bool)
+        fixed[0] = True
+        K2, R, t, X, err, sigma = refine_focal(self.K, np.array([k.R for k in kfs]), np.array([k.t for k in kfs]),
+                                               fixed, np.array([self.points[i] for i in pids]),
+                                               cam_idx, pt_idx, uvs, f_scale=1.0 * self.p.px)
+        if not np.isfinite(sigma) or sigma > max_rel_sigma or np.median(err) > 2 * self.p.ransac_px * self.p.px:
+            return None
+        # the first keyframe is fixed but the scale is free: keep the map's scale (the mean distance
+        # of the keyframes from the first), so frames tracked from here on continue the trajectory
+        c0 = camera_center(kfs[0].R, kfs[0].t)
+        old = np.array([camera_center(k.R, k.t) for k in kfs]) - c0
+        new = np.einsum("nji,nj->ni", R, -t) - c0
+        s = np.linalg.norm(old, axis=1).sum() / max(np.linalg.norm(new, axis=1).sum(), 1e-12)
+        X = c0 + s * (X - c0)
+        t = -np.einsum("nij,nj->ni", R, c0 + s * new)
+        self.K = K2
+        for c, k in enumerate(kfs):
+            k.R, k.t = R[c], t[c]
+            if k.fid in self.poses:
+                self.poses[k.fid] = (k.R, k.t)
+        for j, i in enumerate(pids):
+            self.points[i] = X[j]
+        return float(K2[0, 0]), float(sigma * K2[0, 0])
+
     # --- bundle adjustment -------------------------------------------------------------------
     def _local_ba(self, init: bool = False):
         p = self.p

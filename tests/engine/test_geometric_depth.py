@@ -1,6 +1,7 @@
 """Keyframe depth on rendered views of a textured slanted plane with known geometry."""
 import cv2
 import numpy as np
+import pytest
 
 from engine.geometric.depth import (DepthView, choose_neighbours, choose_sweep_neighbours, keyframe_depth,
                                     pair_depth, sweep_depth)
@@ -104,3 +105,40 @@ def test_untextured_views_give_no_depth():
     assert (pair_depth(ref, nbr, K, uv, z)[0] == 0).all()
     assert (sweep_depth(ref, [nbr], K, z)[0] == 0).all()
     assert keyframe_depth(ref, [], K, uv, z, (W, H)) is None
+
+
+def test_subpixel_refinement_reduces_the_error_of_small_disparities():
+    # a short baseline (≈ 5 px of disparity): block matching alone locks onto whole pixels
+    tex = _texture()
+    ref_img, ref_depth = _render(np.eye(4), tex)
+    pose = _pose([0.08, 0.02, 0.0], yaw_deg=-2.0)
+    ref, nbr = DepthView(0, ref_img, np.eye(4)), DepthView(1, _render(pose, tex)[0], pose)
+    uv, z = _sparse(ref_depth)
+    errs = []
+    for sub in (False, True):
+        d, _ = pair_depth(ref, nbr, K, uv, z, subpixel=sub)
+        m = d > 0
+        errs.append(np.median(np.abs(d[m] - ref_depth[m]) / ref_depth[m]))
+    check(("median rel. error refined / block matching", errs[1] / errs[0], "<", 0.6))
+
+
+def test_fusion_weighs_pairs_by_their_uncertainty():
+    from engine.geometric.depth import fuse_pairs
+    # pixel 0: a long-baseline pair (disparity 20) and a short one (5) that agree loosely: the
+    # fused inverse depth weighs them by (disparity / inverse depth)², ≈ 15:1; pixel 1: they disagree by 30 %: dropped; pixel 2:
+    # one pair only: dropped; pixel 3: neither
+    d_long = np.array([[1.0, 1.0, 2.0, 0.0]], np.float32)
+    d_short = np.array([[1.03, 1.3, 0.0, 0.0]], np.float32)
+    disp_long = np.array([[20.0, 20.0, 10.0, 0.0]], np.float32)
+    disp_short = np.array([[5.0, 5.0, 0.0, 0.0]], np.float32)
+    depth, deff = fuse_pairs([(d_long, disp_long), (d_short, disp_short)])
+    r = np.array([1.0, 1 / 1.03])
+    w = (np.array([20.0, 5.0]) / r) ** 2          # 1 / sigma_rho², sigma_rho = sigma_px · rho / disparity
+    assert depth[0, 0] == pytest.approx(1 / ((w * r).sum() / w.sum()), rel=1e-5)
+    assert deff[0, 0] == pytest.approx(np.hypot(20, 5), rel=1e-6)
+    assert depth[0, 1] == 0 and deff[0, 1] == 0
+    assert depth[0, 2] == 0 and deff[0, 2] == 0
+    assert depth[0, 3] == 0
+    # the short pair alone would not pass the agreement test with a tighter uncertainty
+    depth2, _ = fuse_pairs([(d_long, disp_long), (d_short, disp_short)], sigma_px=0.01, agree=0.01)
+    assert depth2[0, 0] == 0

@@ -78,8 +78,9 @@ def test_attach_found_intrinsics_beside_input_only(tmp_path):
     video = tmp_path / "clip.mp4"
     video.write_bytes(b"x")
     cfg = SessionConfig()
-    assert "assumed" in attach_found_intrinsics(cfg, str(video))
+    assert "self-calibrated" in attach_found_intrinsics(cfg, str(video))
     assert cfg.intrinsics_file is None
+    assert "assumed 60°" in attach_found_intrinsics(SessionConfig(self_calibration=False), str(video))
     (tmp_path / "intrinsics.txt").write_text("500 500 320 240 640 480\n")
     assert attach_found_intrinsics(cfg, str(video)) == str(tmp_path / "intrinsics.txt")
     assert cfg.intrinsics_file == str(tmp_path / "intrinsics.txt")
@@ -89,7 +90,7 @@ def test_attach_found_intrinsics_beside_input_only(tmp_path):
     cwd = os.getcwd()
     try:
         os.chdir(tmp_path)
-        assert "assumed" in attach_found_intrinsics(cfg2, "webcam:0")
+        assert "self-calibrated" in attach_found_intrinsics(cfg2, "webcam:0")
     finally:
         os.chdir(cwd)
     # numbers given by the user win over a file
