@@ -416,7 +416,8 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
 
     Returns {"frames", "points", "points_total", "files", "warning", "cut_short"} (cut_short: why
     the session holds less than its run was asked for, "" if it does not); the COLMAP model
-    registers every exported frame.
+    registers every exported frame, and holds the points that at least two frames see (with
+    "colmap": its counts: images, points, observations, mean_track_length).
     """
     from .session_reader import open_frames
 
@@ -458,7 +459,7 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
     for kind in point_kinds:
         path = outputs[kind]
         if kind == "colmap":
-            _export_colmap_stream(path, stream, image_format)
+            out["colmap"] = _export_colmap_stream(path, stream, image_format)
         elif kind == "ply":
             _export_ply_stream(path, stream)
         elif kind == "glb":
@@ -493,9 +494,11 @@ def _export_colmap_stream(folder, stream: "_PointStream", image_format: str) -> 
 
     def frames():
         for pose, r, parts in stream.frames("COLMAP", with_uv=True):
+            # the depth map decides which points of the other frames this one sees (tracks)
             yield {"index": r.index, "c2w": r.c2w, "image": _colmap_image(r), "K": _image_K(r),
-                   "points": parts[0], "colors": parts[1], "uv": parts[3]}
-    return export_colmap(folder, frames(), image_format=image_format)
+                   "points": parts[0], "colors": parts[1], "uv": parts[3], "depth": r.depth,
+                   "depth_K": r.K, "stride": stream.stride}
+    return export_colmap(folder, frames(), image_format=image_format, n_frames=len(stream.sel))
 
 
 def _ply_header(n: int, pad_to: int = 0) -> bytes:
