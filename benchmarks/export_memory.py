@@ -29,6 +29,7 @@ SESSIONS = {"long": 10_000, "dense": 1_500}
 CASES = {
     "trajectory": ["--trajectory", "OUT/t.txt"],
     "ply+trajectory": ["--ply", "OUT/p.ply", "--trajectory", "OUT/t.txt"],
+    "colmap": ["--colmap", "OUT/colmap", "--max-points", "2000000"],
     "all": ["--trajectory", "OUT/t.txt", "--colmap", "OUT/colmap", "--ply", "OUT/p.ply", "--glb", "OUT/s.glb",
             "--npz", "OUT/a.npz", "--max-points", "2000000"],
 }
