@@ -61,7 +61,7 @@ def export_nerfstudio(folder: PathLike, frames: Iterable, image_format: str = "j
     `K` (for `image`), `image` (h x w x 3 uint8 RGB) and optionally `points` [M,3], `colors`
     [M,3] uint8. Returns {"frames": N, "points": M, "folder": str}."""
     from .colmap import _encode
-    from .export import ply_writer
+    from .ply import ply_writer
 
     ext = "." + image_format.lower().lstrip(".").replace("jpeg", "jpg")
     if ext not in (".jpg", ".png"):

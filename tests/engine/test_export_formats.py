@@ -115,7 +115,8 @@ def test_one_function_all_formats_and_options(tmp_path):
     rs = _results()
     outs = {"ply": tmp_path / "a.ply", "npz": tmp_path / "a.npz", "tum": tmp_path / "a.txt",
             "colmap": tmp_path / "c", "glb": tmp_path / "a.glb"}
-    assert set(outs) == set(EXPORT_FORMATS)
+    # the formats for other tools (nerfstudio, OBJ, RRD, video): tests/engine/test_export_share.py
+    assert set(outs) | {"nerfstudio", "obj", "rrd", "video"} == set(EXPORT_FORMATS)
     out = export_results(rs, outs, conf_threshold=3.0, stride=2, until=2)
     assert out["frames"] == 3 and len(out["files"]) == 5
     assert len(read_tum(tmp_path / "a.txt")[0]) == 3
@@ -124,7 +125,7 @@ def test_one_function_all_formats_and_options(tmp_path):
     kf = export_results(rs, {"tum": tmp_path / "k.txt"}, keyframes_only=True)
     assert kf["frames"] == 3 and len(read_tum(tmp_path / "k.txt")[0]) == 3
     with pytest.raises(ExportError, match="unknown export format"):
-        export_results(rs, {"obj": tmp_path / "x.obj"})
+        export_results(rs, {"fbx": tmp_path / "x.fbx"})
     with pytest.raises(ExportError, match="no frames"):
         export_results(rs, {"ply": tmp_path / "x.ply"}, until=-1)
 
@@ -221,7 +222,8 @@ def test_cli_writes_colmap_and_glb_from_a_saved_session(tmp_path, capsys):
     assert main(["run", str(tmp_path / "s"), "--colmap", str(tmp_path / "m2"), "--max-points", "1000",
                  "--stride", "1"]) == 0
     rec = pycolmap.Reconstruction(str(tmp_path / "m2" / "sparse" / "0"))
-    assert 500 <= len(rec.points3D) <= 1000 and rec.num_reg_images() == len(rs)
+    # thinned to 1000 points, of which COLMAP holds those two frames see
+    assert 100 <= len(rec.points3D) <= 1000 and rec.num_reg_images() == len(rs)
     assert main(["run", str(tmp_path / "s"), "--ply", str(tmp_path / "x.ply"), "--max-points", "0"]) == 2
 
 
@@ -245,5 +247,7 @@ def test_colmap_binary_model_equals_the_text_model(tmp_path):
     for pid, p in t.points3D.items():
         q = b.points3D[pid]
         np.testing.assert_allclose(q.xyz, p.xyz, rtol=1e-6, atol=1e-6)
-        assert (q.color == p.color).all() and q.track.length() == 1
+        assert (q.color == p.color).all() and q.track.length() == p.track.length() >= 2
+        assert [(e.image_id, e.point2D_idx) for e in q.track.elements] == \
+            [(e.image_id, e.point2D_idx) for e in p.track.elements]
     np.testing.assert_allclose(next(iter(b.cameras.values())).params, next(iter(t.cameras.values())).params)
