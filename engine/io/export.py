@@ -31,6 +31,7 @@ units (the same number the viewer's threshold shows).
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import sys
@@ -509,6 +510,13 @@ def _clean_leftovers(kind: str, path) -> None:
                 clean_temp_files(d)
     elif path.parent.is_dir():
         clean_temp_files(path.parent, path.name)
+        if kind == "video":       # its temp file ends in .mp4 (engine.io.video): a dead writer's
+            from .atomic import _pid_alive
+            for p in path.parent.glob(f".{glob.escape(path.name)}.*-video{TMP_SUFFIX}.mp4"):
+                pid = p.name[len(path.name) + 2:].split("-", 1)[0]
+                if pid.isdigit() and not _pid_alive(int(pid)):
+                    with contextlib.suppress(OSError):
+                        p.unlink()
 
 
 def _export_colmap_stream(folder, stream: "_PointStream", image_format: str) -> dict:

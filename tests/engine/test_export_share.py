@@ -190,3 +190,15 @@ def test_cli_run_input_writes_the_new_exports(tmp_path):
     meta = _check_nerfstudio_schema(tmp_path / "ns")
     assert len(meta["frames"]) == 4
     assert (tmp_path / "a.obj").read_text().count("\nv ") > 100
+
+
+def test_a_dead_video_writers_temp_file_is_removed(tmp_path):
+    from engine.io.export import _clean_leftovers
+
+    dead = tmp_path / ".v.mp4.999999999-video.tmp.mp4"      # no such process
+    live = tmp_path / f".v.mp4.{__import__('os').getpid()}-video.tmp.mp4"
+    other = tmp_path / ".w.mp4.999999999-video.tmp.mp4"
+    for p in (dead, live, other):
+        p.write_bytes(b"x")
+    _clean_leftovers("video", tmp_path / "v.mp4")
+    assert not dead.exists() and live.exists() and other.exists()
