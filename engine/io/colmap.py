@@ -30,8 +30,9 @@ COLMAP conventions (https://colmap.github.io/format.html), all handled here:
   one frame only was left out); a point's track is (IMAGE_ID, POINT2D_IDX) with a 0-based index
   into that image's observation list.
 
-Memory: `frames` is a generator read once; the writer keeps the frames of the co-visibility
-window (their points, poses and a per-cell depth map of a few KB, never an image or a depth map)
+Memory: `frames` is a generator read once; the writer keeps the frames of twice the
+co-visibility window (their points, poses and a per-cell depth map of a few KB, never an image or
+a depth map)
 and streams every finished image and point record to temp files beside the model (an image is
 finished once the window has passed it). The six sparse/0 files are committed together at the
 end, after every image, each as its header (counts known only then) + its body: an export stopped
@@ -148,19 +149,40 @@ class _Frame:
 
 
 def _write_model(frames, ext, images_dir, writer, added, n_frames, window, tol) -> dict:
+    """Frames stream in; frame j observes the points of every frame within `window` of it once
+    frame j + window has arrived (one `visible` call for all of them, so the z-buffer holds
+    every nearby frame's points), and is finished (its image record and the points it hosts
+    written) once frame j + 2 window has: no observer of its points is left then."""
     cameras: dict[tuple, int] = {}
-    win: collections.deque = collections.deque()
+    win: collections.deque = collections.deque()      # frames pos - 2 window .. pos
     pairs = 2 * window if n_frames is None else max(1, min(2 * window, int(n_frames) - 1))
     every = max(1, int(round(pairs / TRACK_EXTRA)))
     next_point = 1
 
-    def pair(host: _Frame, obs: _Frame):
-        idx, uv = visible(host.pts, obs.view, tol)
-        keep = (host.ids[idx] + _SPREAD * obs.image_id) % every == 0
-        idx, uv = idx[keep], uv[keep]
-        if len(idx):
-            host.tracks.append((idx, obs.image_id, obs.observe(uv, host.ids[idx])))
+    def observe(obs: _Frame):
+        hosts = [hf for hf in win if hf is not obs and abs(hf.pos - obs.pos) <= window and len(hf.ids)]
+        start = 0
+        while start < len(hosts):       # batches of about BATCH_POINTS points bound the memory
+            group, n = [], 0
+            while start < len(hosts) and (not group or n + len(hosts[start].ids) <= BATCH_POINTS):
+                group.append(hosts[start])
+                n += len(hosts[start].ids)
+                start += 1
+            pts = np.concatenate([hf.pts for hf in group])
+            ids = np.concatenate([hf.ids for hf in group])
+            owner = np.repeat(np.arange(len(group)), [len(hf.ids) for hf in group])
+            idx, uv = visible(pts, obs.view, tol)
+            keep = (ids[idx] + _SPREAD * obs.image_id) % every == 0
+            idx, uv = idx[keep], uv[keep]
+            if not len(idx):
+                continue
+            p2d = obs.observe(uv, ids[idx])
+            first = np.concatenate([[0], np.cumsum([len(hf.ids) for hf in group])[:-1]])
+            for k in np.unique(owner[idx]):
+                sel = owner[idx] == k
+                group[k].tracks.append((idx[sel] - first[k], obs.image_id, p2d[sel]))
 
+    pos = -1
     for pos, f in enumerate(frames):
         image_id = pos + 1
         img = np.asarray(f["image"], np.uint8)
@@ -192,17 +214,20 @@ def _write_model(frames, ext, images_dir, writer, added, n_frames, window, tol) 
         cur = _Frame(pos, image_id, name, q, t, cameras[key], view, pts, cols, ids)
         if m:   # its own pixels: observed when the point is finished (if another frame sees it)
             cur.own_uv = np.asarray(f["uv"], np.float64).reshape(-1, 2)
-        for other in win:
-            if len(other.ids):
-                pair(other, cur)
-            if m:
-                pair(cur, other)
         win.append(cur)
-        while win[0].pos < pos - window:    # every pair of the oldest is done
+        if pos - window >= 0:                # its neighbours on both sides have arrived
+            observe(win[len(win) - 1 - window])
+        while win[0].pos <= pos - 2 * window:   # every observer of its points is done
             writer.finish(win.popleft())
+    for obs in list(win):                    # the last frames: their neighbours are all here
+        if obs.pos > pos - window:
+            observe(obs)
     while win:
         writer.finish(win.popleft())
     return writer.summary(len(cameras))
+
+
+BATCH_POINTS = 1_000_000     # points projected into a frame in one call (its z-buffer's reach)
 
 
 class _Body:

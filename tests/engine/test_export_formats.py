@@ -176,7 +176,7 @@ def test_icl_colmap_export_loads_with_every_image_and_point(tmp_path):
     assert rec.num_reg_images() == len(loaded.results) == out["frames"]
     # issue #28's targets: real tracks, and observations in nearly every image (the geometric
     # engine has depth on a few keyframes only: the other frames observe their points)
-    assert out["points"] > 10_000 and 0.9 * out["points"] < len(rec.points3D) <= out["points"]
+    assert out["points"] > 10_000 and 0.8 * out["points"] < len(rec.points3D) <= out["points"]
     tracks = np.array([p.track.length() for p in rec.points3D.values()])
     assert tracks.min() >= 2 and tracks.mean() >= 3
     per_image = np.array([im.num_points3D for im in rec.images.values()])
