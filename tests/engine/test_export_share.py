@@ -100,7 +100,6 @@ def test_obj_vertices_carry_colours(tmp_path):
 
 
 def test_rrd_reads_back_with_every_camera(tmp_path):
-    pytest.importorskip("rerun")
     from rerun.chunk import RrdReader
 
     from engine.io.rrd import read_cameras
@@ -160,7 +159,6 @@ def test_video_geometry_maps_pixels_and_orbits_the_scene():
 
 
 def test_cli_share_exports_from_a_session_and_bad_flags(tmp_path, capsys):
-    pytest.importorskip("rerun")
     from app.cli import main
 
     rs = _results()
