@@ -2,7 +2,7 @@
 
 Frames go through the chosen engine with a progress bar; every result is written to a session
 folder as it arrives (crash-safe, reopenable in the GUI), and at the end the requested exports
-(PLY, NPZ, TUM trajectory) are written from that folder with re-alignments applied. Bad input
+(PLY, NPZ, TUM trajectory, COLMAP, nerfstudio, OBJ, GLB, rerun .rrd, MP4 video) are written from that folder with re-alignments applied. Bad input
 is one line on stderr and exit code 2; Ctrl-C or SIGTERM stops after the current frame, keeps and
 exports what was done, marks the session as cut short (exit 130). A full disk ends the run the same
 way, with "disk full" and exit 74 (the exports still written where they fit). The loop is
@@ -76,6 +76,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write a COLMAP model (DIR/images + DIR/sparse/0, text and binary) for COLMAP, "
                         "nerfstudio, gsplat")
     o.add_argument("--glb", metavar="OUT", help="write a GLB scene: point cloud, trajectory and camera frustums")
+    o.add_argument("--nerfstudio", metavar="DIR",
+                   help="write nerfstudio data (DIR/transforms.json + images/ + sparse_pc.ply) for ns-train, "
+                        "splatfacto, gsplat")
+    o.add_argument("--obj", metavar="OUT", help="write the point cloud as OBJ vertices with colours (Blender)")
+    o.add_argument("--rrd", metavar="OUT",
+                   help="write a rerun recording (points, cameras, images, depth per frame; needs rerun-sdk)")
+    o.add_argument("--video", metavar="OUT", help="render the camera path to an MP4 (offscreen)")
+    o.add_argument("--video-orbit", action="store_true", help="--video: an orbit around the scene instead")
+    o.add_argument("--video-size", default="1280x720", metavar="WxH", help="--video frame size (default %(default)s)")
+    o.add_argument("--video-fps", type=float, default=30.0, metavar="N", help="--video frame rate (default %(default)s)")
     o.add_argument("--keyframes-only", action="store_true",
                    help="export keyframes only (default: every frame)")
     o.add_argument("--no-frustums", action="store_true", help="GLB without camera frustums")
@@ -196,6 +206,10 @@ def _export(source, args, outputs: dict) -> tuple[dict, str]:
 
     opts = dict(conf_threshold=args.conf_threshold, stride=args.stride, keyframes_only=args.keyframes_only)
     source = _with_edits(source, args)
+    if "video" in outputs:
+        from ui.video_render import OffscreenRenderer     # vispy offscreen (EGL), no Qt
+        opts.update(video_size=_video_size(args), video_fps=args.video_fps, video_orbit=args.video_orbit,
+                    video_renderer=OffscreenRenderer)
     error = ""
     with _abort_on_signals():
         try:
@@ -271,14 +285,40 @@ def _report_export(out: dict, error: str, args, what: str, outputs: dict) -> int
     return 0
 
 
+FILE_OUTPUTS = ("ply", "npz", "trajectory", "glb", "obj", "rrd", "video")
+DIR_OUTPUTS = ("colmap", "nerfstudio")
+
+
+def _video_size(args) -> tuple:
+    from engine.io.video import parse_size
+    try:
+        return parse_size(args.video_size)
+    except ValueError as exc:
+        raise _BadInput(f"--video-size: {exc}") from None
+
+
+def _outputs(args) -> dict:
+    """{flag: path} of the requested exports, each checked before any work."""
+    outputs = {flag: _check_output(getattr(args, flag), f"--{flag}")
+               for flag in FILE_OUTPUTS if getattr(args, flag, None)}
+    for flag in DIR_OUTPUTS:
+        if getattr(args, flag, None):
+            outputs[flag] = _check_output_dir(getattr(args, flag), f"--{flag}")
+    if "video" in outputs:
+        _video_size(args)
+        if not args.video_fps or args.video_fps <= 0:
+            raise _BadInput(f"--video-fps must be positive, got {args.video_fps}")
+    return outputs
+
+
 def _export_only(args, outputs: dict) -> int:
     """INPUT is a saved session folder: export it again (other threshold / stride), no engine.
     Streamed: the poses are read first (small members only), frames one at a time."""
     from engine.io.session_reader import read_session
 
     if not outputs:
-        raise _BadInput(f"{args.input} is a saved session: give --ply, --npz, --trajectory, --colmap "
-                        "and/or --glb to export it")
+        raise _BadInput(f"{args.input} is a saved session: give --ply, --npz, --trajectory, --colmap, "
+                        "--nerfstudio, --glb, --obj, --rrd and/or --video to export it")
     from engine.io.lease import hold_session
     with hold_session(args.input, role="export"):   # retention elsewhere leaves it alone meanwhile
         reader = read_session(args.input, progress=not args.quiet)
@@ -322,10 +362,7 @@ def _run(args) -> int:
     from engine.io.store import DiskFullError, SessionStore, default_session_root, new_session_folder
     from engine.run_driver import CallbackSink, RunDriver, StoreSink
 
-    outputs = {flag: _check_output(getattr(args, flag), f"--{flag}")
-               for flag in ("ply", "npz", "trajectory", "glb") if getattr(args, flag)}
-    if args.colmap:
-        outputs["colmap"] = _check_output_dir(args.colmap, "--colmap")
+    outputs = _outputs(args)
     if args.stride < 1:
         raise _BadInput(f"--stride must be at least 1, got {args.stride}")
     if args.max_points is not None and args.max_points < 1:
@@ -545,7 +582,7 @@ def run_many(args, inputs: list) -> int:
         raise _BadInput("--stats-csv records one input's per-frame run; give a single INPUT "
                              "(--stats-json is written per input)")
     stats_json = _check_output(args.stats_json, "--stats-json") if getattr(args, "stats_json", None) else None
-    flags = [f for f in ("ply", "npz", "trajectory", "glb") if getattr(args, f, None)]
+    flags = [f for f in FILE_OUTPUTS if getattr(args, f, None)]
 
     sources, runs = [], []
     sched = model = None
@@ -664,8 +701,9 @@ def run_many(args, inputs: list) -> int:
     export_failed = False
     for r in runs:
         outputs = {f: _per_input(_check_output(getattr(args, f), f"--{f}"), r["name"]) for f in flags}
-        if getattr(args, "colmap", None):
-            outputs["colmap"] = _per_input(Path(args.colmap).expanduser(), r["name"])
+        for flag in DIR_OUTPUTS:
+            if getattr(args, flag, None):
+                outputs[flag] = _per_input(Path(getattr(args, flag)).expanduser(), r["name"])
         dropped = r["stream"].stats()["dropped"]
         note = f", {dropped} dropped" if dropped else ""
         log(f"{r['name']}: {r['frames_in']} frames -> {r['results']} results{note}; session {r['store'].folder}")

@@ -8,6 +8,7 @@ time. Sessions live under --root (default /tmp/reconstudio-export-bench), never 
     python benchmarks/export_memory.py                      # this checkout, 10,000 + 1,500 frames
     python benchmarks/export_memory.py --code /work/main    # the same cases on another checkout
     python benchmarks/export_memory.py --sessions long --cases trajectory
+    python benchmarks/export_memory.py --sessions dense --cases colmap     # COLMAP with tracks
 
 Figures and hardware: docs/benchmarks_io.md ("Exports in bounded memory").
 """
@@ -29,6 +30,7 @@ SESSIONS = {"long": 10_000, "dense": 1_500}
 CASES = {
     "trajectory": ["--trajectory", "OUT/t.txt"],
     "ply+trajectory": ["--ply", "OUT/p.ply", "--trajectory", "OUT/t.txt"],
+    "colmap": ["--colmap", "OUT/colmap", "--max-points", "2000000"],
     "all": ["--trajectory", "OUT/t.txt", "--colmap", "OUT/colmap", "--ply", "OUT/p.ply", "--glb", "OUT/s.glb",
             "--npz", "OUT/a.npz", "--max-points", "2000000"],
 }

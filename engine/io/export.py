@@ -11,12 +11,16 @@
     export_session(results, events, ...)        all of the above from one run, with the
                                                 re-alignments applied and the points filtered
     export_results(source, outputs, ...)        THE export entry point of the GUI and the CLI:
-                                                PLY, NPZ, TUM, COLMAP (engine.io.colmap) and
-                                                GLB (engine.io.glb) with one set of options
+                                                PLY, NPZ, TUM, COLMAP (engine.io.colmap),
+                                                nerfstudio (engine.io.nerfstudio), OBJ, GLB
+                                                (engine.io.glb), rerun .rrd (engine.io.rrd) and
+                                                MP4 (engine.io.video) with one set of options
 
 Memory: export_results streams a session folder one frame at a time (engine.io.session_reader):
-the trajectory reads the poses only; PLY and NPZ are written frame by frame (memory: one frame);
-COLMAP and GLB keep their own output (points, records) and one image at a time. Exports are
+the trajectory reads the poses only; PLY, OBJ, nerfstudio, RRD and NPZ are written frame by frame
+(memory: one frame); COLMAP keeps the frames of its co-visibility window (points and a per-cell
+depth map each) and streams its records; GLB and the video keep their own output (points,
+records) and one image at a time. Exports are
 written small first (EXPORT_ORDER), each atomically, so a stop during them keeps the finished ones.
 
 Density: `stride` always counts pixels of the ENGINE'S RESULT resolution (what the viewer's
@@ -27,6 +31,7 @@ units (the same number the viewer's threshold shows).
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import sys
@@ -37,12 +42,9 @@ import numpy as np
 
 from ..api import EngineError
 from .atomic import TMP_SUFFIX, OutputError, atomic_open
+from .ply import PLY_VERTEX_DTYPE, ply_writer
 
 PathLike = Union[str, Path]
-
-PLY_VERTEX_DTYPE = np.dtype([("x", "<f4"), ("y", "<f4"), ("z", "<f4"),
-                             ("red", "u1"), ("green", "u1"), ("blue", "u1"),
-                             ("confidence", "<f4")])
 
 
 class ExportError(OutputError):
@@ -203,6 +205,10 @@ EXPORT_FORMATS = {
     "tum": "TUM trajectory (*.txt)",
     "colmap": "COLMAP text model (folder: images/ + sparse/0/)",
     "glb": "GLB scene: cloud, trajectory, frustums (*.glb)",
+    "nerfstudio": "nerfstudio data (folder: transforms.json + images/ + sparse_pc.ply)",
+    "obj": "OBJ point cloud with vertex colours, for Blender (*.obj)",
+    "rrd": "rerun recording: points, cameras, images, depth per frame (*.rrd)",
+    "video": "MP4 video of the camera path or an orbit (*.mp4)",
 }
 # an export keeping fewer than this fraction of the points at its stride (or fewer than
 # FEW_POINTS) is "almost nothing": the GUI asks before writing, the CLI warns
@@ -392,13 +398,14 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
                    stride: int = 1, until: Optional[int] = None, keyframes_only: bool = False,
                    frustums: bool = True, image_format: str = "jpg", glb_opencv_axes: bool = False,
                    result_width: Optional[int] = None, max_points: Optional[int] = None,
-                   progress: bool = False) -> dict:
+                   video_size: tuple = (1280, 720), video_fps: float = 30.0, video_orbit: bool = False,
+                   video_renderer=None, progress: bool = False) -> dict:
     """Export a run in any of EXPORT_FORMATS with the same options everywhere.
 
     source: a session folder (streamed one frame at a time: memory bounded by the exports' own
     output, not the session's length), a session_reader.FrameReader, a LoadedSession, or a
     sequence of FrameResults (then `events`).
-    outputs: {format: path}; "colmap" is a folder (images/ + sparse/0/*.txt), the others files.
+    outputs: {format: path}; "colmap" and "nerfstudio" are folders (FOLDER_FORMATS), the others files.
     conf_threshold: absolute confidence (points below are dropped; results without a
     confidence map are kept). stride: every N-th pixel at the engine's result resolution
     (`result_width` is that width when the stored results are smaller, e.g. old 256-px
@@ -406,7 +413,11 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
     keyframes_only: export keyframes only (all frames by default). frustums: draw camera
     frustums in the GLB. max_points: thin the exported points evenly (every k-th point of each
     frame) to at most this many — e.g. a COLMAP model to start Gaussian splatting from a dense
-    session (None = all). Re-alignment events are applied first. progress: tqdm bars on stderr
+    session (None = all). video_size (W, H), video_fps, video_orbit: the MP4's frame size, rate,
+    and an orbit around the scene instead of the camera path; video_renderer: what draws it
+    (engine.io.video.render_video's `renderer`, e.g. ui.video_render.OffscreenRenderer; the
+    engine draws nothing itself). Re-alignment
+    events are applied first. progress: tqdm bars on stderr
     for passes that take more than a couple of seconds.
 
     Written in EXPORT_ORDER (small first: the trajectory needs the poses only, the NPZ is the
@@ -416,7 +427,8 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
 
     Returns {"frames", "points", "points_total", "files", "warning", "cut_short"} (cut_short: why
     the session holds less than its run was asked for, "" if it does not); the COLMAP model
-    registers every exported frame.
+    registers every exported frame, and holds the points that at least two frames see (with
+    "colmap": its counts: images, points, observations, mean_track_length).
     """
     from .session_reader import open_frames
 
@@ -426,6 +438,8 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
     outputs = {k: v for k, v in outputs.items() if v}
     for kind, path in outputs.items():
         _clean_leftovers(kind, path)
+    if "video" in outputs and video_renderer is None:
+        raise ExportError("the video export needs a renderer (ui.video_render.OffscreenRenderer)")
     reader = open_frames(source, events, progress=progress)
     sel = select_results(reader.poses, until, keyframes_only)
     if not sel:
@@ -458,11 +472,20 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
     for kind in point_kinds:
         path = outputs[kind]
         if kind == "colmap":
-            _export_colmap_stream(path, stream, image_format)
+            out["colmap"] = _export_colmap_stream(path, stream, image_format)
         elif kind == "ply":
             _export_ply_stream(path, stream)
         elif kind == "glb":
             _export_glb_stream(path, stream, frustums, glb_opencv_axes)
+        elif kind == "nerfstudio":
+            _export_nerfstudio_stream(path, stream, image_format)
+        elif kind == "obj":
+            _export_obj_stream(path, stream)
+        elif kind == "rrd":
+            _export_rrd_stream(path, stream)
+        elif kind == "video":
+            out["video"] = _export_video_stream(path, stream, video_renderer, video_size, video_fps,
+                                                video_orbit, progress)
         else:
             _export_npz_stream(path, reader, sel, stream, progress)
         files.append(str(path))
@@ -472,7 +495,8 @@ def export_results(source, outputs: dict, events: Iterable = (), *, conf_thresho
     return out
 
 
-EXPORT_ORDER = ("tum", "colmap", "ply", "glb", "npz")
+EXPORT_ORDER = ("tum", "colmap", "nerfstudio", "ply", "obj", "glb", "rrd", "video", "npz")
+FOLDER_FORMATS = ("colmap", "nerfstudio")     # written as a folder, the others as one file
 PROGRESS_DELAY_S = 2.0
 
 
@@ -480,12 +504,19 @@ def _clean_leftovers(kind: str, path) -> None:
     """Temp files a killed export to this place left behind (engine.io.atomic.clean_temp_files)."""
     from .atomic import clean_temp_files
     path = Path(path).expanduser()
-    if kind == "colmap":
-        for d in (path / "images", path / "sparse" / "0"):
+    if kind in FOLDER_FORMATS:
+        for d in (path, path / "images", path / "sparse" / "0"):
             if d.is_dir():
                 clean_temp_files(d)
     elif path.parent.is_dir():
         clean_temp_files(path.parent, path.name)
+        if kind == "video":       # its temp file ends in .mp4 (engine.io.video): a dead writer's
+            from .atomic import _pid_alive
+            for p in path.parent.glob(f".{glob.escape(path.name)}.*-video{TMP_SUFFIX}.mp4"):
+                pid = p.name[len(path.name) + 2:].split("-", 1)[0]
+                if pid.isdigit() and not _pid_alive(int(pid)):
+                    with contextlib.suppress(OSError):
+                        p.unlink()
 
 
 def _export_colmap_stream(folder, stream: "_PointStream", image_format: str) -> dict:
@@ -493,53 +524,81 @@ def _export_colmap_stream(folder, stream: "_PointStream", image_format: str) -> 
 
     def frames():
         for pose, r, parts in stream.frames("COLMAP", with_uv=True):
+            # the depth map decides which points of the other frames this one sees (tracks)
             yield {"index": r.index, "c2w": r.c2w, "image": _colmap_image(r), "K": _image_K(r),
-                   "points": parts[0], "colors": parts[1], "uv": parts[3]}
-    return export_colmap(folder, frames(), image_format=image_format)
+                   "points": parts[0], "colors": parts[1], "uv": parts[3], "depth": r.depth,
+                   "depth_K": r.K, "stride": stream.stride}
+    return export_colmap(folder, frames(), image_format=image_format, n_frames=len(stream.sel))
 
 
-def _ply_header(n: int, pad_to: int = 0) -> bytes:
-    """The PLY header of n vertices of PLY_VERTEX_DTYPE, padded by a comment to `pad_to` bytes
-    (the count is written last, over the same number of header bytes)."""
-    props = "".join(f"property {t} {name}\n" for name, t in
-                    (("x", "float"), ("y", "float"), ("z", "float"), ("red", "uchar"),
-                     ("green", "uchar"), ("blue", "uchar"), ("confidence", "float")))
-    head = ("ply\nformat binary_little_endian 1.0\n"
-            "comment ReconStudio point cloud (camera-to-world, OpenCV axes)\n")
-    tail = f"element vertex {int(n)}\n{props}end_header\n"
-    if pad_to:
-        fill = pad_to - len(head) - len(tail) - len("comment \n")
-        head += "comment " + " " * max(0, fill) + "\n"
-    return (head + tail).encode("ascii")
+def _export_nerfstudio_stream(folder, stream: "_PointStream", image_format: str) -> dict:
+    from .nerfstudio import export_nerfstudio
+
+    def frames():
+        for pose, r, parts in stream.frames("nerfstudio"):
+            yield {"index": r.index, "c2w": r.c2w, "image": _colmap_image(r), "K": _image_K(r),
+                   "points": parts[0], "colors": parts[1]}
+    return export_nerfstudio(folder, frames(), image_format=image_format)
 
 
-PLY_MAX_DIGITS = 20       # room the header keeps for the vertex count
+# Blender's OBJ importer (and MeshLab, CloudCompare) read "v x y z r g b" as a coloured vertex
+OBJ_FROM_OPENCV = np.diag([1.0, -1.0, -1.0])
 
 
-def _ply_vertices(points, colors, conf) -> np.ndarray:
-    n = len(points)
-    vertex = np.empty(n, dtype=PLY_VERTEX_DTYPE)
-    points = np.asarray(points, np.float32).reshape(-1, 3)
-    vertex["x"], vertex["y"], vertex["z"] = points[:, 0], points[:, 1], points[:, 2]
-    colors = np.clip(np.asarray(colors).reshape(-1, 3), 0, 255).astype(np.uint8)
-    vertex["red"], vertex["green"], vertex["blue"] = colors[:, 0], colors[:, 1], colors[:, 2]
-    vertex["confidence"] = np.asarray(conf, np.float32).reshape(-1)
-    return vertex
-
-
-def _export_ply_stream(path, stream: "_PointStream") -> int:
-    """Binary PLY written frame by frame; the vertex count goes into the header at the end."""
-    size = len(_ply_header(10 ** PLY_MAX_DIGITS - 1, 0)) + len("comment \n") + 1
+def _export_obj_stream(path, stream: "_PointStream") -> int:
+    """OBJ vertices with colours in [0, 1], no faces, written frame by frame. Turned upright as
+    the GLB is (y up: y -> -y, z -> -z), since OBJ importers take y as up."""
     n = 0
-    with atomic_open(path, "wb") as f:
-        f.write(_ply_header(0, size))
-        for _, _, (pts, cols, conf, _) in stream.frames("PLY"):
+    with atomic_open(path, "w") as f:
+        f.write("# ReconStudio point cloud: v x y z r g b (colours 0..1), y up (OpenCV y and z negated)\n")
+        for _, _, (pts, cols, _, _) in stream.frames("OBJ"):
             if len(pts):
-                f.write(_ply_vertices(pts, cols, conf).tobytes())
-                n += len(pts)
-        f.seek(0)
-        f.write(_ply_header(n, size))
+                rows = np.column_stack([np.asarray(pts, np.float64) @ OBJ_FROM_OPENCV,
+                                        np.asarray(cols, np.float64) / 255.0])
+                f.write(("v %.6g %.6g %.6g %.4g %.4g %.4g\n" * len(rows)) % tuple(rows.ravel().tolist()))
+                n += len(rows)
     return n
+
+
+def _export_rrd_stream(path, stream: "_PointStream") -> dict:
+    from .rrd import export_rrd
+
+    def frames():
+        for pose, r, parts in stream.frames("RRD"):
+            yield {"index": r.index, "timestamp": r.timestamp, "c2w": r.c2w, "K": _image_K(r),
+                   "image": _colmap_image(r), "depth": r.depth, "points": parts[0], "colors": parts[1]}
+    return export_rrd(path, frames(), centres=np.array([p.c2w[:3, 3] for p in stream.sel]))
+
+
+def _export_video_stream(path, stream: "_PointStream", renderer, size, fps, orbit: bool, progress: bool) -> dict:
+    """The cloud gathered (thinned to about video.MAX_POINTS: whenever it grows past twice that,
+    every other point is dropped and later frames give every other point), then rendered."""
+    from .video import MAX_POINTS, render_video
+
+    pts, cols, cams = [], [], []
+    step, held = 1, 0
+    for pose, r, parts in stream.frames("video (points)"):
+        p, c = parts[0][::step], parts[1][::step]
+        pts.append(p)
+        cols.append(c)
+        held += len(p)
+        if held > 2 * MAX_POINTS:
+            pts, cols = [a[::2].copy() for a in pts], [a[::2].copy() for a in cols]
+            step *= 2
+            held = sum(len(a) for a in pts)
+        img = _colmap_image(r)
+        cams.append((r.c2w, _image_K(r), img.shape[1], img.shape[0]))
+    points = np.concatenate(pts) if pts else np.zeros((0, 3), np.float32)
+    colors = np.concatenate(cols) if cols else np.zeros((0, 3), np.uint8)
+    del pts, cols
+    return render_video(path, points, colors, cams, renderer, size=size, fps=fps, orbit=orbit, progress=progress)
+
+
+def _export_ply_stream(path, stream: "_PointStream") -> None:
+    """Binary PLY written frame by frame."""
+    with ply_writer(path) as add:
+        for _, _, (pts, cols, conf, _) in stream.frames("PLY"):
+            add(pts, cols, conf)
 
 
 def _export_glb_stream(path, stream: "_PointStream", frustums: bool, opencv_axes: bool) -> dict:
