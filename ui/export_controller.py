@@ -18,9 +18,16 @@ from engine.api import EngineError
 
 log = logging.getLogger(__name__)
 
-SUFFIXES = {"ply": ".ply", "npz": ".npz", "tum": ".txt", "glb": ".glb"}
+SUFFIXES = {"ply": ".ply", "npz": ".npz", "tum": ".txt", "glb": ".glb", "obj": ".obj", "rrd": ".rrd",
+            "video": ".mp4", "orbit": ".mp4"}
+FOLDERS = {"colmap": "Export a COLMAP model into a folder (images/ and sparse/0/ are created)",
+           "nerfstudio": "Export nerfstudio data into a folder (transforms.json, images/, sparse_pc.ply)"}
 MENU = (("ply", "Point cloud (&PLY)…"), ("npz", "Arrays (&NPZ)…"), ("tum", "Trajectory (&TUM)…"),
-        ("colmap", "&COLMAP model (nerfstudio, gsplat)…"), ("glb", "&GLB scene (Blender, web viewers)…"))
+        ("colmap", "&COLMAP model (gsplat, COLMAP)…"), ("nerfstudio", "&nerfstudio data (transforms.json)…"),
+        ("glb", "&GLB scene (Blender, web viewers)…"), ("obj", "&OBJ point cloud (Blender)…"),
+        ("rrd", "&rerun recording (.rrd)…"), ("video", "&Video of the camera path (MP4)…"),
+        ("orbit", "Video orbiting the &scene (MP4)…"))
+VIDEO_SIZES = ("1280x720", "1920x1080", "3840x2160", "720x720")
 
 
 class _Relay(QtCore.QObject):
@@ -36,14 +43,80 @@ class ExportController(QtCore.QObject):
 
     def dialog(self, kind: str) -> None:
         from engine.io.export import EXPORT_FORMATS
-        if kind == "colmap":
-            p = QtWidgets.QFileDialog.getExistingDirectory(
-                self.win, "Export a COLMAP model into a folder (images/ and sparse/0/ are created)")
+        if kind in FOLDERS:
+            p = QtWidgets.QFileDialog.getExistingDirectory(self.win, FOLDERS[kind])
         else:
-            p, _ = QtWidgets.QFileDialog.getSaveFileName(self.win, f"Export {kind.upper()}",
-                                                         "reconstruction" + SUFFIXES[kind], EXPORT_FORMATS[kind])
-        if p:
+            fmt = "video" if kind == "orbit" else kind
+            p, _ = QtWidgets.QFileDialog.getSaveFileName(self.win, f"Export {fmt.upper()}",
+                                                         "reconstruction" + SUFFIXES[kind], EXPORT_FORMATS[fmt])
+        if not p:
+            return
+        if kind in ("video", "orbit"):
+            video = self._ask_video()
+            if video is not None:
+                self.export_video(p, orbit=kind == "orbit", **video)
+        else:
             self.export(kind, p, background=True)
+
+    def _ask_video(self) -> Optional[dict]:
+        """Frame size and rate of a video export (None: cancelled)."""
+        size, ok = QtWidgets.QInputDialog.getItem(self.win, "Video size", "Width x height (even numbers):",
+                                                  VIDEO_SIZES, 0, True)
+        if not ok:
+            return None
+        fps, ok = QtWidgets.QInputDialog.getInt(self.win, "Video frame rate", "Frames per second:", 30, 1, 120)
+        if not ok:
+            return None
+        try:
+            w, h = (int(v) for v in size.lower().replace("×", "x").split("x"))
+        except ValueError:
+            self.win.show_message(f"Video not written: '{size}' is not a size like 1280x720", "warning")
+            return None
+        return {"size": (w, h), "fps": fps}
+
+    def export_video(self, path: str, size: tuple = (1280, 720), fps: int = 30, orbit: bool = False) -> Optional[dict]:
+        """Render the shown session (camera path, or an orbit) to an MP4 at `path`. It draws with
+        the GUI's own GL context, so it runs on the GUI thread: a progress dialog counts the frames,
+        keeps the window painted between them, and Cancel stops it (nothing is left behind)."""
+        from engine.io.export import export_results
+        from ui.video_render import OffscreenRenderer
+        w = self.win
+        if not w.session_folder:
+            w.show_message("Nothing to export yet: run a reconstruction or open a saved session", "warning")
+            return None
+        bar = QtWidgets.QProgressDialog("Rendering the video…", "Cancel", 0, 0, w)
+        bar.setWindowTitle("Video export")
+        bar.setMinimumDuration(0)
+
+        class Counted:
+            """The offscreen renderer, counting frames for the dialog and stopping on Cancel."""
+            def __init__(self, *a):
+                self.inner, self.n = OffscreenRenderer(*a), 0
+
+            def render(self, clip):
+                if bar.wasCanceled():
+                    raise EngineError("Video export cancelled")
+                self.n += 1
+                bar.setLabelText(f"Rendering the video… frame {self.n}")
+                QtWidgets.QApplication.processEvents(QtCore.QEventLoop.ProcessEventsFlag.ExcludeUserInputEvents)
+                return self.inner.render(clip)
+
+            def close(self):
+                self.inner.close()
+
+        bar.show()
+        try:
+            out = export_results(w.session_folder, {"video": path}, **self.options(), video_renderer=Counted,
+                                 video_size=size, video_fps=fps, video_orbit=orbit)
+        except EngineError as exc:
+            w.show_message(str(exc), "warning")
+            self.finished.emit(None)
+            return None
+        finally:
+            bar.close()
+        w.show_message(f"Video written: {path} ({size[0]}x{size[1]}, {fps} frames/s)", "info")
+        self.finished.emit(out)
+        return out
 
     def options(self) -> dict:
         """The options every export takes from the view: the absolute confidence threshold,

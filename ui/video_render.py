@@ -17,24 +17,32 @@ BACKGROUND = (0.08, 0.08, 0.1, 1.0)
 TRAJECTORY_RGBA = (1.0, 0.47, 0.16, 1.0)
 
 
+_EGL_APP = None
+
+
 def _scene():
-    """vispy's scene module with a GL context: the running app (GUI), else EGL."""
-    import vispy
+    """vispy's scene module and the application whose GL context draws: the running one (the
+    GUI's), else an EGL application of our own. The EGL one is passed to each canvas and never made
+    vispy's default, so a Qt window created later in the process still gets the Qt backend."""
+    global _EGL_APP
+    from vispy import app as vapp
+    from vispy import scene
     from vispy.app import _default_app
 
-    if _default_app.default_app is None:
+    if _default_app.default_app is not None:
+        return scene, _default_app.default_app
+    if _EGL_APP is None:
         if not os.environ.get("DISPLAY"):
             # Mesa's EGL needs a platform without X; a setting of the library, not ours
             os.environ.setdefault("EGL_PLATFORM", "surfaceless")
         try:
-            vispy.use(app="egl")
+            _EGL_APP = vapp.Application("egl")
         except Exception as exc:       # no libEGL, no driver: say so (the other exports go on)
             why = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
             raise OutputError(f"the video export renders offscreen with vispy through EGL, which is not "
                               f"available here ({why}); install Mesa's libEGL (apt install libegl1 "
                               "libgl1-mesa-dri)") from None
-    from vispy import scene
-    return scene
+    return scene, _EGL_APP
 
 
 class OffscreenRenderer:
@@ -42,7 +50,7 @@ class OffscreenRenderer:
     seen through the clip matrix (engine.io.video.clip_matrix); `close()`."""
 
     def __init__(self, points, colors, centres, size, point_size=None):
-        scene = _scene()
+        scene, app = _scene()
         from vispy.visuals.transforms import ChainTransform, MatrixTransform, STTransform
 
         class PoseCamera(scene.cameras.BaseCamera):
@@ -61,7 +69,8 @@ class OffscreenRenderer:
                 self._set_scene_transform(self.full)
 
         self.W, self.H = (int(x) for x in size)
-        self.canvas = scene.SceneCanvas(size=(self.W, self.H), show=False, bgcolor=BACKGROUND, keys=None)
+        self.canvas = scene.SceneCanvas(size=(self.W, self.H), show=False, bgcolor=BACKGROUND, keys=None,
+                                        app=app)
         view = self.canvas.central_widget.add_view()
         self.camera = PoseCamera()
         view.camera = self.camera

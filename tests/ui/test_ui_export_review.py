@@ -55,7 +55,8 @@ def test_every_format_from_the_window_matches_the_view(qtbot, make_window, share
     assert n_ply == out["points"]
     assert n_ply >= 0.9 * drawn and n_ply <= 1.1 * drawn          # the density the user saw
     assert PlyData.read(str(tmp_path / "a.ply"))["vertex"]["confidence"].min() >= 2.5
-    assert set(w.export_actions) == {"ply", "npz", "tum", "colmap", "glb"}
+    from engine.io.export import EXPORT_FORMATS
+    assert set(w.export_actions) == set(EXPORT_FORMATS) | {"orbit"}     # every format, video twice
     assert all(a.isEnabled() for a in w.export_actions.values())
     out = w.export("colmap", str(tmp_path / "m"))
     rec = pycolmap.Reconstruction(str(tmp_path / "m" / "sparse" / "0"))
@@ -103,3 +104,37 @@ def test_file_export_menu_writes_in_the_background(qtbot, make_window, shared_da
         with qtbot.waitSignal(w.exportFinished, timeout=30_000) as got:
             w.export_actions[kind].trigger()             # File > Export > ...
         assert got.args[0] is not None and got.args[0]["frames"] == 6 and target.exists()
+
+
+def test_new_formats_and_videos_from_the_menu(qtbot, make_window, shared_data, tmp_path, monkeypatch):
+    """File > Export offers nerfstudio, OBJ and the two videos; a video asks its size and rate and
+    renders one frame per exported frame (or the orbit) with the window's GL context."""
+    import cv2
+    from PySide6 import QtWidgets
+
+    from engine.io.video import ORBIT_SECONDS
+    w = make_window()
+    _run(qtbot, w, shared_data, frames=6)
+    monkeypatch.setattr(QtWidgets.QFileDialog, "getExistingDirectory", lambda *a, **k: str(tmp_path / "ns"))
+    monkeypatch.setattr(QtWidgets.QFileDialog, "getSaveFileName", lambda *a, **k: (str(tmp_path / "c.obj"), ""))
+    for kind, target in (("nerfstudio", tmp_path / "ns" / "transforms.json"), ("obj", tmp_path / "c.obj")):
+        with qtbot.waitSignal(w.exportFinished, timeout=30_000) as got:
+            w.export_actions[kind].trigger()
+        assert got.args[0] is not None and target.exists()
+    monkeypatch.setattr(QtWidgets.QInputDialog, "getItem", lambda *a, **k: ("160x120", True))
+    monkeypatch.setattr(QtWidgets.QInputDialog, "getInt", lambda *a, **k: (5, True))
+    for kind, name in (("video", "path.mp4"), ("orbit", "orbit.mp4")):
+        monkeypatch.setattr(QtWidgets.QFileDialog, "getSaveFileName", lambda *a, n=name, **k: (str(tmp_path / n), ""))
+        with qtbot.waitSignal(w.exportFinished, timeout=120_000) as got:
+            w.export_actions[kind].trigger()
+        assert got.args[0] is not None
+        cap = cv2.VideoCapture(str(tmp_path / name))
+        want = 6 if kind == "video" else round(ORBIT_SECONDS * 5)
+        assert int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) == want
+        assert (cap.get(cv2.CAP_PROP_FRAME_WIDTH), cap.get(cv2.CAP_PROP_FRAME_HEIGHT)) == (160, 120)
+        ok, f = cap.read()
+        assert ok and f.std() > 5                          # the cloud is drawn
+    monkeypatch.setattr(QtWidgets.QInputDialog, "getItem", lambda *a, **k: ("wide", True))
+    monkeypatch.setattr(QtWidgets.QFileDialog, "getSaveFileName", lambda *a, **k: (str(tmp_path / "bad.mp4"), ""))
+    w.export_actions["video"].trigger()                    # a size that is not WxH: a message, no file
+    assert not (tmp_path / "bad.mp4").exists() and "not a size" in w.banner.label.text()
