@@ -16,8 +16,8 @@ Pieces (all OpenCV + numpy; the heavy part runs on a worker thread):
   but moves nothing. When those descriptors do not confirm a candidate (each keyframe triangulated
   its own corners, so a revisit from elsewhere shares few map points), the place-recognition ORB
   corners themselves are matched, each with a depth interpolated from its keyframe's map points
-  (`_verify_keypoints`; candidates beyond the tracker's local map or of another segment only); the
-  scale of such a loop weighs little in the pose graph. Then optical flow (`_verify_flow`).
+  (`_verify_keypoints`; for relocalisation only: its loops measure the scale too coarsely to
+  correct a segment with). Then optical flow (`_verify_flow`).
 - **Correction**: `engine.align.Sim3PoseGraph` over all keyframes of the segment: odometry edges
   between consecutive keyframes and to the few earlier keyframes sharing ≥ 100 points (from the
   poses as produced; a covisibility edge only where the earlier keyframe's corrected pose still
@@ -106,20 +106,15 @@ class LoopParams:
     flow_pair_px: float = 2.5     # a flow match lands this close to the other keyframe's own corner
     # keypoint verification (`_verify_keypoints`): the place-recognition ORB corners of both
     # keyframes, each given a depth from the keyframe's own map points around it
+    # (relocalisation only: as loop edges within a segment their coarse scale made kt0 worse,
+    # docs/benchmarks_geometric.md "Place recognition that finds real revisits")
     kp_verify: bool = True
-    kp_min_age: int = 30          # only for a candidate this many keyframes older (or of another segment):
-    # nearer revisits lie within the tracker's local map (30 keyframes), whose corners the query
-    # tracked or reused, so descriptors / flow verify them with exact 3-D on both sides
     kp_depth_px: float = 15.0     # map points within this radius (640-wide pixels) give a corner its depth ...
     kp_depth_agree: float = 0.15  # ... when at least two of the nearest four agree within this (relative)
     kp_reproj_px: float = 4.0     # PnP / two-way threshold (the interpolated depths are approximate)
     kp_min_inliers: int = 30      # candidate corners that fit the query's pose ...
     kp_min_back: int = 15         # ... query corners that reproject into the candidate ...
     kp_min_depth_pairs: int = 10  # ... and matches with a depth on both sides that agree (the scale)
-    kp_scale_information: float = 0.001  # weight of such a loop's scale in the pose graph: the
-    # interpolated depths measure it coarsely, and every closure re-scales the tracker's map by it
-    # (docs/benchmarks_geometric.md, "Place recognition that finds real revisits")
-    kp_agree_scale: float = 0.1   # such a loop the map satisfies within this scale (and agree_*) moves nothing
     image_quality: int = 90       # JPEG quality of the keyframe images kept for flow verification ...
     image_width: int = 320        # ... and their width (flow verification runs at this size)
 
@@ -385,9 +380,9 @@ class LoopCloser:
         # redundancy check (a revisited place need not be stored again)
         others = [f for f in db if self.nodes[f].segment < node.segment and self.nodes[f].bow is not None]
         close = None
-        best = self._best_match(node, others, ref)
+        best = self._best_match(node, others, ref, corners=self.p.kp_verify)
         if best is not None:
-            cand, n_inl, S, _ = best
+            cand, n_inl, S = best
             if node.segment not in self._linked:
                 self._linked[node.segment] = cand.segment
                 out.append(SegmentLink(node.segment, cand.segment, fid, cand.fid, n_inl, S))
@@ -397,18 +392,13 @@ class LoopCloser:
                      and self.nodes[f].bow is not None]
             best = self._best_match(node, older, ref, near=True)
             if best is not None:
-                cand, n_inl, S, approx = best
-                # S maps query camera frame → candidate camera frame: T_q ≈ T_c · S. A loop verified
-                # by the corners (`approx`) measures its scale from interpolated depths: that
-                # component weighs less, and agreement allows for its noise
-                info = self.p.loop_information
-                if approx:
-                    info = info * np.array([1.0] * 6 + [self.p.kp_scale_information])
+                cand, n_inl, S = best
+                # S maps query camera frame → candidate camera frame: T_q ≈ T_c · S
                 with self._lock:
-                    self.edges[node.segment].append((cand.fid, fid, S, info, self.p.loop_huber))
+                    self.edges[node.segment].append((cand.fid, fid, S, self.p.loop_information, self.p.loop_huber))
                 if close is None and self._covers(cand, S):
                     close = cand
-                if self._agrees(node, cand, S, self.p.kp_agree_scale if approx else self.p.agree_scale):
+                if self._agrees(node, cand, S):
                     # the map already agrees with the loop (no drift to speak of): keep the edge for
                     # later solves, but do not move the map for noise
                     self.loops_consistent += 1
@@ -504,19 +494,19 @@ class LoopCloser:
                     self._forgotten.append((victim, node.segment))
             self.keyframes_evicted += 1
 
-    def _agrees(self, node, cand, S, agree_scale: float) -> bool:
+    def _agrees(self, node, cand, S) -> bool:
         """Whether the current estimate already satisfies the loop edge within its noise."""
         r = sim3_log(sim3_inverse(S) @ sim3_inverse(self.T_est[cand.fid]) @ self.T_est[node.fid])
         med = node.med_depth
         return (np.degrees(np.linalg.norm(r[:3])) < self.p.agree_deg
-                and np.linalg.norm(r[3:6]) < self.p.agree_trans * med and abs(r[6]) < agree_scale)
+                and np.linalg.norm(r[3:6]) < self.p.agree_trans * med and abs(r[6]) < self.p.agree_scale)
 
-    def _best_match(self, node, fids, ref, near: bool = False):
-        """The verified candidate among keyframes `fids` with the most inliers: (node, inliers, S,
-        whether it was verified by the corners, `_verify_keypoints`).
+    def _best_match(self, node, fids, ref, near: bool = False, corners: bool = False):
+        """The verified candidate among keyframes `fids` with the most inliers: (node, inliers, S).
         Candidates: the best `n_candidates` by words (above the score ratio) and, with `near` (same
         segment, so the worker's poses share a world), the `near_candidates` older keyframes nearest
-        the query's current pose that look the same way. Each is verified by map-point descriptors;
+        the query's current pose that look the same way. Each is verified by map-point descriptors
+        (with `corners`, then by the place-recognition corners, `_verify_keypoints`);
         if none passes, those are tried by optical flow (`_verify_flow`), at most `flow_max_per_query`, in
         turn the nearest by pose, the best by words, the next nearest, ... (the loop worker's time
         per keyframe stays bounded when tracking makes a keyframe on every frame of a fast turn)."""
@@ -536,17 +526,14 @@ class LoopCloser:
         failed = []
         for f in cands + near_f:
             res = self._verify(node, self.nodes[f])
-            approx = False             # (verified by the corners: interpolated depths, a coarse scale)
             if res is not None:
                 self.verified_descriptors += 1
-            elif self.p.kp_verify and (self.nodes[f].segment != node.segment
-                                       or node.index - self.nodes[f].index >= self.p.kp_min_age):
+            elif corners:
                 res = self._verify_keypoints(node, self.nodes[f])
                 self.verified_keypoints += res is not None
-                approx = True
             if res is not None:
                 if best is None or res[1] > best[1]:
-                    best = (self.nodes[f], res[1], res[0], approx)
+                    best = (self.nodes[f], res[1], res[0])
             else:
                 failed.append(f)
         if self.p.flow_verify and failed and best is None and self._flow_allowed:
@@ -560,7 +547,7 @@ class LoopCloser:
                 res = self._verify_flow(node, self.nodes[f])
                 self.verified_flow += res is not None
                 if res is not None and (best is None or res[1] > best[1]):
-                    best = (self.nodes[f], res[1], res[0], False)
+                    best = (self.nodes[f], res[1], res[0])
         return best
 
     def _near(self, node, fids) -> list:
