@@ -106,8 +106,8 @@ class LoopParams:
     flow_pair_px: float = 2.5     # a flow match lands this close to the other keyframe's own corner
     # keypoint verification (`_verify_keypoints`): the place-recognition ORB corners of both
     # keyframes, each given a depth from the keyframe's own map points around it
-    # (relocalisation only: as loop edges within a segment their coarse scale made kt0 worse,
-    # docs/benchmarks_geometric.md "Place recognition that finds real revisits")
+    # (relocalisation only: the interpolated depths give a loop's scale too coarsely to correct a
+    # segment with, docs/benchmarks_geometric.md "Place recognition that finds real revisits")
     kp_verify: bool = True
     kp_depth_px: float = 15.0     # map points within this radius (640-wide pixels) give a corner its depth ...
     kp_depth_agree: float = 0.15  # ... when at least two of the nearest four agree within this (relative)
