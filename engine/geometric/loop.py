@@ -13,7 +13,11 @@ Pieces (all OpenCV + numpy; the heavy part runs on a worker thread):
   PnP-RANSAC of the candidate's points in the query image gives the rigid part, the matched points' depths the scale; a Sim(3) refinement minimises the two-way
   reprojection errors plus the log depth ratios (Huber). Accepted with ≥ `min_inliers` two-way
   inliers. A loop the current estimate already satisfies within its noise is recorded as an edge
-  but moves nothing.
+  but moves nothing. When those descriptors do not confirm a candidate (each keyframe triangulated
+  its own corners, so a revisit from elsewhere shares few map points), the place-recognition ORB
+  corners themselves are matched, each with a depth interpolated from its keyframe's map points
+  (`_verify_keypoints`; for relocalisation only: its loops measure the scale too coarsely to
+  correct a segment with). Then optical flow (`_verify_flow`).
 - **Correction**: `engine.align.Sim3PoseGraph` over all keyframes of the segment: odometry edges
   between consecutive keyframes and to the few earlier keyframes sharing ≥ 100 points (from the
   poses as produced; a covisibility edge only where the earlier keyframe's corrected pose still
@@ -100,6 +104,17 @@ class LoopParams:
     flow_min_ratio: float = 0.3   # ... inliers / candidate points that the flow followed
     flow_min_depth_pairs: int = 10  # corners both keyframes mapped whose depths agree (the scale)
     flow_pair_px: float = 2.5     # a flow match lands this close to the other keyframe's own corner
+    # keypoint verification (`_verify_keypoints`): the place-recognition ORB corners of both
+    # keyframes, each given a depth from the keyframe's own map points around it
+    # (relocalisation only: the interpolated depths give a loop's scale too coarsely to correct a
+    # segment with, docs/benchmarks_geometric.md "Place recognition that finds real revisits")
+    kp_verify: bool = True
+    kp_depth_px: float = 15.0     # map points within this radius (640-wide pixels) give a corner its depth ...
+    kp_depth_agree: float = 0.15  # ... when at least two of the nearest four agree within this (relative)
+    kp_reproj_px: float = 4.0     # PnP / two-way threshold (the interpolated depths are approximate)
+    kp_min_inliers: int = 30      # candidate corners that fit the query's pose ...
+    kp_min_back: int = 15         # ... query corners that reproject into the candidate ...
+    kp_min_depth_pairs: int = 10  # ... and matches with a depth on both sides that agree (the scale)
     image_quality: int = 90       # JPEG quality of the keyframe images kept for flow verification ...
     image_width: int = 320        # ... and their width (flow verification runs at this size)
 
@@ -120,6 +135,7 @@ class KeyframeNode:
     m_uv: Optional[np.ndarray] = None         # every map-point observation (float32), for flow verification
     m_P: Optional[np.ndarray] = None
     kp_uv: Optional[np.ndarray] = None        # pixels of the ORB corners of `desc` (coarse image alignment)
+    kp_P: Optional[np.ndarray] = None         # those corners in the camera frame (NaN: no depth), float32
     jpg: Optional[np.ndarray] = None          # the grey image, JPEG-compressed (flow verification)
     bow: Optional[np.ndarray] = None
     med_depth: float = 1.0       # median depth of its map points (produced units)
@@ -130,7 +146,7 @@ class KeyframeNode:
         """Drop everything place recognition / verification needs (the pose stays)."""
         self.uv, self.P_cam = _EMPTY2, _EMPTY3
         self.gray = self.desc = self.a_desc = self.a_uv = self.a_P = None
-        self.m_uv = self.m_P = self.kp_uv = self.jpg = None
+        self.m_uv = self.m_P = self.kp_uv = self.kp_P = self.jpg = None
         self.in_db = False
 
 
@@ -210,6 +226,7 @@ class LoopCloser:
         self.detect_cpu: collections.deque = collections.deque(maxlen=200)
         self.verified_descriptors = 0                        # verifications passed by map-point descriptors
         self.verified_flow = 0                               # ... by optical flow (`_verify_flow`)
+        self.verified_keypoints = 0                          # ... by place-recognition corners (`_verify_keypoints`)
         self.flow_attempts = 0
         self._last_flow_fid = -10 ** 9                       # the last query that ran a flow verification
         self._flow_allowed = True
@@ -298,7 +315,7 @@ class LoopCloser:
             n_edges = sum(len(e) for e in self.edges.values())
             n_seg = len(self.by_segment)
         arrays = sum(a.nbytes for n in nodes for a in (n.uv, n.P_cam, n.gray, n.desc, n.a_desc, n.a_uv, n.a_P, n.bow,
-                                                         n.m_uv, n.m_P, n.kp_uv, n.jpg)
+                                                         n.m_uv, n.m_P, n.kp_uv, n.kp_P, n.jpg)
                      if a is not None)
         return {"nodes": len(nodes), "database": len(self.db), "edges": n_edges, "segments": n_seg,
                 "estimates": len(self.T_est), "corrections": len(self._corrections),
@@ -363,7 +380,7 @@ class LoopCloser:
         # redundancy check (a revisited place need not be stored again)
         others = [f for f in db if self.nodes[f].segment < node.segment and self.nodes[f].bow is not None]
         close = None
-        best = self._best_match(node, others, ref)
+        best = self._best_match(node, others, ref, corners=self.p.kp_verify)
         if best is not None:
             cand, n_inl, S = best
             if node.segment not in self._linked:
@@ -484,11 +501,12 @@ class LoopCloser:
         return (np.degrees(np.linalg.norm(r[:3])) < self.p.agree_deg
                 and np.linalg.norm(r[3:6]) < self.p.agree_trans * med and abs(r[6]) < self.p.agree_scale)
 
-    def _best_match(self, node, fids, ref, near: bool = False):
+    def _best_match(self, node, fids, ref, near: bool = False, corners: bool = False):
         """The verified candidate among keyframes `fids` with the most inliers: (node, inliers, S).
         Candidates: the best `n_candidates` by words (above the score ratio) and, with `near` (same
         segment, so the worker's poses share a world), the `near_candidates` older keyframes nearest
-        the query's current pose that look the same way. Each is verified by map-point descriptors;
+        the query's current pose that look the same way. Each is verified by map-point descriptors
+        (with `corners`, then by the place-recognition corners, `_verify_keypoints`);
         if none passes, those are tried by optical flow (`_verify_flow`), at most `flow_max_per_query`, in
         turn the nearest by pose, the best by words, the next nearest, ... (the loop worker's time
         per keyframe stays bounded when tracking makes a keyframe on every frame of a fast turn)."""
@@ -510,6 +528,10 @@ class LoopCloser:
             res = self._verify(node, self.nodes[f])
             if res is not None:
                 self.verified_descriptors += 1
+            elif corners:
+                res = self._verify_keypoints(node, self.nodes[f])
+                self.verified_keypoints += res is not None
+            if res is not None:
                 if best is None or res[1] > best[1]:
                     best = (self.nodes[f], res[1], res[0])
             else:
@@ -600,6 +622,9 @@ class LoopCloser:
         kps, desc = self.orb.detectAndCompute(gray, None)
         node.desc = desc if desc is not None and len(desc) else None
         node.kp_uv = np.array([k.pt for k in kps], np.float32).reshape(-1, 2) if node.desc is not None else None
+        if self.p.kp_verify and node.kp_uv is not None:
+            node.kp_P = _corner_points(node.kp_uv, node.uv, node.P_cam, self.K, self.p.kp_depth_px * self.px,
+                                       self.p.kp_depth_agree)
         if self.p.flow_verify:
             node.m_uv = node.uv.astype(np.float32)
             node.m_P = node.P_cam.astype(np.float32)
@@ -716,6 +741,61 @@ class LoopCloser:
         Y = (Pc - t) @ R / s                       # candidate points in the query frame
         return _reprojects(X, uc, thr, self.K) & _reprojects(Y, uq, thr, self.K)
 
+
+    # --- verification by the place-recognition corners ---------------------------------------------
+    def _verify_keypoints(self, q: KeyframeNode, c: KeyframeNode):
+        """Verification with the ORB corners of place recognition instead of the map points: each
+        keyframe triangulated its own KLT corners, so the two keyframes' map points rarely coincide
+        and their descriptors rarely match, while the ORB corners of a revisited place do. A corner
+        takes its depth from the keyframe's map points around it (`_corner_points`). Ratio-test
+        matches; PnP-RANSAC of the candidate's corners in the query image (rigid part); the scale from
+        the matches with a depth on both sides; then the Sim(3) refinement of `_refine_sets` (the
+        candidate corners' reprojections in the query, the query corners' in the candidate, the log
+        depth ratios). Accepted with ≥ `kp_min_inliers`, ≥ `kp_min_back` and ≥ `kp_min_depth_pairs`
+        inliers. Returns (S, inliers) like `_verify`, or None."""
+        p = self.p
+        if q.desc is None or c.desc is None or q.kp_P is None or c.kp_P is None or len(c.desc) < 2:
+            return None
+        knn = cv2.BFMatcher(cv2.NORM_HAMMING).knnMatch(q.desc, c.desc, k=2)
+        m = [(a.queryIdx, a.trainIdx) for a, *b in knn if b and a.distance < 0.8 * b[0].distance and a.distance < 64]
+        if len(m) < p.kp_min_inliers:
+            return None
+        qi, ci = np.array(m).T
+        has_c = np.isfinite(c.kp_P[ci, 0])
+        if has_c.sum() < p.kp_min_inliers:
+            return None
+        thr = p.kp_reproj_px * self.px
+        Pc = c.kp_P[ci[has_c]].astype(np.float64)
+        uq = q.kp_uv[qi[has_c]].astype(np.float64)
+        ok, rvec, tvec, inl = cv2.solvePnPRansac(Pc, uq, self.K, None, iterationsCount=self.p.ransac_iters,
+                                                 reprojectionError=thr, confidence=0.999, flags=cv2.SOLVEPNP_EPNP)
+        if not ok or inl is None or len(inl) < p.kp_min_inliers:
+            return None
+        inl = inl.ravel()
+        R_qc, _ = cv2.Rodrigues(rvec)
+        t_qc = tvec.ravel()
+        both = has_c & np.isfinite(q.kp_P[qi, 0])
+        qb, cb = qi[both], ci[both]
+        Pq_d, Pc_d = q.kp_P[qb].astype(np.float64), c.kp_P[cb].astype(np.float64)
+        xq = Pc_d @ R_qc.T + t_qc
+        good = (xq[:, 2] > 1e-9) & (Pq_d[:, 2] > 1e-9)
+        if good.sum() < p.kp_min_depth_pairs:
+            return None
+        # the scale from the matches PnP kept (a robust median of their depth ratios)
+        kept = np.isin(np.flatnonzero(both), np.flatnonzero(has_c)[inl]) & good
+        if kept.sum() < p.kp_min_depth_pairs:
+            return None
+        sig = float(np.median(xq[kept, 2] / Pq_d[kept, 2]))
+        S = sim3_matrix(sig, R_qc.T, -R_qc.T @ t_qc)
+        uc_b = c.kp_uv[cb].astype(np.float64)
+        full = (Pc, uq, Pq_d, uc_b, Pq_d, Pc_d)
+        ia, ib, idd = self._inliers_sets(S, *full, thr, self.K)
+        for _ in range(2):
+            S = self._refine_sets(S, Pc[ia], uq[ia], Pq_d[ib], uc_b[ib], Pq_d[idd], Pc_d[idd], thr, self.K)
+            ia, ib, idd = self._inliers_sets(S, *full, thr, self.K)
+        if ia.sum() < p.kp_min_inliers or ib.sum() < p.kp_min_back or idd.sum() < p.kp_min_depth_pairs:
+            return None
+        return S, int(ia.sum() + ib.sum())
 
     # --- image verification by optical flow -------------------------------------------------------
     def _verify_flow(self, q: KeyframeNode, c: KeyframeNode):
@@ -909,6 +989,38 @@ def _reprojects(X: np.ndarray, u: np.ndarray, thr: float, K: np.ndarray) -> np.n
     zz = np.maximum(z, 1e-6)
     e = np.hypot(K[0, 0] * X[:, 0] / zz + K[0, 2] - u[:, 0], K[1, 1] * X[:, 1] / zz + K[1, 2] - u[:, 1])
     return (z > 1e-6) & (e < thr)
+
+
+def _corner_points(kp_uv: np.ndarray, uv: np.ndarray, P_cam: np.ndarray, K: np.ndarray, radius: float,
+                   agree: float) -> np.ndarray:
+    """Corners `kp_uv` in the keyframe's camera frame (float32 N×3, NaN rows: no depth): each takes
+    the median depth of the map points (observed at `uv`, at `P_cam`) among its nearest four within
+    `radius` pixels, when at least two are there and they agree within `agree` (relative) — a corner
+    on a depth edge, or far from any map point, gets none."""
+    from scipy.spatial import cKDTree
+
+    out = np.full((len(kp_uv), 3), np.nan, np.float32)
+    z = P_cam[:, 2] if len(P_cam) else np.zeros(0)
+    front = z > 1e-9
+    if front.sum() < 2 or not len(kp_uv):
+        return out
+    uv, z = uv[front], z[front]
+    k = min(4, len(z))
+    d, j = cKDTree(uv).query(kp_uv, k=k, distance_upper_bound=radius)
+    near = np.isfinite(d)
+    zz = np.where(near, z[np.minimum(j, len(z) - 1)], np.nan)
+    n = near.sum(1)
+    ok = n >= 2
+    if not ok.any():
+        return out
+    zz = zz[ok]
+    med = np.nanmedian(zz, axis=1)
+    spread = np.nanmax(np.abs(zz / med[:, None] - 1.0), axis=1)
+    idx = np.flatnonzero(ok)[spread < agree]
+    med = med[spread < agree]
+    ray = np.c_[kp_uv[idx], np.ones(len(idx))] @ np.linalg.inv(K).T
+    out[idx] = (ray * med[:, None]).astype(np.float32)
+    return out
 
 
 def _nearest(uv: np.ndarray, u: np.ndarray, r: float) -> int:
