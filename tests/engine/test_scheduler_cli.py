@@ -56,7 +56,7 @@ def test_stats_json_is_written_per_input_and_stats_csv_refused(tmp_path, tiny_ck
     assert rc == 0
     for name, n in (("0-a", 4), ("1-b", 3)):
         body = json.loads((tmp_path / f"st-{name}.json").read_text())
-        assert body["driver"]["frames_in"] == n and body["driver"]["results"] == n
+        assert body["driver"]["frames_in"] == n and body["driver"]["results_total"] == n
         assert body["driver"]["stream"]["name"] == name and body["driver"]["scheduler"]["rounds"] >= 4
         assert body["engine"]["frames"] == n and body["engine"]["kv"]["frames_committed"] == n
         assert "kv_page_map" not in body["engine"]
