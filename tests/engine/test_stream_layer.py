@@ -98,3 +98,21 @@ def test_stream_hubs_open_every_engine(tiny):
     assert hubs.open_streams() == 1
     shared.close(), plain.close()
     assert hubs.open_streams() == 0
+
+
+def test_the_stream_layer_costs_a_geometric_run_no_torch():
+    """Every run opens its session through StreamHubs; one that shares no network (the geometric
+    engine) must not pay for torch (~0.2 GB of RSS), which only the first SharedStreams loads."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import sys\n"
+            "from engine import SessionConfig\n"
+            "from engine.shared_streams import StreamHubs\n"
+            "s = StreamHubs().open_session(SessionConfig(engine='geometric'))\n"
+            "s.close()\n"
+            "print(type(s).__name__, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["GeometricSession", "False"]
