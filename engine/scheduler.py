@@ -158,8 +158,8 @@ class StreamScheduler:
         self._batched_frames = 0
         self._largest_batch = 0
         self._key: Optional[tuple] = None  # (device, dtype) every stream must share
-        # per-stream attention of a batch on CUDA side streams: exact, +11 % aggregate FPS for 4
-        # streams on the H200 (docs/benchmarks.md); no effect on the CPU
+        # per-stream attention of a batch on CUDA side streams: exact, and the streams' kernels
+        # overlap (figures: docs/benchmarks.md "Several streams"); no effect on the CPU
         self.attention_streams = bool(attention_streams)
         self._side: dict = {}              # device -> side streams (engine/kv/batch_attention.py)
         self.pipeline = bool(pipeline)     # results one round later, no host wait per round

@@ -134,8 +134,8 @@ class LingBotMapSession(SessionTiming):
         self.model.step_graph_error = None      # a fresh graph cache tries whole-step graphs again
         self.model._step_keys_run.clear()       # (keys hold cache ids, which a new session may reuse)
         # opt-in (setting compile_blocks): the blocks' norm/residual
-        # halves under torch.compile (engine/models/compile.py; faster on the H200, GPU-tested; off by
-        # default for its compile time at the first frames)
+        # halves under torch.compile (engine/models/compile.py; GPU-tested; off by default for its
+        # compile time at the first frames)
         from ..models.compile import blocks_compiled, compile_blocks, uncompile_blocks
         if self.device.type == "cuda" and config.compile_blocks:
             compile_blocks(self.model)
@@ -368,8 +368,8 @@ class LingBotMapSession(SessionTiming):
                            pose_enc=out["pose_enc"][i].astype(np.float32), segment=0)
 
 
-# CUDA graphs on by default on CUDA devices (SessionConfig.cuda_graphs overrides):
-# measured on the H200, 20.9 -> 23.2 FPS steady (FlashInfer), outputs equal to eager.
+# CUDA graphs on by default on CUDA devices (SessionConfig.cuda_graphs overrides): a replay is one
+# launch instead of dozens, its outputs equal to eager (speed: docs/benchmarks.md).
 CUDA_GRAPHS_DEFAULT = True
 
 

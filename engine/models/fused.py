@@ -3,7 +3,7 @@
 A streamed LingBot-Map frame runs 72 ViT-L blocks (24 patch-embed, 24 frame, 24 global) on ~1,000
 tokens. Around their matmuls each block launched ~18 small elementwise kernels (LayerNorm, dtype
 casts, qk-norm, the RoPE products, the LayerScale residuals), each a full pass over its tensor
--- ~4 ms of GPU time a frame on the H200 (docs/benchmarks.md), which `torch.compile` fuses
+-- milliseconds of GPU time a frame (docs/benchmarks.md), which `torch.compile` fuses
 only after a compile of tens of seconds (engine/models/compile.py). These kernels fuse the same
 chains by hand and compile in about a second on first use:
 
@@ -224,7 +224,7 @@ def residual_layer_norm(x: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor, n
 def residual(x: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     """`torch.addcmul(x, r, gamma)` for float32 x [..., C], r of x's shape in a 16-bit dtype,
     gamma [C] float32, one vectorised pass (PyTorch's mixed-dtype addcmul takes its slow strided
-    loop: 7.9 us a block at 1,005 x 1,024 on the H200; None: see `_guarded`)."""
+    loop; None: see `_guarded`)."""
     C = x.shape[-1]
     x, r = x.contiguous(), r.contiguous()
     xo = torch.empty_like(x)
