@@ -29,7 +29,7 @@ from ..geometry import apply_similarity, result_transforms
 
 _POSE_MEMBERS = ("index", "timestamp", "c2w", "K", "is_keyframe", "segment")
 _READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
-POSE_READERS = 4            # threads reading poses: ~2.5x one on 2 cores (docs/benchmarks_io.md)
+POSE_READERS = 4            # threads reading poses: inflate releases the GIL (docs/benchmarks_io.md)
 
 
 @dataclasses.dataclass
