@@ -174,10 +174,10 @@ class CuDNNSeqLenBackend(CuDNNBackend):
     when the frontend imports (`CuDNNBackend.create`).
 
     PyTorch exposes cuDNN SDPA for dense inputs only without a length (a graph rebuilt per visible
-    length) or with a bias mask (off cuDNN's fast path, docs/benchmarks.md). Here the length is an int32 device tensor the kernel reads,
-    written once per step by `plan` (`fill_`, no host sync), and the keys past it are skipped
-    whole tiles at a time, so the call costs what the visible keys cost and one graph serves the
-    run:
+    length) or with a bias mask (off cuDNN's fast path, docs/benchmarks.md). Here the length is an
+    int32 device tensor the kernel reads, written once per step by `plan` (`fill_`, no host sync),
+    and the keys past it are skipped whole tiles at a time, so the call costs what the visible keys
+    cost and one graph serves the run:
     - dense form (a contiguous visible run, the steady state): k / v are the layer's pool viewed
       from the run's first page as [tokens, H, D] (zero copy); seq_kv = the visible tokens. One
       graph per (q length, first page): a keyframe stream's run starts at page 1 for good, a

@@ -99,7 +99,7 @@ class CuDNNFrontendKernel:
     @staticmethod
     def paged_ok(page_size: int) -> bool:
         """cuDNN's paged attention takes power-of-two block sizes only (CUDNN_STATUS_BAD_PARAM
-        "block size needs to be non-zero and a power of 2", cuDNN 9.19 on the H200)."""
+        "block size needs to be non-zero and a power of 2", cuDNN 9.19)."""
         return page_size > 0 and page_size & (page_size - 1) == 0
 
     def _build(self, q, k, table):

@@ -19,8 +19,8 @@ timer a benchmark installs with `sections.timing(timer)` (nothing is set on the 
 CUDA graphs (`aggregator.graph_scope`): "step" (the default) replays the patch embed, each frame
 block and the depth head as graphs, and, when the KV backend has static steps (the cuDNN split:
 `kv.static_key()`), the whole streamed step as ONE graph per step kind (`_graphed_step`: one launch
-instead of one per part and layer; latency figures in docs/benchmarks.md); inside that graph the camera head runs on a side stream beside the depth head
-(`_heads_stream`). "fixed" only the parts; "all" also each global block's halves around eager
+instead of one per part and layer; latency figures in docs/benchmarks.md); inside that graph the
+camera head runs on a side stream beside the depth head (`_heads_stream`). "fixed" only the parts; "all" also each global block's halves around eager
 attention and the camera head.
 
 Dtypes: `set_dtype(torch.bfloat16)` converts the aggregator's matmul weights (Linear, Conv2d) and

@@ -173,7 +173,7 @@ class Block(nn.Module):
         # Mixed precision (see LingBotMap.set_dtype): the residual stream x, the norms and the
         # LayerScales may be float32 while the matmul weights are bf16/fp16 -- upstream's autocast
         # keeps the residual in float32 too; a bf16 residual loses the small per-block updates
-        # (measured 4x the pose error). The normed input is cast once to the weights' dtype; the
+        # (docs/model.md "Precision"). The normed input is cast once to the weights' dtype; the
         # residual + LayerScale stay one addcmul each (it promotes the bf16 branch to float32).
         q, k, v = self.attn_pre(x, rope)
         return self.attn_post(x, (attend or sdpa_bnhd)(q, k, v))
