@@ -2,18 +2,21 @@
 
 Frames go through the chosen engine with a progress bar; every result is written to a session
 folder as it arrives (crash-safe, reopenable in the GUI), and at the end the requested exports
-(PLY, NPZ, TUM trajectory, COLMAP, nerfstudio, OBJ, GLB, rerun .rrd, MP4 video) are written from that folder with re-alignments applied. Bad input
+(PLY, NPZ, TUM trajectory, COLMAP, nerfstudio, OBJ, GLB, rerun .rrd, MP4 video) are written from
+that folder with re-alignments applied. Bad input
 is one line on stderr and exit code 2; Ctrl-C or SIGTERM stops after the current frame, keeps and
 exports what was done, marks the session as cut short (exit 130). A full disk ends the run the same
-way, with "disk full" and exit 74 (the exports still written where they fit). The loop is
-engine.run_driver's. Exports stream from the session folder, small ones first (trajectory, COLMAP,
-PLY, GLB, NPZ); one that would hold no point (no pose) is not written and the run exits 1 saying
-why; a signal during the exports aborts the one being written (whole or absent, no temp file) and
-exits 130.
+way, with "disk full" and exit 74 (the exports still written where they fit). The run path is the
+GUI's: the session comes from the stream layer (engine/shared_streams.py `StreamHubs`) and
+engine.run_driver's `RunDriver` drives it. Exports stream from the session folder, small ones
+first (trajectory, COLMAP, PLY, GLB, NPZ); one that would hold no point (no pose) is not written
+and the run exits 1 saying why; a signal during the exports aborts the one being written (whole
+or absent, no temp file) and exits 130.
 
 INPUT may also be a saved session folder: its results are exported again (e.g. with another
-confidence threshold or stride) without running an engine. Several INPUTs run together through
-the stream scheduler (`run_many`, at the end of this module).
+confidence threshold or stride) without running an engine. Several INPUTs run together, one
+RunDriver thread each over sessions of one shared model, their frames batched by the stream
+scheduler (`run_many`, at the end of this module).
 
 Module level imports nothing heavy (no torch, cv2 or Qt): the parser is built for every command.
 """
@@ -357,10 +360,10 @@ def _run(args) -> int:
     from engine.memory import bound_heap
     bound_heap()                    # long runs: RSS follows what is held (engine/memory.py)
 
-    from engine.api import open_session
     from engine.io.sources import open_source
     from engine.io.store import DiskFullError, SessionStore, default_session_root, new_session_folder
     from engine.run_driver import CallbackSink, RunDriver, StoreSink
+    from engine.shared_streams import StreamHubs
 
     outputs = _outputs(args)
     if args.stride < 1:
@@ -387,7 +390,7 @@ def _run(args) -> int:
         if args.start:
             source.seek(args.start)
         cfg, intr_note = _build_config(args, source)
-        session = open_session(cfg)
+        session = StreamHubs().open_session(cfg, source)    # the stream layer, as the GUI's runs
         log = (lambda msg: None) if args.quiet else (lambda msg: tqdm.write(msg, file=sys.stderr))
         if args.session_dir:
             folder = Path(args.session_dir).expanduser()
@@ -426,7 +429,7 @@ def _run(args) -> int:
             sinks.append(StatsCsvSink(stats_csv))
         driver = RunDriver(source, session, sinks, speed=args.speed, max_frames=args.max_frames,
                            prefetch=args.prefetch)
-        with _stop_on_signals(driver, log):
+        with _stop_on_signals([driver], log):
             try:
                 summary = driver.run()
             except DiskFullError as exc:      # the store closed itself: export what it holds
@@ -496,8 +499,8 @@ def _write_stats_json(path: Path, stats: dict, run: dict) -> None:
 
 
 @contextlib.contextmanager
-def _stop_on_signals(driver, log):
-    """Ctrl-C / SIGTERM end the run cleanly: the driver stops after the current frame, the engine
+def _stop_on_signals(drivers: list, log):
+    """Ctrl-C / SIGTERM end the run cleanly: every driver stops after its current frame, the engine
     is flushed into the store, the session is marked cut short and the exports are written from
     what was done. A second Ctrl-C aborts at once (the store still keeps every frame written)."""
     import signal
@@ -509,11 +512,12 @@ def _stop_on_signals(driver, log):
     names = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
     def handler(signum, frame):
-        if driver.stopping:
+        if any(d.stopping for d in drivers):
             raise KeyboardInterrupt
         log(f"{names.get(signum, signum)}: stopping after the current frame, keeping and exporting "
             "what was done (press Ctrl-C again to abort)")
-        driver.stop(names.get(signum, str(signum)))
+        for d in drivers:
+            d.stop(names.get(signum, str(signum)))
 
     old = {s: signal.signal(s, handler) for s in names}
     try:
@@ -542,16 +546,19 @@ def _retention(root: Path, log) -> None:
 
 
 # --- several inputs -------------------------------------------------------------------------
-# `reconstudio run A B ...`: several inputs at once through the stream scheduler (engine/scheduler.py).
+# `reconstudio run A B ...`: several inputs at once, each driven by its own RunDriver (one thread
+# per input) over a session of the stream layer (engine/shared_streams.py), exactly as the GUI runs
+# a second source beside the first.
 #
 # All inputs share one loaded LingBot-Map model; their streamed frames are batched into one forward
 # per round. Each input gets its own session folder (under --session-dir, one sub-folder per input,
 # or the default session root) and its own exports: an output name gets the input's name appended
 # (`--ply out.ply` -> out-<name>.ply), or put `{name}` in it. An input whose caches would not fit
-# is refused with the scheduler's message and the others run. Ctrl-C stops all inputs, keeps and
-# exports what was done (exit 130). Engine settings are shared by every input. `--stats-json`
-# is written per input (the same name rule): that stream's last engine stats, its frame counts and
-# the scheduler's round statistics; `--stats-csv` (per-frame driver rows) takes one input.
+# is refused with the scheduler's message and the others run; an input that fails mid-run ends
+# alone. Ctrl-C stops all inputs, keeps and exports what was done (exit 130). Engine settings are
+# shared by every input. `--stats-json` is written per input (the same name rule): that stream's
+# last engine stats, its driver's run statistics, its stream statistics and the scheduler's round
+# statistics; `--stats-csv` (per-frame driver rows) takes one input.
 
 def _per_input(path: Path, name: str) -> Path:
     """out.ply -> out-<name>.ply; a `{name}` placeholder is filled instead."""
@@ -562,11 +569,58 @@ def _per_input(path: Path, name: str) -> Path:
     return path.with_name(f"{path.stem}-{safe}{path.suffix}")
 
 
+class _Peeked:
+    """A source whose first frame was read ahead (its size makes the scheduler's admission
+    estimate exact): `read` hands that frame out first, then reads on; the rest is the source's."""
+
+    def __init__(self, source):
+        self._source = source
+        self.first = source.read()
+
+    def read(self):
+        f, self.first = self.first, None
+        return f if f is not None else self._source.read()
+
+    def seek(self, index: int) -> None:
+        self.first = None
+        self._source.seek(index)
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getattr__(self, name: str):
+        return getattr(self._source, name)
+
+
+def _drive_all(drivers: list) -> list:
+    """Each driver's run on a thread of its own (their frames meet in the stream layer's rounds),
+    joined; returns the exception each run ended on (None where it finished)."""
+    import threading
+
+    errors: list = [None] * len(drivers)
+
+    def work(i, driver):
+        try:
+            driver.run()
+        except BaseException as exc:      # reported per input; the others run on
+            errors[i] = exc
+
+    threads = [threading.Thread(target=work, args=(i, d), name=f"reconstudio-run-{i}", daemon=True)
+               for i, d in enumerate(drivers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.2)                   # short joins: the signal handlers run meanwhile
+    return errors
+
+
 def run_many(args, inputs: list) -> int:
-    from engine.api import EngineError
     from engine.io.sources import open_source
-    from engine.io.store import SessionStore, default_session_root, new_session_folder
-    from engine.scheduler import AdmissionError, StreamScheduler
+    from engine.io.store import SessionStore, default_session_root, is_disk_full, new_session_folder
+    from engine.run_driver import CallbackSink, RunDriver, StoreSink
+    from engine.scheduler import AdmissionError
+    from engine.shared_streams import StreamHubs, shares_model
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     for spec in inputs:
@@ -576,6 +630,10 @@ def run_many(args, inputs: list) -> int:
         raise _BadInput(f"--stride must be at least 1, got {args.stride}")
     if args.max_frames is not None and args.max_frames < 1:
         raise _BadInput(f"--max-frames must be at least 1, got {args.max_frames}")
+    if args.prefetch < 0:
+        raise _BadInput(f"--prefetch must be 0 or more frames, got {args.prefetch}")
+    if args.speed < 0:
+        raise _BadInput(f"--speed must be 0 (as fast as possible) or positive, got {args.speed}")
     if getattr(args, "loop", False):
         raise _BadInput("--loop runs one input; give a single INPUT")
     if getattr(args, "stats_csv", None):
@@ -585,8 +643,8 @@ def run_many(args, inputs: list) -> int:
     flags = [f for f in FILE_OUTPUTS if getattr(args, f, None)]
 
     sources, runs = [], []
-    sched = model = None
-    interrupted = False
+    hubs = StreamHubs(max_batch=len(inputs))
+    errors: list = []
     t0 = time.perf_counter()
     try:
         for spec in inputs:
@@ -596,134 +654,99 @@ def run_many(args, inputs: list) -> int:
                 src.seek(args.start)
         cfgs = [_build_config(args, src) for src in sources]
         cfg0 = cfgs[0][0]
-        if cfg0.engine != "lingbot-map":
+        if not shares_model(cfg0):
             raise _BadInput(f"several inputs run through the stream scheduler, which batches LingBot-Map "
                                  f"streams; use --engine lingbot-map, or run the inputs one at a time "
                                  f"(engine {cfg0.engine})")
-        import torch
-
-        from engine.lingbot.session import _DTYPES, _device, load_lingbot_map
-        model = load_lingbot_map(cfg0, _device(cfg0), _DTYPES[cfg0.dtype])
-        # throughput: results of a round come with the next step (no host wait per round)
-        sched = StreamScheduler(model, max_batch=len(inputs), pipeline=True)
         root = Path(args.session_dir).expanduser() if args.session_dir else None
         if root is None:
             _retention(default_session_root(), log)
         for i, (spec, src, (cfg, note)) in enumerate(zip(inputs, sources, cfgs)):
-            first = src.read()
-            if first is None:
+            src = _Peeked(src)
+            if src.first is None:
                 log(f"input {src.name}: no frames; skipped")
                 continue
-            h, w = first.image.shape[:2]
+            h, w = src.first.image.shape[:2]
             name = f"{i}-{src.name}"
             try:
-                stream = sched.open_stream(cfg, name=name, frame_size=(w, h))
+                session = hubs.open_session(cfg, src, name=name, frame_size=(w, h))
             except AdmissionError as exc:
                 log(f"input {src.name}: refused: {exc}")
                 continue
             folder = root / name if root is not None else new_session_folder(src.name)
-            store = SessionStore(folder, cfg, str(spec),
-                                 meta={"kind": src.kind, "name": src.name, "fps": src.fps, "frames": len(src),
-                                       "start": args.start, "intrinsics": note, "scheduler_streams": len(inputs)})
-            sched.submit(stream, first.image, first.timestamp)
-            runs.append({"src": src, "stream": stream, "store": store, "frames_in": 1, "results": 0,
-                         "done": False, "name": name})
+            try:
+                # the bounded background writer, as a single run's: a slow disk makes its stream wait
+                store = SessionStore(folder, cfg, str(spec), background=True, queue_size=4,
+                                     meta={"kind": src.kind, "name": src.name, "fps": src.fps, "frames": len(src),
+                                           "start": args.start, "intrinsics": note, "scheduler_streams": len(inputs)})
+            except BaseException:
+                session.close()
+                raise
+
+            def on_event(e, name=name):
+                if e.kind in ("warning", "segment") and e.message:
+                    log(f"{name}: {e.kind}: {e.message}")
+
+            sink = CallbackSink(event=on_event, message=lambda m, name=name: log(f"{name}: warning: {m}"))
+            driver = RunDriver(src, session, [StoreSink(store), sink], speed=args.speed,
+                               max_frames=args.max_frames, prefetch=args.prefetch, stats_hz=0)
+            runs.append({"name": name, "session": session, "store": store, "driver": driver})
             log(f"{src.kind} {src.name}: {len(src) or 'unknown number of'} frames; session folder {store.folder}")
         if not runs:
             raise _BadInput("no input could be started (see the messages above)")
         log(f"{len(runs)} streams of {cfg0.engine} on {cfg0.device} ({cfg0.dtype}), batched by the scheduler")
-
-        def close(r):
-            """The stream's remaining results; its engine's final stats kept for --stats-json."""
-            results = sched.close_stream(r["stream"])
-            try:
-                r["stats"] = r["stream"].session.stats()
-            except Exception as exc:       # stats are a report: never the reason a run fails
-                r["stats"] = {"error": f"stats unavailable: {exc}"}
-            return results
-
-        def deliver(stream, results):
-            run = next(r for r in runs if r["stream"] is stream)
-            for res in results:
-                run["store"].write(res)
-            run["results"] += len(results)
-            for e in stream.session.poll_events():
-                run["store"].write_event(e)
-                if e.kind in ("warning", "segment") and e.message:
-                    log(f"{run['name']}: {e.kind}: {e.message}")
-
-        try:
-            while any(not r["done"] for r in runs):
-                for r in runs:
-                    if r["done"]:
-                        continue
-                    frame = None
-                    if not args.max_frames or r["frames_in"] < args.max_frames:
-                        frame = r["src"].read()
-                    if frame is None:
-                        r["done"] = True
-                        deliver(r["stream"], close(r))
-                        continue
-                    sched.submit(r["stream"], frame.image, frame.timestamp)
-                    r["frames_in"] += 1
-                for stream, results in sched.step():
-                    deliver(stream, results)
-                for r in runs:
-                    if r["stream"].error and not r["done"]:
-                        log(f"{r['name']}: stopped: {r['stream'].error}")
-                        r["done"] = True
-                        deliver(r["stream"], close(r))   # its frames done before
-        except KeyboardInterrupt:
-            interrupted = True
-            log("interrupted: keeping and exporting the frames done so far")
-            for r in runs:
-                if not r["stream"].closed:
-                    r["stream"].queue.clear()
-                    try:
-                        deliver(r["stream"], close(r))
-                    except EngineError:
-                        pass
+        with _stop_on_signals([r["driver"] for r in runs], log):
+            errors = _drive_all([r["driver"] for r in runs])
     finally:
-        for r in runs:
-            try:
-                if interrupted and hasattr(r["store"], "mark_cut_short"):
-                    r["store"].mark_cut_short("interrupted", frames_in=r["frames_in"])
-                r["store"].close()
-            except Exception:     # closing must not hide the run's own error
-                pass
+        for r in runs:                    # each store sink closed its store; a run never started did not
+            for obj in (r["session"], r["store"]):
+                try:
+                    obj.close()
+                except Exception:         # closing must not hide the run's own error
+                    pass
         for src in sources:
             try:
                 src.close()
             except Exception:
                 pass
     elapsed = time.perf_counter() - t0
-    total = sum(r["results"] for r in runs)
+    summaries = [r["driver"].summary for r in runs]
+    interrupted = any(s.interrupted for s in summaries)
+    if interrupted:
+        log("interrupted: keeping and exporting the frames done so far")
+    disk_full = False
+    for r, exc in zip(runs, errors):
+        if exc is not None:
+            disk_full = disk_full or is_disk_full(exc)
+            log(f"{r['name']}: stopped: {r['driver'].summary.error or exc}")
+    total = sum(s.results for s in summaries)
     export_failed = False
-    for r in runs:
+    for r, summary in zip(runs, summaries):
         outputs = {f: _per_input(_check_output(getattr(args, f), f"--{f}"), r["name"]) for f in flags}
         for flag in DIR_OUTPUTS:
             if getattr(args, flag, None):
                 outputs[flag] = _per_input(Path(getattr(args, flag)).expanduser(), r["name"])
-        dropped = r["stream"].stats()["dropped"]
-        note = f", {dropped} dropped" if dropped else ""
-        log(f"{r['name']}: {r['frames_in']} frames -> {r['results']} results{note}; session {r['store'].folder}")
-        if outputs and r["results"]:
+        note = f", {summary.dropped} dropped" if summary.dropped else ""
+        log(f"{r['name']}: {summary.frames_in} frames -> {summary.results} results{note}; session {r['store'].folder}")
+        if outputs and summary.results:
             out, error = _export(r["store"].folder, args, outputs)
             for f in out.get("files", []):
                 log(f"wrote {f}")
             if error:
                 print(f"reconstudio run: error: {r['name']}: {error}", file=sys.stderr)
                 export_failed = True
-    s = sched.stats() if sched is not None else {}
+    s = runs[0]["session"].hub.scheduler.stats()       # one shared scheduler
     if stats_json:
-        for r in runs:
+        for r, summary in zip(runs, summaries):
             out = _per_input(stats_json, r["name"])
-            _write_stats_json(out, r.get("stats") or {}, {
-                "frames_in": r["frames_in"], "results": r["results"], "elapsed_s": elapsed,
-                "stream": r["stream"].stats(), "scheduler": {k: v for k, v in s.items() if k != "streams"}})
+            _write_stats_json(out, summary.stats, {
+                **r["driver"].run_stats(), "stream": r["session"].stream.stats(),
+                "scheduler": {k: v for k, v in s.items() if k != "streams"}})
             log(f"wrote {out}")
     log(f"{len(runs)} streams: {total} results in {elapsed:.1f} s ({total / max(elapsed, 1e-9):.1f} results/s "
         f"together; {s.get('rounds', 0)} rounds, largest batch {s.get('largest_batch', 0)})")
     if total == 0:
         return EXIT_INTERRUPTED if interrupted else EXIT_BAD_INPUT
+    if disk_full:
+        return EXIT_DISK_FULL
     return EXIT_INTERRUPTED if interrupted else (EXIT_EMPTY_EXPORT if export_failed else 0)

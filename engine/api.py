@@ -103,20 +103,20 @@ class SessionConfig:
                            tooltip="Attention kernel: flashinfer (paged, CUDA, bf16/fp16), sdpa (PyTorch, "
                                    "any device) or cudnn (cuDNN over a fixed KV capacity: the visible length as a "
                                    "sequence length through the cuDNN frontend when installed, else PyTorch's "
-                                   "kernel with a bias mask; CUDA, bf16/fp16; exact, not faster than flashinfer "
-                                   "on an H200), cudnn-split (steady-state window through plain cuDNN, the rest "
-                                   "through flash / flashinfer, merged exactly: ~9 % less attention time on an "
-                                   "H200, bf16 error within target; with it each streamed step replays as one CUDA graph); "
-                                   "auto picks cudnn-split on CUDA for bf16/fp16, else flashinfer when it can, else sdpa.")
+                                   "kernel with a bias mask; CUDA, bf16/fp16; exact, an alternative to flashinfer), "
+                                   "cudnn-split (steady-state window through plain cuDNN, the rest through flash / "
+                                   "flashinfer, merged exactly, bf16 error within target; with it each streamed step "
+                                   "replays as one CUDA graph); auto takes cudnn-split on CUDA for a bf16/fp16 cache, "
+                                   "else flashinfer where it runs (also an fp8 cache), else sdpa.")
     cuda_graphs: bool = setting(True, label="CUDA graphs", group="Engine", engines=_NEURAL,
                                 tooltip="On CUDA, replay the fixed-shape parts of a frame (patch embed, frame "
                                         "blocks, depth head) as CUDA graphs, and with cudnn-split the whole "
                                         "streamed step as one graph: faster, same outputs. Ignored on CPU.")
     compile_blocks: bool = setting(False, label="Compile blocks", group="Engine", engines=_NEURAL,
                                    tooltip="On CUDA, run the blocks' norm / residual halves through "
-                                           "torch.compile: ~10 % faster on an H200 (same outputs within bf16 "
-                                           "tolerance, GPU-tested) after a one-off compile at the first "
-                                           "frames. Ignored on CPU.")
+                                           "torch.compile: faster steps (same outputs within bf16 tolerance, "
+                                           "GPU-tested) after a one-off compile at the first frames. "
+                                           "Ignored on CPU.")
     image_width: int = setting(518, label="Input width", group="Engine", engines=_NEURAL, range=(14, 4088),
                                step=14, tooltip="Model input width in pixels (multiple of 14; 518 is what the "
                                                 "model was trained at): larger = finer depth and poses, slower.")
@@ -182,7 +182,7 @@ class SessionConfig:
                             narrow={"vggt-1b": ("auto", "bf16", "fp16", "fp32")},
                             tooltip="Storage of the cached keys/values: auto = the compute precision; fp8 / int8 "
                                     "store one byte per value with scales (half of bf16). fp8 is attended in "
-                                    "the compute precision (pose error as bf16's on an H200); fastest through "
+                                    "the compute precision (pose error close to bf16's); fastest through "
                                     "backend cudnn-split.")
     # -- several GPUs --------------------------------------------------------------------------
     sequence_parallel: str = setting("off", label="Sequence parallel", group="Multi-GPU",

@@ -4,14 +4,12 @@ glibc raises its mmap threshold every time a large block is freed (up to 32 MiB)
 the per-frame arrays of a run (depth maps, display packets, upload buffers, thinning scratch:
 0.2-15 MB each, made on one thread and freed on another) come from the malloc arenas instead of
 fresh mappings. Arenas fragment and are not returned to the system, so a long GUI run's RSS climbs
-to a high-water mark far above what it holds (docs/benchmarks_gui.md, "Long runs": 1.5 GB vs
-1.04 GB after 10,000 synthetic frames). `bound_heap` fixes the threshold at 32 KiB (large
+to a high-water mark far above what it holds (docs/benchmarks_gui.md, "Long runs"). `bound_heap` fixes the threshold at 32 KiB (large
 blocks stay mappings that go back to the system when freed) and caps the arenas at two (bounds
 the per-thread spread). 32 KiB rather than glibc's initial 128 KiB: a software-rendered draw of a
 4 M-point cloud (Mesa llvmpipe) allocates hundreds of MB in blocks of 32-128 KiB per frame, which
-at 128 KiB stay in the main arena (~400 MB in use, RSS 782 MB after 750 frames of a bare viewer)
-and at 32 KiB are mapped and unmapped (arena 34 MB, RSS 581 MB; docs/benchmarks_gui.md). What still fragments in the arenas (small blocks
-of Qt, Mesa, vispy) is handed back by `trim_heap`, which the GUI calls every few seconds of a run.
+at 128 KiB stay in the main arena and at 32 KiB are mapped and unmapped (docs/benchmarks_gui.md
+has both). What still fragments in the arenas (small blocks of Qt, Mesa, vispy) is handed back by `trim_heap`, which the GUI calls every few seconds of a run.
 """
 from __future__ import annotations
 

@@ -6,6 +6,9 @@ Every client (the `run` CLI, the GUI worker, evaluation, the benchmarks) drives 
     driver = RunDriver(source, session, [StoreSink(store), my_sink], speed=1.0)
     summary = driver.run()          # on the calling thread; pause/step/seek/stop from any thread
 
+`reconstudio run` (one driver per input) and the GUI worker open `session` through the stream layer
+(engine/shared_streams.py `StreamHubs`), so both run the same objects; the driver takes any session.
+
 Policies
 - Pacing: `speed` 0 = as fast as possible, 1 = real time (by the frames' timestamps), N = N x real
   time. A seek, a pause or a step restarts the clock, so the run never rushes to catch up.

@@ -691,9 +691,8 @@ def _plan(pos, kf, seg, conf, lo: int, tail: int, voxel: float, vkeys, chunk: in
     coarsening), the result is the whole thinned part.
 
     Memory: one sort key (8 B) and one confidence (4 B) per row plus per-chunk scratch (hashing
-    and gathers run `chunk` rows at a time; the sort is in place) -- a pass over 2 M aged rows
-    used to hold ~45 B per row (~90 MB, +40-70 MB of RSS for as long as it ran, a large part of
-    the RSS swing of a soak run, docs/benchmarks_gui.md)."""
+    and gathers run `chunk` rows at a time; the sort is in place) -- a pass that held ~45 B per
+    row made a large part of the RSS swing of a soak run (docs/benchmarks_gui.md)."""
     n = len(pos)
     chunk = int(chunk or PASS_CHUNK)
     ib = np.uint64(_INDEX_BITS)

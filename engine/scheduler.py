@@ -36,6 +36,12 @@ steps run:
   after that step has queued its own forward -- the CPU builds round N's results and prepares
   round N+1 while the GPU still runs, instead of waiting for the GPU once per round. Results are
   the same, one round later; `pending()` counts frames in flight, `close_stream` collects them.
+* **A stream alone** (`push_alone`): a frame of a stream no other could share a round with runs
+  through its session's own `push`, on the caller's thread: no queue, stack or extra copy, so one
+  stream costs what a session opened by itself costs (engine/shared_streams.py uses it whenever a
+  stream is the only one open). Switching between alone and batched keeps each stream's results
+  in order: `push_alone` first hands out the stream's results of batched rounds still in flight,
+  and a batched round first takes the session's own deferred results (`collect_in_flight`).
 * **Admission control.** `open_stream` estimates the bytes the new stream will hold (paged KV
   pools + camera cache, computed from the cache configuration exactly as they are allocated) and
   refuses it with `AdmissionError` -- a message saying what it needs, what is free and what to
@@ -152,8 +158,8 @@ class StreamScheduler:
         self._batched_frames = 0
         self._largest_batch = 0
         self._key: Optional[tuple] = None  # (device, dtype) every stream must share
-        # per-stream attention of a batch on CUDA side streams: exact, +11 % aggregate FPS for 4
-        # streams on the H200 (docs/benchmarks.md); no effect on the CPU
+        # per-stream attention of a batch on CUDA side streams: exact, and the streams' kernels
+        # overlap (figures: docs/benchmarks.md "Several streams"); no effect on the CPU
         self.attention_streams = bool(attention_streams)
         self._side: dict = {}              # device -> side streams (engine/kv/batch_attention.py)
         self.pipeline = bool(pipeline)     # results one round later, no host wait per round
@@ -180,8 +186,8 @@ class StreamScheduler:
             raise AdmissionError(f"cannot open stream {name!r} on {key[0]} in {key[1]}: the streams share one "
                                  f"model, which runs on {self._key[0]} in {self._key[1]}")
         est = stream_cache_bytes(self.model, config, frame_size)
-        from .lingbot.session import _device
-        device = _device(config)
+        from .lingbot.session import model_device
+        device = model_device(config)
         pending = sum(s.estimate.get("total", 0) for s in self.streams
                       if not s.closed and s.session.kv is None)          # admitted, not yet allocated
         open_n = sum(not s.closed for s in self.streams)
@@ -270,6 +276,9 @@ class StreamScheduler:
             if not sess.streaming:     # the scale phase: a multi-frame step of its own, as alone
                 out.append((s, self._guard(s, lambda: sess.push(frame, ts), submitted)))
                 continue
+            early = sess.collect_in_flight()    # frames it ran alone (push_alone) come out first
+            if early:
+                out.append((s, early))
             try:
                 step = sess.prepare_step(frame, ts)        # one streamed frame, keyframe decided
             except EngineError as exc:
@@ -291,6 +300,28 @@ class StreamScheduler:
         self._round_s.append(self.clock() - t0)
         self._rounds += 1
         return out
+
+    def push_alone(self, stream: Stream, frame, timestamp: Optional[float] = None) -> list[tuple[Stream, list[FrameResult]]]:
+        """One frame of `stream` run by its session's own `push` on the caller's thread: for a stream
+        that no other stream could join in a round (engine/shared_streams.py when it is the only one
+        open). Nothing is queued, stacked or copied beyond what the session does alone (on CUDA its
+        results come from the next push, `defer_results`), so a stream alone runs exactly as a session
+        opened by itself. The stream's results of earlier batched rounds still in flight come first.
+        Counted as a round of one; returns [(stream, results)] like `step`."""
+        if stream.closed:
+            raise EngineError(f"stream {stream.name!r} is closed")
+        t0 = self.clock()
+        out = [r for _, res in self._take_held(stream) + self._collect(0, stream) for r in res]
+        try:
+            out += stream.session.push(frame, timestamp)
+        except EngineError as exc:
+            self._fail(stream, exc)
+            out += stream.session.collect_in_flight()    # its frames before the failure
+        self._account(stream, out, t0)
+        self._round_s.append(self.clock() - t0)
+        self._rounds += 1
+        self._largest_batch = max(self._largest_batch, 1)
+        return [(stream, out)]
 
     def _fail(self, s: Stream, exc: Exception) -> None:
         s.error = str(exc)

@@ -1,19 +1,26 @@
-"""One StreamScheduler used from several threads: sessions whose steps share one model.
+"""The stream layer every run goes through: sessions whose steps may share one model.
 
-The GUI runs each source in its own engine worker thread (ui/worker.py), and each worker drives an
-ordinary session (`push` / `flush` / `stats` / `poll_events` / `close`). `SharedStreams` hands
-out such sessions (`SharedSession`) that all go through ONE `engine.scheduler.StreamScheduler`
-over ONE loaded LingBot-Map model, so two sources cost one copy of the weights and their streamed
-frames are batched into one forward:
+`reconstudio run` (one input or several), the GUI's main run and its second views open their
+sessions with `StreamHubs.open_session(config, source)` and drive each with one
+`engine.run_driver.RunDriver` (on its own thread when there are several). A LingBot-Map streaming
+config gets a `SharedSession` of the `SharedStreams` for its model; any other engine or mode an
+ordinary session (`engine.open_session`). So a figure measured with `run` describes the GUI: the
+same objects run the same steps.
+
+`SharedStreams` hands out sessions (`SharedSession`: push / flush / stats / poll_events / close)
+that all go through ONE `engine.scheduler.StreamScheduler` over ONE loaded network, so two sources
+cost one copy of the weights and their streamed frames are batched into one forward:
 
     hub = SharedStreams(model, max_batch=4)
     s1 = hub.open_session(cfg, name="cam0", frame_size=(640, 480))     # in worker thread 1
     s2 = hub.open_session(cfg, name="cam1")                            # in worker thread 2
     results = s1.push(frame, t)      # blocks until this frame's round ran (like a session's push)
 
-On CUDA the scheduler pipelines its rounds (`pipeline`): like a LingBot-Map session there
-(`defer_results`), a push returns the stream's results up to its previous frame, and `flush`
-the rest.
+A stream that is the only one open is a pass-through: its frame runs in its session's own `push`
+on the pushing thread (`StreamScheduler.push_alone`): no round, no stacking, no extra copy or
+thread, results deferred exactly as the session's own (on CUDA a push returns the results up to
+the previous frame, `defer_results`). As soon as a second stream is open the frames go through
+batched rounds; on CUDA the scheduler pipelines them (`pipeline`), with the same deferral.
 
 How the threads share the scheduler: `push` puts the frame in an inbox and waits. One waiting
 thread at a time becomes the *runner*: it moves the inbox into the scheduler and runs one
@@ -24,7 +31,8 @@ streams fall into step and their frames share rounds instead of alternating. Eve
 touches the scheduler (open, step, stats, close) runs as the runner, one thread at a time.
 
 Errors: a frame that fails ends only its stream (`push` raises its EngineError, the others go on);
-a failed batched forward (e.g. out of memory) ends the streams of that round. No Qt.
+a failed batched forward (e.g. out of memory) ends the streams of that round. No Qt; importing this
+module is cheap (torch and the scheduler load with the first SharedStreams).
 """
 from __future__ import annotations
 
@@ -34,7 +42,6 @@ import time
 from typing import Any, Optional
 
 from .api import EngineError, SessionConfig
-from .scheduler import StreamScheduler
 
 
 class SharedStreams:
@@ -46,6 +53,7 @@ class SharedStreams:
                  **scheduler_kw):
         # pipeline (None = on CUDA): a push returns the results of the stream's previous frames, as a
         # LingBot-Map session does on CUDA (defer_results): no host wait per round
+        from .scheduler import StreamScheduler
         if pipeline is None:
             pipeline = getattr(getattr(model, "device", None), "type", "cpu") == "cuda"
         self.scheduler = StreamScheduler(model, max_batch=max_batch, pipeline=bool(pipeline), **scheduler_kw)
@@ -132,9 +140,10 @@ class SharedStreams:
                 inbox, self._inbox = self._inbox, []
                 for o, _, _ in inbox:
                     o._moved += 1
+                alone = len(inbox) == 1 and self._alone(inbox[0][0])
                 self._cv.release()
                 try:
-                    served, failure = self._round(inbox), None
+                    served, failure = self._round(inbox, alone), None
                 except BaseException as exc:   # a failed forward: the streams of this round end
                     served, failure = [], exc
                 finally:
@@ -161,11 +170,19 @@ class SharedStreams:
                 return
             self._cv.wait(left)
 
-    def _round(self, inbox: list) -> list:
+    def _round(self, inbox: list, alone: bool) -> list:
         sched = self.scheduler
+        if alone:                             # nobody to batch with: a pass-through
+            s, frame, ts = inbox[0]
+            return sched.push_alone(s.stream, frame, ts)
         for s, frame, ts in inbox:
             sched.submit(s.stream, frame, ts)
         return sched.step()
+
+    def _alone(self, s: "SharedSession") -> bool:
+        """(lock held) No other stream is open: none could share a round with `s` (a stream opened
+        meanwhile joins from the next round on)."""
+        return all(o is s or o.closed for o in self.sessions)
 
     def _settle(self, served: list, failure: Optional[BaseException]) -> None:
         """(lock held) Hand out results; a frame counts as done once it left its stream's queue
@@ -277,11 +294,12 @@ def model_key(config: SessionConfig) -> tuple:
 
 
 class StreamHubs:
-    """A program's SharedStreams, one per loaded model (model_key). `open_session(config, source)`
-    is an `ui.worker.RunOptions.session_factory`: the GUI's main run and its second views open
-    their LingBot-Map sessions here, so they share one network and batch their frames. A hub whose
-    streams have all closed is dropped (its model freed) when a config needs another model.
-    `preloaded`: a model to use instead of loading the checkpoint (tests, a host program)."""
+    """A program's stream layer: one SharedStreams per loaded model (model_key). `open_session(config,
+    source)` is how every run opens its session (`reconstudio run`, `ui.worker.RunOptions.session_factory`):
+    LingBot-Map streaming configs share one network per model and batch their frames; other configs
+    get an ordinary session. A hub whose streams have all closed is dropped (its model freed) when a
+    config needs another model. `preloaded`: a model to use instead of loading the checkpoint (tests,
+    a host program; the GUI's loaded network)."""
 
     def __init__(self, preloaded=None, *, max_batch: int = 4, gather_s: float = 0.02):
         self.preloaded = preloaded
@@ -300,16 +318,29 @@ class StreamHubs:
                     del self._hubs[k]                       # idle hubs: free their model first
                 model = self.preloaded
                 if model is None:
-                    from .lingbot.session import _DTYPES, _device, load_lingbot_map
-                    model = load_lingbot_map(config, _device(config), _DTYPES[config.dtype])
+                    from .lingbot.session import load_model
+                    model = load_model(config)
                 hub = self._hubs[key] = SharedStreams(model, max_batch=self.max_batch, gather_s=self.gather_s)
         return hub
 
-    def open_session(self, config: SessionConfig, source=None) -> SharedSession:
-        name = getattr(source, "name", None)
+    def open_session(self, config: SessionConfig, source=None, *, name: Optional[str] = None,
+                     frame_size: Optional[tuple] = None):
+        """The session of one run over `source` (its name, and whether it is a webcam): a SharedSession
+        when `shares_model(config)`, else `engine.open_session(config, model=preloaded)`. `name`
+        overrides the source's; `frame_size` (w, h) makes the admission estimate exact (unknown: 4:3).
+        AdmissionError when a shared stream's caches would not fit."""
+        if not shares_model(config):
+            from .api import open_session
+            return open_session(config, model=self.preloaded)
+        name = name or getattr(source, "name", None)
         live = getattr(source, "kind", "") == "webcam"
-        return self.hub(config).open_session(config, name=name, live=live)
+        return self.hub(config).open_session(config, name=name, frame_size=frame_size, live=live)
 
     def open_streams(self) -> int:
         with self._lock:
             return sum(h.open_sessions() for h in self._hubs.values())
+
+    def hubs(self) -> list:
+        """The SharedStreams loaded now (their scheduler's statistics: run summaries, tests)."""
+        with self._lock:
+            return list(self._hubs.values())

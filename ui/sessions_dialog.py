@@ -36,17 +36,17 @@ class SessionsDialog(QtWidgets.QDialog):
         self.max_gb = QtWidgets.QDoubleSpinBox(minimum=0.0, maximum=100_000.0, decimals=1, suffix=" GB",
                                                value=max_gb, specialValueText="no limit")
         self.max_gb.setToolTip("When a new run starts, the oldest sessions are removed until the folder "
-                               "holds at most this much. An hour of capture stores about 6 GB with the "
-                               "geometric engine and 40-55 GB with LingBot-Map (dense 518x392 results: "
-                               "20-26 GB). 0 = no limit.")
+                               "holds at most this much. A neural engine stores dense depth and confidence "
+                               "with every frame, far more per hour than the geometric engine (sizes per "
+                               "hour: docs/benchmarks_io.md). 0 = no limit.")
         self.max_days = QtWidgets.QDoubleSpinBox(minimum=0.0, maximum=36_500.0, decimals=0, suffix=" days",
                                                  value=max_days, specialValueText="no limit")
         self.max_days.setToolTip("Sessions older than this are removed when a new run starts. 0 = no limit.")
         form.addRow("Keep at most:", self.max_gb)
         form.addRow("Keep for:", self.max_days)
         lay.addLayout(form)
-        note = QtWidgets.QLabel("Measured per hour: geometric engine ~6 GB, LingBot-Map ~40-55 GB: the default "
-                                "20 GB does not hold an hour of neural capture.\nSessions open in any "
+        note = QtWidgets.QLabel("A neural engine's sessions are large (dense depth and confidence per frame): the "
+                                "default 20 GB does not hold an hour of neural capture.\nSessions open in any "
                                 "ReconStudio window or run (the running one, the one on screen) are never "
                                 "removed; nothing but session folders is.")
         note.setWordWrap(True)

@@ -50,11 +50,9 @@ from .settings_schema import default
 log = logging.getLogger(__name__)
 
 # Mesa llvmpipe (software OpenGL: no GPU, VMs, Xvfb) hands each frame's binned points to
-# rasteriser threads and, with those threads, keeps ~150-200 B of 64 KiB blocks per point drawn and
-# more with every redraw of the same cloud (bare viewer, 2 M points, 10 redraws: RSS 556 -> 587 MB
-# with the default threads, 709 -> 900 MB with one; docs/benchmarks_gui.md). Rasterising on the
-# drawing thread (0 threads) holds none of it (359 MB, flat) at a similar draw time on a shared
-# 2-core VM, and the view caps its redraw rate anyway. Set before the first GL context; a user's
+# rasteriser threads and, with those threads, keeps 64 KiB blocks per point drawn, more with every
+# redraw of the same cloud (docs/benchmarks_gui.md). Rasterising on the drawing thread (0 threads)
+# holds none of it, and the view caps its redraw rate anyway. Set before the first GL context; a user's
 # LP_NUM_THREADS wins. Hardware drivers do not read it.
 SOFTWARE_GL_THREADS = "0"
 os.environ.setdefault("LP_NUM_THREADS", SOFTWARE_GL_THREADS)
@@ -787,9 +785,9 @@ class PointCloudViewer(QtWidgets.QWidget):
         """Upload the scene's rows [lo, hi) into the cloud's buffers, UPLOAD_CHUNK rows at a
         time. Inside a draw each chunk's GL commands are executed at once (`flush_commands`):
         vispy otherwise keeps every queued upload array alive until the draw that follows has
-        finished, and after a thinning pass the rewritten tail is millions of rows (~40 B each:
-        +100-180 MB of RSS for the seconds llvmpipe takes to draw them, most of the RSS swing of
-        a soak run, docs/benchmarks_gui.md). Outside a draw (tests) the chunks queue as before."""
+        finished, and after a thinning pass the rewritten tail is millions of rows (~40 B each,
+        held for the seconds llvmpipe takes to draw them: the RSS swing of a soak run,
+        docs/benchmarks_gui.md). Outside a draw (tests) the chunks queue as before."""
         m = self.scene
         flush = self.canvas._in_pre_draw
         for a in range(lo, max(hi, lo + 1), UPLOAD_CHUNK):

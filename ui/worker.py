@@ -1,8 +1,9 @@
 """The engine worker: runs a reconstruction off the GUI thread and reports over Qt signals.
 
 `EngineWorker` is a QObject moved to a QThread (see `WorkerHandle`). Its `run` slot opens the
-source, the engine session and the session store (its bounded background writer), then hands them
-to the one run loop, `engine.run_driver.RunDriver`, with two sinks: the store (EVERY result) and
+source, the engine session (through the stream layer, engine/shared_streams.py, as `reconstudio run`
+does) and the session store (its bounded background writer), then hands them to the one run loop,
+`engine.run_driver.RunDriver`, with two sinks: the store (EVERY result) and
 the display sink here, which converts results to display packets and emits them. Display packets
 are coalesced to the display rate (~30 Hz) and only sent when the GUI has taken the previous batch
 (`ack`), so a slow viewer receives bigger, rarer batches; when `max_pending` packets wait for it
@@ -53,7 +54,7 @@ class RunOptions:
     retention: Optional[tuple] = None            # (max_gb, max_age_days) applied to session_root first
     keep_sessions: tuple = ()                    # session folders retention must not delete (e.g. shown)
     store_queue: int = 4                         # frames waiting for the session store's writer thread
-    session_factory: Any = None                  # (config, source) -> session; None = engine.open_session
+    session_factory: Any = None                  # (config, source) -> session; None = a StreamHubs of its own
 
 
 class _DisplaySink(Sink):
@@ -256,8 +257,8 @@ class EngineWorker(QtCore.QObject, Controls):
                               f"({max_gb:g} GB, {max_days:g} days; File > Sessions folder)")
 
     def _open(self):
-        from engine import open_session
         from engine.io.sources import open_source
+        from engine.shared_streams import StreamHubs
         from engine.io.store import SessionStore, new_session_folder
 
         o = self.options
@@ -269,8 +270,9 @@ class EngineWorker(QtCore.QObject, Controls):
                     source.seek(int(o.start_frame))
                 else:                      # a webcam has no frame numbers: start live
                     self.message.emit(f"{source.name} cannot start at frame {o.start_frame}; starting live")
-            session = (o.session_factory(o.config, source) if o.session_factory is not None
-                       else open_session(o.config, model=o.model))
+            # the stream layer `reconstudio run` opens its sessions with too (one run path)
+            factory = o.session_factory or StreamHubs(preloaded=o.model).open_session
+            session = factory(o.config, source)
         except BaseException:
             source.close()
             raise

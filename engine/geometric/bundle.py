@@ -7,7 +7,7 @@ point, so the Jacobian is sparse and is computed analytically.
 Two solvers share that model:
 - `method="schur"` (default): Levenberg-Marquardt with the points eliminated by the Schur
   complement (a dense 6k×6k camera system, k ≤ window) and a Huber loss by iterative
-  reweighting. On the ICL clip this is ~20x faster than the scipy path at the same accuracy.
+  reweighting. Faster than the scipy path at the same accuracy (figures: docs/geometric.md).
 - `method="scipy"`: scipy.optimize.least_squares (trf) with the sparse Jacobian (or finite
   differences over the `jac_sparsity` pattern) and a soft-L1 loss. It is exact but its inner
   LSMR solves dominate (hundreds of sparse mat-vecs per step; truncating them lost most of the

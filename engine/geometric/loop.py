@@ -96,7 +96,7 @@ class LoopParams:
     near_candidates: int = 2      # candidates by pose besides the words: the nearest older keyframes ...
     near_dist: float = 1.0        # ... whose centre is within this × the query's median depth ...
     near_deg: float = 45.0        # ... and whose optical axis is within this angle of the query's
-    flow_max_per_query: int = 3   # flow verifications per query and database (~20 ms each on the worker)
+    flow_max_per_query: int = 3   # flow verifications per query and database (each a dense flow on the worker)
     flow_min_frames: int = 4      # ... and only for a query this many frames after the last query that
     # ran one (a fast turn can make a keyframe on every frame: the worker's time stays bounded)
     flow_min_inliers: int = 40    # candidate map points found in the query image that fit one pose
@@ -911,8 +911,8 @@ class LoopCloser:
         warped = cv2.warpPerspective(g_src, H, (w, h), flags=cv2.INTER_LINEAR, borderValue=0)
         valid = cv2.warpPerspective(np.full(g_src.shape, 255, np.uint8), H, (w, h), flags=cv2.INTER_NEAREST)
         # brightness constancy is what the flow assumes: the warped image gets the destination's
-        # mean and contrast over the part both show (an exposure change ×0.8 between the visits left
-        # 15 % of the points followed, against 70 % with this)
+        # mean and contrast over the part both show (without it an exposure change between the
+        # visits loses most of the points the flow follows)
         both = (valid > 0) & (warped > 0) & (g_dst > 0)
         if both.sum() > 1000:
             m1, s1 = float(warped[both].mean()), float(warped[both].std())

@@ -134,7 +134,7 @@ def export_npz(path: PathLike, results: Sequence, points: Optional[np.ndarray] =
     if conf is not None:
         arrays["point_conf"] = np.asarray(conf, np.float32).reshape(-1)
     with atomic_open(path, "wb") as f:
-        np.savez_compressed(f, **arrays)   # mostly-empty depth maps shrink ~10x
+        np.savez_compressed(f, **arrays)   # mostly-empty depth maps compress well
 
 
 def tum_lines(results: Iterable) -> list[str]:
@@ -718,7 +718,7 @@ def _export_npz_stream(path, reader, sel, stream: "_PointStream", progress: bool
                 os.unlink(tmp)
 
 
-NPZ_DEFLATE_LEVEL = 1       # as the store: ~4x cheaper than zlib's default, nearly the same size
+NPZ_DEFLATE_LEVEL = 1       # as the store: far cheaper than zlib's default, nearly the same size
 COPY_CHUNK = 1 << 22
 
 

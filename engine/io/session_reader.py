@@ -34,7 +34,7 @@ from ..geometry import apply_similarity, backproject, result_transforms
 
 _POSE_MEMBERS = ("index", "timestamp", "c2w", "K", "is_keyframe", "segment")
 _READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
-POSE_READERS = 4            # threads reading poses: ~2.5x one on 2 cores (docs/benchmarks_io.md)
+POSE_READERS = 4            # threads reading poses: inflate releases the GIL (docs/benchmarks_io.md)
 STORED_EDITS = "stored"     # `edits=`: the session folder's own edits.json (none if it has none)
 EDIT_MASK_CACHE_BYTES = 64 << 20   # the edits' per-frame keep masks kept (bit-packed): an export reads
                                    # each frame once per format / NPZ member, the test is done once

@@ -224,9 +224,9 @@ def _result_arrays(r: FrameResult, image_codec: str = "jpeg", depth_dtype: str =
 
 
 def _save_npz(f, arrays: dict, compress: bool) -> None:
-    """An .npz (readable by np.load) with fast deflate level 1: ~4x cheaper than
-    np.savez_compressed's default level for nearly the same size, and the store runs on the
-    engine's thread. JPEG bytes are stored as they are."""
+    """An .npz (readable by np.load) with fast deflate level 1: far cheaper than
+    np.savez_compressed's default level for nearly the same size (docs/benchmarks_io.md), and the
+    store runs beside the engine. JPEG bytes are stored as they are."""
     mode = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
     with zipfile.ZipFile(f, "w", mode, compresslevel=1 if compress else None) as z:
         for name, a in arrays.items():
@@ -262,10 +262,10 @@ def _result_from_npz(z) -> FrameResult:
 
 def store_writers_default() -> int:
     """Writer threads of a background store: RECONSTUDIO_STORE_WRITERS, else one per 4 CPU cores,
-    1 to 3. Why several: one frame costs ~20-30 ms of deflate + JPEG (docs/benchmarks_io.md), so
-    ONE writer caps a run near 30-40 frames/s -- below the H200's 518x378 engine (33 FPS; measured:
-    `reconstudio run` 25.8 frames/s, the driver waiting on the full queue). zlib and OpenCV release
-    the GIL, so writers overlap each other and the engine."""
+    1 to 3. Why several: deflate + JPEG of one frame take tens of milliseconds
+    (docs/benchmarks_io.md), so ONE writer can cap a run below a GPU engine's frame rate (the
+    driver then waits on the full queue). zlib and OpenCV release the GIL, so writers overlap each
+    other and the engine."""
     try:
         val = envs.get("RECONSTUDIO_STORE_WRITERS")
     except envs.EnvError as exc:

@@ -95,9 +95,9 @@ class SDPABackend(Backend):
     def create(cls, cache):
         kernels = None
         if torch.device(cache.device).type == "cuda":
-            # PyTorch's default pick on Hopper is cuDNN, which builds a new graph (~0.7 ms of CPU)
-            # for every new KV length -- and the special stream grows by 6 tokens a frame. The
-            # flash kernel has no per-shape set-up (full model on the H200: 63.6 vs 129.9 ms/frame).
+            # PyTorch's default pick on Hopper is cuDNN, which builds a new graph (CPU time) for
+            # every new KV length -- and the special stream grows by 6 tokens a frame. The flash
+            # kernel has no per-shape set-up.
             from torch.nn.attention import SDPBackend
             kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         return cls(cache, kernels=kernels)

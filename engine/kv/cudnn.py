@@ -6,7 +6,7 @@ PyTorch's cuDNN SDPA kernel over a FIXED key/value capacity -- each layer's whol
 pool, read in place, the keys a step must not see hidden by an additive bias row built once per
 step -- so cuDNN builds one graph for the whole run instead of one per visible length
 (`CuDNNBackend`). Exact SDPA while the window fills. CUDA, native bf16/fp16 stores.
-Measured slower than FlashInfer on the H200 (the bias takes cuDNN off its fast path). When the
+Not faster than FlashInfer (the bias takes cuDNN off its fast path; docs/benchmarks.md). When the
 cuDNN frontend imports (pip nvidia-cudnn-frontend), `CuDNNBackend.create` takes the
 SEQUENCE-LENGTH form instead (`CuDNNSeqLenBackend`): the visible length as an int32 device
 tensor (cuDNN's padding mask) over a fixed K/V view, dense from the visible run's first page
@@ -36,8 +36,8 @@ class CuDNNBackend(Backend):
 
     PyTorch builds (and caches) one cuDNN graph per shape *and stride* of q, k, v and the bias;
     the streamed visible length changes every frame (+6 special tokens) and with keyframe
-    rollbacks, which made cuDNN lose end to end when called on the visible keys (graphs rebuilt for
-    every new length: 129.9 vs 63.6 ms a frame with flash, H200). Here k / v are always the layer's
+    rollbacks, which made cuDNN lose end to end when called on the visible keys (a graph rebuilt
+    for every new length costs more than the kernel saves). Here k / v are always the layer's
     whole pool viewed as
     ``[capacity, H, D]`` (capacity = num_pages * page_size; a zero-copy view, the same shape and
     strides for every layer and step), and the keys a step must not see -- free pages, page 0 of a
@@ -46,8 +46,8 @@ class CuDNNBackend(Backend):
     slots) on the device, with no host sync. So one graph serves the whole run (one per q length:
     the scale step and streamed steps) and the call is CUDA-graph capturable (static shapes,
     pointers and mask buffer). The visible pages need not be one run: any page set is exact.
-    Measured on an H200 (docs/benchmarks.md): the mask takes cuDNN off its fast path (1.24 ms a
-    layer against 0.85 ms for FlashInfer dense), so this stays an opt-in alternative.
+    The mask takes cuDNN off its fast path (slower than FlashInfer dense, docs/benchmarks.md), so
+    this stays an opt-in alternative.
 
     PyTorch (2.11 .. 2.13) exposes no sequence-length / padding-mask form of cuDNN SDPA for dense
     inputs (`varlen_attn` refuses `seqused_k` on its cuDNN path), so the bias is the public way.
@@ -174,11 +174,10 @@ class CuDNNSeqLenBackend(CuDNNBackend):
     when the frontend imports (`CuDNNBackend.create`).
 
     PyTorch exposes cuDNN SDPA for dense inputs only without a length (a graph rebuilt per visible
-    length, 40 ms) or with a bias mask (off cuDNN's fast path: 1.16-1.24 against 0.63 ms a layer
-    on the H200, docs/benchmarks.md). Here the length is an int32 device tensor the kernel reads,
-    written once per step by `plan` (`fill_`, no host sync), and the keys past it are skipped
-    whole tiles at a time, so the call costs what the visible keys cost and one graph serves the
-    run:
+    length) or with a bias mask (off cuDNN's fast path, docs/benchmarks.md). Here the length is an
+    int32 device tensor the kernel reads, written once per step by `plan` (`fill_`, no host sync),
+    and the keys past it are skipped whole tiles at a time, so the call costs what the visible keys
+    cost and one graph serves the run:
     - dense form (a contiguous visible run, the steady state): k / v are the layer's pool viewed
       from the run's first page as [tokens, H, D] (zero copy); seq_kv = the visible tokens. One
       graph per (q length, first page): a keyframe stream's run starts at page 1 for good, a
@@ -190,9 +189,9 @@ class CuDNNSeqLenBackend(CuDNNBackend):
       power-of-two page sizes only (`CuDNNFrontendKernel.paged_ok`); LingBot-Map's pages are one
       frame, 999 tokens at 518x378, so there such steps (the first ~70 frames) are exact
       (`paged_note` says why) and the steady state is dense.
-    Measured on the H200 (docs/benchmarks.md): exact (== SDPA to bf16 rounding), no host sync,
-    but cuDNN's padding mask costs what FlashInfer dense costs (0.86 vs 0.85 ms a layer; plain
-    cuDNN without a mask 0.63 ms needs a graph per length).
+    Exact (== SDPA to bf16 rounding), no host sync, but cuDNN's padding mask costs about what
+    FlashInfer dense costs; plain cuDNN without a mask is faster but needs a graph per length
+    (docs/benchmarks.md).
     Token-slot steps (compressed window, block-sparse layers), non-contiguous steps without the
     paged form, and failures go to the exact SDPA path (`error` keeps why a call failed, as
     `CuDNNBackend`; a failure is for good). Native bf16/fp16 stores only."""

@@ -99,7 +99,7 @@ class CuDNNFrontendKernel:
     @staticmethod
     def paged_ok(page_size: int) -> bool:
         """cuDNN's paged attention takes power-of-two block sizes only (CUDNN_STATUS_BAD_PARAM
-        "block size needs to be non-zero and a power of 2", cuDNN 9.19 on the H200)."""
+        "block size needs to be non-zero and a power of 2", cuDNN 9.19)."""
         return page_size > 0 and page_size & (page_size - 1) == 0
 
     def _build(self, q, k, table):
@@ -174,8 +174,8 @@ def torch_cudnn_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 
 
 def torch_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """PyTorch's cuDNN SDPA (no mask, no log-sum-exp: its fastest form, ~0.1 ms a layer below the
-    form with statistics on the H200) over exactly k / v [S, H, D] -> out [n, H, D]."""
+    """PyTorch's cuDNN SDPA (no mask, no log-sum-exp: its fastest form, below the form with
+    statistics) over exactly k / v [S, H, D] -> out [n, H, D]."""
     res = torch.ops.aten._scaled_dot_product_cudnn_attention(_bhsd(q), _bhsd(k), _bhsd(v), None, False)
     return res[0][0].transpose(0, 1)
 

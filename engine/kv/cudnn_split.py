@@ -22,7 +22,7 @@ from .page_table import StepTable
 
 class CuDNNSplitBackend(Backend):
     """The steady-state global attention split into a FIXED-length part, attended by plain cuDNN
-    (no mask: its fast path, 0.63 ms against FlashInfer's 0.85 at 73,728 keys on the H200) through
+    (no mask: its fast path, faster than FlashInfer at the steady state's key count) through
     ONE graph for the run, and a small variable part attended by a kernel with no per-length
     set-up (PyTorch flash), merged exactly by log-sum-exp (`merge_lse`). Backend "cudnn-split".
 
@@ -37,9 +37,8 @@ class CuDNNSplitBackend(Backend):
     Once the special ring is full too (`StepTable.fixed_length`: after `special_cap` frames) the
     whole run has one length for good, so it needs no split: one plain cuDNN call without
     statistics (`torch_cudnn`, `kernel_full`).
-    Measured on the H200 at 78,078 keys: 0.756 ms a layer (FlashInfer 0.908, the split's parts
-    ~0.89); whole model after the cap 27.8 FPS against 22.9 with the split (docs/benchmarks.md
-    "Fixed-length steps").
+    Figures against FlashInfer and the split: docs/history/benchmarks_h200_issue11.md "Fixed-length
+    steps".
     Every other step -- the window filling (special pages apart from the patch pages), token slots
     (compressed window, block-sparse layers), a run not laid out as above, an A length beyond
     `max_shapes` distinct ones (a graph each) -- and every call after a kernel failure (`error`)

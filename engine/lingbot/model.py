@@ -18,10 +18,9 @@ timer a benchmark installs with `sections.timing(timer)` (nothing is set on the 
 
 CUDA graphs (`aggregator.graph_scope`): "step" (the default) replays the patch embed, each frame
 block and the depth head as graphs, and, when the KV backend has static steps (the cuDNN split:
-`kv.static_key()`), the whole streamed step as ONE graph per step kind (`_graphed_step`; measured
-on the H200: latency p95 33.8 ms against 49.5 for FlashInfer with part graphs over 3,000 frames,
-docs/benchmarks.md); inside that graph the camera head runs on a side stream beside the depth head
-(`_heads_stream`). "fixed" only the parts; "all" also each global block's halves around eager
+`kv.static_key()`), the whole streamed step as ONE graph per step kind (`_graphed_step`: one launch
+instead of one per part and layer; latency figures in docs/benchmarks.md); inside that graph the
+camera head runs on a side stream beside the depth head (`_heads_stream`). "fixed" only the parts; "all" also each global block's halves around eager
 attention and the camera head.
 
 Dtypes: `set_dtype(torch.bfloat16)` converts the aggregator's matmul weights (Linear, Conv2d) and
@@ -74,8 +73,8 @@ class Aggregator(Trunk):
         self.graphs = None      # engine.models.graphs.GraphCache: replay fixed-shape parts (CUDA)
         # "fixed": patch embed, frame blocks, depth head. "all": also both halves of
         # each global block (around the eager attention) and the camera head (static-shape cache)
-        # -- measured on the H200 (docs/benchmarks.md): 21.9 vs 22.7 FPS steady and +0.55 GiB
-        # peak, so not the default; kept for the GPU-bound regime it was meant for.
+        # -- not the default: it was not faster than graphing the fixed parts only and holds more
+        # graph memory (docs/benchmarks.md); kept for the GPU-bound regime it was meant for.
         # "step" (the default): as "fixed", and a streamed step whose KV backend attends with
         # fixed shapes and pointers (`kv.static_key()`, the cuDNN split) runs as ONE graph: the
         # whole network, KV writes and attention included (LingBotMap.forward_step).
@@ -114,7 +113,7 @@ class Aggregator(Trunk):
         n_sp = cfg.num_special
         # RoPE tables (built on the CPU, rounded once to the compute dtype) are uploaded before any
         # GPU work of this step is queued, through pinned memory without a host sync (a blocking
-        # copy mid-step stalled the CPU until the patch embed finished, measured on the H200).
+        # copy mid-step would make the CPU wait until the GPU work queued before it finished).
         rot2d = self.rope2d.rotation(gh, gw, n_sp, images.device, dtype)
         if rot3d is None:
             rot3d = self.rope3d.rotation(list(time_index), gh, gw, n_sp, images.device, dtype)
@@ -167,8 +166,8 @@ class LingBotMap(TrunkModel, nn.Module):
         (the default, upstream's autocast precision) the residual stream and what acts on it in
         float32: the block LayerNorms and LayerScales, the final patch-embed norm, the special
         tokens and the position embedding. Heads in float32 (as upstream).
-        `residual_fp32=False` converts the whole aggregator (the earlier behaviour; measured
-        ~4x the pose error of upstream's bf16, docs/model.md); None = `self.residual_fp32`."""
+        `residual_fp32=False` converts the whole aggregator (the earlier behaviour: a bf16 residual
+        loses the blocks' small updates, docs/model.md "Precision"); None = `self.residual_fp32`."""
         if residual_fp32 is None:
             residual_fp32 = self.residual_fp32
         agg = self.aggregator
@@ -236,8 +235,7 @@ class LingBotMap(TrunkModel, nn.Module):
         """The depth head, one frame at a time, in float32 as upstream."""
         if feats32[0].is_cuda and not getattr(self, "_depth_cl", False):
             # convolution weights in channels-last: every conv of the head then runs NHWC end to end
-            # (cuDNN transposed NCHW activations before and after each conv: 2.9 -> 2.3 ms a frame
-            # on the H200)
+            # (with NCHW weights cuDNN transposes the activations before and after each conv)
             self.depth_head.to(memory_format=torch.channels_last)
             self._depth_cl = True
         return self.depth_head(feats32, hw, self.config.num_special, chunk=1)

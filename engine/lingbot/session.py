@@ -53,7 +53,6 @@ import torch
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig, check_settings
 from ..pose import decode_pose
 from ..session_timing import SessionTiming, resolve_device
-from ..kv.dtypes import COMPUTE_DTYPES as _DTYPES  # noqa: F401  (the compute dtypes by name: callers load models with it)
 from ..models.layers import kernel_errors
 
 
@@ -76,6 +75,19 @@ def _validate(cfg: SessionConfig) -> None:
 
 def _device(cfg: SessionConfig) -> torch.device:
     return resolve_device(cfg.device, _config_error)
+
+
+def model_device(cfg: SessionConfig) -> torch.device:
+    """The device a LingBot-Map session of `cfg` runs on (a settings error if it is unknown or absent)."""
+    return _device(cfg)
+
+
+def load_model(cfg: SessionConfig):
+    """The network sessions of `cfg` run (what engine.shared_streams loads once for several
+    streams): the settings are checked first, so a bad value fails before a multi-GB load."""
+    _validate(cfg)
+    from ..kv.dtypes import COMPUTE_DTYPES
+    return load_lingbot_map(cfg, _device(cfg), COMPUTE_DTYPES[cfg.dtype])
 
 
 def load_lingbot_map(cfg: SessionConfig, device: torch.device, dtype: torch.dtype):
@@ -131,8 +143,8 @@ class LingBotMapSession(SessionTiming):
         self.model.step_graph_error = None      # a fresh graph cache tries whole-step graphs again
         self.model._step_keys_run.clear()       # (keys hold cache ids, which a new session may reuse)
         # opt-in (setting compile_blocks): the blocks' norm/residual
-        # halves under torch.compile (engine/models/compile.py; faster on the H200, GPU-tested; off by
-        # default for its compile time at the first frames)
+        # halves under torch.compile (engine/models/compile.py; GPU-tested; off by default for its
+        # compile time at the first frames)
         from ..models.compile import blocks_compiled, compile_blocks, uncompile_blocks
         if self.device.type == "cuda" and config.compile_blocks:
             compile_blocks(self.model)
@@ -202,6 +214,13 @@ class LingBotMapSession(SessionTiming):
     def poll_events(self) -> list[EngineEvent]:
         ev, self._events = self._events, []
         return ev
+
+    def collect_in_flight(self) -> list[FrameResult]:
+        """Results of streamed frames still on their way to the host (`defer_results`), oldest
+        first, waiting for their copies; [] when none. A scheduler that runs this session's next
+        step in a batch takes them first, so the stream's results stay in order."""
+        self._check_open()
+        return self._deliver(keep=0) if len(self._host) else []
 
     def close(self) -> None:
         """Frees the session's GPU memory at once (KV pools, camera cache, CUDA graphs): nothing
@@ -377,8 +396,8 @@ class LingBotMapSession(SessionTiming):
                            pose_enc=out["pose_enc"][i].astype(np.float32), segment=0)
 
 
-# CUDA graphs on by default on CUDA devices (SessionConfig.cuda_graphs overrides):
-# measured on the H200, 20.9 -> 23.2 FPS steady (FlashInfer), outputs equal to eager.
+# CUDA graphs on by default on CUDA devices (SessionConfig.cuda_graphs overrides): a replay is one
+# launch instead of dozens, its outputs equal to eager (speed: docs/benchmarks.md).
 CUDA_GRAPHS_DEFAULT = True
 
 

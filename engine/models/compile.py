@@ -1,6 +1,6 @@
 """torch.compile of the transformer blocks' two halves (opt-in, measured, not the default).
 
-Outside attention a streamed LingBot-Map frame spends ~13 ms of kernel time on the H200 in
+Outside attention a streamed LingBot-Map frame spends much of its kernel time in
 LayerNorms, dtype casts, LayerScale residual adds and RoPE -- dozens of small kernels per block,
 because the residual stream stays float32 while the matmuls run in bf16 (docs/benchmarks.md).
 Inductor fuses them. `compile_blocks(model)` puts every `Block.attn_pre` (norm1, qkv, qk-norm,
@@ -10,9 +10,9 @@ captures the compiled kernels); attention itself stays outside (SDPA, or the KV 
 Blocks of one shape share compiled code (~10 graphs for the whole model, compiled on first use:
 tens of seconds).
 
-Measured on the H200 (issue #11, same run as upstream): 24.7 -> 27.6 FPS steady with the default
-session; its outputs equal the eager path's on the GPU (tests/engine/test_compile_blocks.py, passed
-on the H200 2026-12-01). Not the default because of the compile at the first frames.
+Its outputs equal the eager path's on the GPU (tests/engine/test_compile_blocks.py); speed against
+the default session: docs/history/benchmarks_h200_issue11.md. Not the default because of the
+compile at the first frames.
 Switch: the typed setting `compile_blocks` (`--compile-blocks`, the settings panel), for a
 LingBot-Map session on CUDA (engine/lingbot/session.py).
 """

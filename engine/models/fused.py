@@ -3,7 +3,7 @@
 A streamed LingBot-Map frame runs 72 ViT-L blocks (24 patch-embed, 24 frame, 24 global) on ~1,000
 tokens. Around their matmuls each block launched ~18 small elementwise kernels (LayerNorm, dtype
 casts, qk-norm, the RoPE products, the LayerScale residuals), each a full pass over its tensor
--- ~4 ms of GPU time a frame on the H200 (docs/benchmarks.md), which `torch.compile` fuses
+-- milliseconds of GPU time a frame (docs/benchmarks.md), which `torch.compile` fuses
 only after a compile of tens of seconds (engine/models/compile.py). These kernels fuse the same
 chains by hand and compile in about a second on first use:
 
@@ -61,9 +61,8 @@ def _pow2(v: int) -> bool:
 
 def gelu_epilogue_usable(x: torch.Tensor, fc1) -> bool:
     """A CUDA bf16/fp16 MLP input with a biased fc1 of the same dtype takes cuBLASLt's fused
-    matmul + bias + GELU epilogue (its GELU is the tanh form: the bf16 pose error against fp32
-    moved from 5.80e-3 to 6.04e-3 on 130 real frames, docs/benchmarks.md). Float32 (the
-    conformance path) keeps the exact GELU."""
+    matmul + bias + GELU epilogue (its GELU is the tanh form, which barely moves the bf16 pose
+    error against fp32: docs/benchmarks.md). Float32 (the conformance path) keeps the exact GELU."""
     return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and fc1.bias is not None
             and fc1.weight.dtype == x.dtype)
 
@@ -224,7 +223,7 @@ def residual_layer_norm(x: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor, n
 def residual(x: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     """`torch.addcmul(x, r, gamma)` for float32 x [..., C], r of x's shape in a 16-bit dtype,
     gamma [C] float32, one vectorised pass (PyTorch's mixed-dtype addcmul takes its slow strided
-    loop: 7.9 us a block at 1,005 x 1,024 on the H200; None: see `_guarded`)."""
+    loop; None: see `_guarded`)."""
     C = x.shape[-1]
     x, r = x.contiguous(), r.contiguous()
     xo = torch.empty_like(x)

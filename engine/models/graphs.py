@@ -1,7 +1,7 @@
 """CUDA graphs for the fixed-shape parts of a streamed LingBot-Map frame.
 
-A streamed frame launches ~2,000 small kernels; in eager mode the Python launch time (~40 ms on
-the H200 host) exceeds the GPU time (~32 ms), so the GPU waits (docs/benchmarks.md). The patch
+A streamed frame launches ~2,000 small kernels; in eager mode the Python launch time can exceed
+the GPU time, so the GPU waits (docs/benchmarks.md). The patch
 embed, each frame block and the depth head see the same shapes every streamed frame, so each is
 captured once into a CUDA graph and replayed: one launch instead of dozens. The global blocks
 (their KV length changes as the special stream grows) and the camera head (its cache grows) stay

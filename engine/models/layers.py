@@ -30,16 +30,16 @@ CUDNN_Q_TILE = 128          # q rows per work tile of cuDNN's SM90 attention ker
 
 def cudnn_one_wave(batch: int, q_tokens: int, heads: int, sms: int, tile: int = CUDNN_Q_TILE) -> bool:
     """cuDNN's attention over `batch` x `heads` x ceil(q_tokens / tile) work tiles fits one wave of
-    `sms` SMs. Measured on the H200 (132 SMs, 16 heads, 74k keys): 1,005 queries (128 tiles)
-    0.63 ms, 1,042 (144 tiles: a second, nearly empty wave) 1.48 ms."""
+    `sms` SMs: a second, nearly empty wave more than doubles the call (docs/benchmarks.md "The wave
+    tail": 1,005 against 1,042 queries at 16 heads)."""
     return batch * heads * -(-q_tokens // tile) <= sms
 
 
 def _cudnn_first(q: torch.Tensor) -> bool:
     """cuDNN's attention kernel first for the blocks' own (unmasked) attention of q [B, N, H, D]
-    in 16-bit on CUDA: at 1,005 tokens it beat PyTorch's default flash kernel by ~0.7 ms a frame
-    over the 48 patch-embed and frame blocks (H200, docs/benchmarks.md). Only while its work
-    tiles fit one wave of the GPU's SMs (`cudnn_one_wave`)."""
+    in 16-bit on CUDA: at LingBot-Map's ~1,000 tokens it beats PyTorch's default flash kernel over
+    the patch-embed and frame blocks (docs/benchmarks.md). Only while its work tiles fit one wave of
+    the GPU's SMs (`cudnn_one_wave`)."""
     if cudnn_sdpa_error is not None:
         return False
     B, N, H, _ = q.shape
@@ -173,7 +173,7 @@ class Block(nn.Module):
         # Mixed precision (see LingBotMap.set_dtype): the residual stream x, the norms and the
         # LayerScales may be float32 while the matmul weights are bf16/fp16 -- upstream's autocast
         # keeps the residual in float32 too; a bf16 residual loses the small per-block updates
-        # (measured 4x the pose error). The normed input is cast once to the weights' dtype; the
+        # (docs/model.md "Precision"). The normed input is cast once to the weights' dtype; the
         # residual + LayerScale stay one addcmul each (it promotes the bf16 branch to float32).
         q, k, v = self.attn_pre(x, rope)
         return self.attn_post(x, (attend or sdpa_bnhd)(q, k, v))

@@ -136,8 +136,8 @@ class VideoRope3D:
 
         The tables are built where they are used: on a GPU as a few small kernels (the spatial
         angles and time frequencies are kept there; no host data at all for consecutive times, the
-        streamed case). Built on the host they took ~2 ms of CPU a step on the H200 host (PyTorch's
-        CPU thread pool for a small op), and each step's copy had to avoid a host sync."""
+        streamed case). Built on the host they cost CPU time every step (PyTorch's CPU thread pool
+        for a small op), and each step's copy had to avoid a host sync."""
         device = torch.device(device)
         times = [int(i) for i in time_index]
         sp, inv_t = self._spatial_angles(grid_h, grid_w, num_special, device)

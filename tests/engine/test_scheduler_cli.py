@@ -56,7 +56,7 @@ def test_stats_json_is_written_per_input_and_stats_csv_refused(tmp_path, tiny_ck
     assert rc == 0
     for name, n in (("0-a", 4), ("1-b", 3)):
         body = json.loads((tmp_path / f"st-{name}.json").read_text())
-        assert body["driver"]["frames_in"] == n and body["driver"]["results"] == n
+        assert body["driver"]["frames_in"] == n and body["driver"]["results_total"] == n
         assert body["driver"]["stream"]["name"] == name and body["driver"]["scheduler"]["rounds"] >= 4
         assert body["engine"]["frames"] == n and body["engine"]["kv"]["frames_committed"] == n
         assert "kv_page_map" not in body["engine"]
@@ -71,3 +71,35 @@ def test_several_inputs_need_lingbot_map(tmp_path, capsys):
     a, b = _folder(tmp_path, "a", 1, n=2), _folder(tmp_path, "b", 2, n=2)
     assert main(["run", a, b, "--engine", "geometric", "-q"]) == 2
     assert "batches LingBot-Map streams" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_every_input_keeps_and_exports_what_was_done(tmp_path, tiny_ckpt):
+    """Several inputs run on driver threads: a real SIGINT stops them all after their current frame;
+    each session is marked cut short and exported from what it holds (exit 130)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+    a, b = _folder(tmp_path, "a", 1, n=40), _folder(tmp_path, "b", 2, n=40)
+    sess = tmp_path / "m"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+           "RECONSTUDIO_SETTINGS": str(tmp_path / "settings.ini")}
+    cmd = [sys.executable, "-m", "app", "run", a, b, "--checkpoint", tiny_ckpt, *ENGINE, "--fps", "10",
+           "--speed", "1", "--session-dir", str(sess), "--trajectory", str(tmp_path / "t.txt")]
+    p = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not all(
+            len(list((sess / n / "frames").glob("*.npz"))) >= 3 for n in ("0-a", "1-b")):
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    for n in ("0-a", "1-b"):
+        info = json.loads((sess / n / "config.json").read_text())
+        stored = len(list((sess / n / "frames").glob("*.npz")))
+        assert info["finished"] and "Ctrl-C" in info["cut_short"] and 3 <= stored < 40
+        assert _tum(tmp_path / f"t-{n}.txt").shape[0] == stored == info["frames"]
