@@ -185,9 +185,15 @@ class StreamScheduler:
         if self._key is not None and key != self._key and any(not s.closed for s in self.streams):
             raise AdmissionError(f"cannot open stream {name!r} on {key[0]} in {key[1]}: the streams share one "
                                  f"model, which runs on {self._key[0]} in {self._key[1]}")
-        est = stream_cache_bytes(self.model, config, frame_size)
-        from .lingbot.session import model_device
+        from .lingbot.session import LingBotMapSession, model_device
         device = model_device(config)
+        # the session plans its memory first (engine/memory_plan.py: window / KV / weight precision
+        # for the budget, or MemoryPlanError); admission then counts the planned caches. A lone
+        # stream is admitted by its plan alone, which accounts for the step's workspace itself.
+        session = LingBotMapSession(config, self.model)
+        session.replan(stream_cache_bytes(self.model, session.config, frame_size)["patch_tokens"])
+        planned = session.config
+        est = stream_cache_bytes(self.model, planned, frame_size)
         pending = sum(s.estimate.get("total", 0) for s in self.streams
                       if not s.closed and s.session.kv is None)          # admitted, not yet allocated
         open_n = sum(not s.closed for s in self.streams)
@@ -197,20 +203,20 @@ class StreamScheduler:
         else:
             free = _available_bytes(device) - pending - self._reserve(device)
             where = f"{device} memory (after {_gib(self._reserve(device))} kept for activations)"
-        if est["total"] > free:
+        if est["total"] > free and not (open_n == 0 and session.memory_plan is not None):
+            session.close()
             w, h = est["resolution"]
             raise AdmissionError(
                 f"cannot open stream {name!r}: its caches need {_gib(est['total'])} (KV {_gib(est['kv'])} for "
-                f"window {config.window} + {config.scale_frames} scale frames at {w}x{h} in "
-                f"{config.kv_dtype if config.kv_dtype != 'auto' else config.dtype}, camera cache "
+                f"window {planned.window} + {planned.scale_frames} scale frames at {w}x{h} in "
+                f"{planned.kv_dtype if planned.kv_dtype != 'auto' else planned.dtype}, camera cache "
                 f"{_gib(est['camera'])}) but only {_gib(max(free, 0))} of {where} is free with {open_n} "
                 f"stream(s) open. Lower the window or the image width, use bf16, close a stream, or raise "
                 f"the memory budget")
         budget = None if latency_budget_ms is None else float(latency_budget_ms) / 1e3
         if budget is not None and budget <= 0:
+            session.close()
             raise EngineError(f"latency budget must be positive (got {latency_budget_ms} ms)")
-        from .lingbot.session import LingBotMapSession
-        session = LingBotMapSession(config, self.model)
         self._key = key
         # batched streamed steps replay CUDA graphs too (one per batch size), when graphs are on
         agg = self.model.aggregator

@@ -324,7 +324,7 @@ class LingBotMapSession(SessionTiming):
         from ..kv.coordinator import StreamCaches
         h, w = self._hw
         patches = (h // 14) * (w // 14)
-        self._replan(patches)
+        self.replan(patches)
         cfg, geo = self.config, self.model.kv_geometry()
         self.kv = PagedKVCache(geo["num_layers"], geo["num_heads"], geo["head_dim"], patches,
                                special_tokens=geo["special_tokens"], scale_frames=cfg.scale_frames,
@@ -341,9 +341,10 @@ class LingBotMapSession(SessionTiming):
         self.camera_cache = self.model.new_camera_cache(cfg.camera_iterations, cfg.scale_frames, cfg.special_cap)
         self.caches = StreamCaches(self.kv, self.camera_cache)     # stepped together
 
-    def _replan(self, patches: int) -> None:
-        """The plan again at the frame size the first frame fixed (the plan at open assumed the
-        518x378 aspect), with the weights as already applied; raises before the KV allocation."""
+    def replan(self, patches: int) -> None:
+        """The plan again at the frame size the first frame fixed, or that the scheduler was told
+        (the plan at open assumed the 518x378 aspect), with the weights as already applied; raises
+        before the KV allocation."""
         plan = self.memory_plan
         if plan is None or plan.patch_tokens == patches:
             return

@@ -177,3 +177,28 @@ def test_cli_flag_stats_json_and_refusal(tmp_path, capsys):
     rc = main(common + ["--gpu-memory", "0.01", "--session-dir", str(tmp_path / "s2")])
     assert rc != 0
     assert "not enough GPU memory" in capsys.readouterr().err
+
+
+def test_the_stream_layer_admits_the_planned_stream():
+    """The run path (engine/shared_streams.py -> scheduler) admits a lone stream by its memory plan
+    (the default window would not fit the budget, the planned one does) and counts the planned
+    caches when a second stream asks for room."""
+    from engine.scheduler import AdmissionError, StreamScheduler, stream_cache_bytes
+    from tests.engine.factories import random_model
+    model = random_model("lingbot-map-tiny", device="cpu")
+    base = dict(engine="lingbot-map", model="lingbot-map-tiny", device="cpu", dtype="fp32", image_width=70,
+                scale_frames=2, special_cap=128, camera_iterations=1)
+    tiny = facts_for_name("lingbot-map-tiny", "fp32")
+
+    def need(window):
+        return plan_memory(SessionConfig(**base, window=window), 80.0, tiny, patch_tokens=25).predicted_peak_bytes
+
+    budget = ((need(40) + HEADROOM_BYTES) / (1 - HEADROOM_FRACTION) + 16) / GIB
+    full = stream_cache_bytes(model, SessionConfig(**base), (70, 70))["total"]
+    sched = StreamScheduler(model, memory_budget_bytes=full - 1)          # the default window: refused
+    st = sched.open_stream(SessionConfig(**base, gpu_memory=budget), frame_size=(70, 70))
+    assert st.session.config.window == 40 and st.session.requested_config.window == 64
+    assert st.estimate["total"] < full
+    with pytest.raises(AdmissionError) as e:           # a second stream: the planned caches are counted
+        sched.open_stream(SessionConfig(**base, gpu_memory=budget), frame_size=(70, 70))
+    assert "window 40" in str(e.value)
