@@ -66,7 +66,8 @@ _OVERLAY_CONF = 3.0e38          # lines carry this confidence so the threshold n
 # "display/frame_time_target_ms" (ui/settings_schema.py), set on the viewer by the window.
 FRAME_TIME_TARGET_MS = default("display/frame_time_target_ms")
 LIVE_FRAMES = 2                 # newest frames drawn in full whatever the detail
-IDLE_REFINE_MS = 500            # camera and scene still this long: draw everything
+IDLE_REFINE_MS = 500            # camera and scene still this long: start adding what was left out
+REFINE_PAUSE_MS = 5             # between refinement chunks: the event loop runs in between
 PROBE_POINTS = 200_000          # drawn at most before the cost per point has been measured
 
 _VERT = """
@@ -404,8 +405,20 @@ class SegmentCloudVisual(Visual):
 
     # -- vispy hooks --------------------------------------------------------------------------
     draw_plan = None      # None: draw vertices [0, count); else [(level index views...), (first, count)]
+    time_draws = False    # the cloud: time its own draw (glFinish before and after)
+    last_draw_ms = None   # that time, of the last draw
 
     def draw(self):
+        if not (self.time_draws and self.visible and self.count > 0):
+            return self._draw()
+        ctx = get_current_canvas().context
+        ctx.finish()                   # what was queued before (uploads, clear) is not the cloud's
+        t0 = time.perf_counter()
+        self._draw()
+        ctx.finish()
+        self.last_draw_ms = (time.perf_counter() - t0) * 1000.0
+
+    def _draw(self):
         plan = self.draw_plan
         if plan is None or not self.visible or self._prepare_draw(view=self) is False:
             return super().draw()
@@ -463,7 +476,9 @@ class ViewerCanvas(scene.SceneCanvas):
         self.pre_draw = None                  # called before every draw (uploads pending data)
         self.post_draw = None                 # called after every draw with its time in ms
         self.pre_draw_ms = 0.0                # of the last draw: uploads (executed in pre_draw)
-        self.refining = False
+        self.refining = False                 # this draw is a refinement chunk (not in draw_ms)
+        self.accumulate = False               # this draw adds to the picture: no clear
+        self.offscreen = False                # inside render(): a fresh framebuffer
         self._in_pre_draw = False
         self._last_draw = -1e9
         # parented to the native widget: the timer dies with it (no redraw of a deleted canvas)
@@ -491,6 +506,18 @@ class ViewerCanvas(scene.SceneCanvas):
         except RuntimeError:     # the Qt widget went away between the request and the timer
             pass
 
+    def update_now(self):
+        """Request a draw now, past the redraw cap (refinement chunks: the view is still)."""
+        self._deferred.stop()
+        self._update_now()
+
+    def render(self, *a, **kw):
+        self.offscreen = True
+        try:
+            return super().render(*a, **kw)
+        finally:
+            self.offscreen = False
+
     def _draw_scene(self, bgcolor=None):
         # Uploads are queued here, right before the draw that flushes them: vispy queues GL
         # commands until the next draw, so uploading per batch while the window is hidden or
@@ -503,7 +530,10 @@ class ViewerCanvas(scene.SceneCanvas):
             finally:
                 self._in_pre_draw = False
                 self.pre_draw_ms = (time.perf_counter() - t0) * 1000.0
-        super()._draw_scene(bgcolor=bgcolor)
+        if self.accumulate and not self.offscreen:
+            self.draw_visual(self.scene)      # on top of the picture kept by the widget's framebuffer
+        else:
+            super()._draw_scene(bgcolor=bgcolor)
 
     def on_draw(self, event):
         t0 = time.perf_counter()
@@ -544,6 +574,12 @@ class PointCloudViewer(QtWidgets.QWidget):
         xf = self.frame_xf
         self.cloud = SegmentCloud(mode="points", capacity=self.scene.capacity, mirror=False,
                                   frame_xf=xf, parent=self.view.scene)
+        self.cloud.time_draws = True
+        # refinement chunks are drawn on top of the previous picture: the widget must keep its
+        # framebuffer (colour and depth) between paints
+        native = self.canvas.native
+        if hasattr(native, "setUpdateBehavior"):
+            native.setUpdateBehavior(type(native).UpdateBehavior.PartialUpdate)
         # overlays sized once at the scene's camera budget (which decimates old cameras): their
         # buffers never grow, so a long run's buffer bytes stay flat (issue #7)
         cams = self.scene.camera_budget
@@ -566,11 +602,22 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.frame_time_target_ms = FRAME_TIME_TARGET_MS
         self.cost_per_point_ms: Optional[float] = None   # measured (moving average) per point drawn
         self.measure_cost = True                 # tests inject cost_per_point_ms and set this False
-        self.drawn_points = 0                    # cloud points of the last draw
+        self.drawn_points = 0                    # cloud points in the picture on screen
+        self.paint_points = 0                    # cloud points drawn by the last draw
         self.detail_fraction = 1.0
-        self._full_key = None                    # still-state for which everything is drawn
+        self.full_render = False                 # offscreen renders draw everything (screenshot)
+        self.refine_chunks = 0                   # refinement draws so far, and the largest one
+        self.max_chunk_points = 0
+        self._look_gen = 0                       # bumped by changes the still-key cannot see
+        self._full_key = None                    # still-state for which everything is on screen
+        self._base = None                        # the last cleared on-screen draw (what it left out)
+        self._refinement = None                  # refinement in progress: queue and position
+        self._step_next = False                  # the next draw is a refinement chunk
+        self._chunk_ibo = gloo.IndexBuffer(np.zeros(1, np.uint32))
         self._idle = QtCore.QTimer(self, singleShot=True, interval=IDLE_REFINE_MS)
-        self._idle.timeout.connect(self._refine)
+        self._idle.timeout.connect(self._idle_elapsed)
+        self._step_timer = QtCore.QTimer(self, singleShot=True)
+        self._step_timer.timeout.connect(self._refine_step)
         self.auto_fit = True
         self.canvas.events.mouse_press.connect(self._on_mouse_press)
         self.canvas.events.mouse_wheel.connect(self._on_mouse_press)
@@ -598,8 +645,9 @@ class PointCloudViewer(QtWidgets.QWidget):
         if hasattr(self, "levels"):
             self.levels.clear()
             self.cloud.draw_plan = None
-            self._full_key = None
-            self.drawn_points = 0
+            self._full_key = self._base = self._refinement = None
+            self.drawn_points = self.paint_points = 0
+            self._look_gen += 1
         self.frame_xf.reset()
         self.result_width = 0       # width of the live results (for matching export density)
         self._last_center: dict[int, tuple] = {}   # segment → (last camera centre drawn, its frame)
@@ -724,56 +772,140 @@ class PointCloudViewer(QtWidgets.QWidget):
 
     # -- level of detail ----------------------------------------------------------------------
     def _still_key(self) -> tuple:
-        """What must stay the same for the idle full-detail draw to stay valid."""
+        """Everything the picture depends on: while it is unchanged, refinement chunks add to
+        the picture on screen; any change means a fresh (cleared) draw."""
         m = self.scene
         return (repr(self.view.camera.get_state()), m.frames_added, m.count, m.thinning_passes,
-                len(m.events), tuple(self.canvas.size))
+                len(m.events), m.events_dropped, tuple(self.canvas.size), self._look_gen,
+                tuple(sorted(self.cloud._uniforms.items())),
+                tuple((layer.visible, layer.count) for layer in self._layers[1:]))
+
+    def _point_budget_now(self) -> float:
+        cost = self.cost_per_point_ms
+        return PROBE_POINTS if cost is None else self.frame_time_target_ms / max(cost, 1e-9)
 
     def _plan_draw(self) -> None:
-        """Choose the cloud's draw: everything when it fits the frame-time target at the
-        measured cost per point or the view has stood still (idle refinement), else the
-        largest draw-order prefix that fits plus the newest LIVE_FRAMES frames in full."""
+        """Choose the cloud's draw. A refinement step (requested by `_refine_step`, nothing
+        changed since the draw before) draws the next chunk of the points not yet on screen
+        into the picture without clearing it. Any other on-screen draw is a cleared draw of
+        the largest draw-order prefix that fits the frame-time target at the measured cost per
+        point, plus the newest LIVE_FRAMES frames in full; its leftovers are refined once the
+        view has stood still for IDLE_REFINE_MS. Offscreen renders (`render_image`) draw the
+        same prefix, or everything for `screenshot` (`full_render`)."""
         m = self.scene
-        full = self._full_key is not None and self._full_key == self._still_key()
-        self.canvas.refining = full
-        if full or m.count == 0:
-            level, drawn = LOD_LEVELS - 1, m.count
+        key = self._still_key()
+        offscreen = self.canvas.offscreen
+        self.canvas.accumulate = False
+        self.canvas.refining = False
+        if not offscreen:
+            step, self._step_next = self._step_next, False
+            if step and self._refinement is not None and self._refinement["key"] == key:
+                self._draw_chunk(key)
+                return
+            self._refinement = None
+        if m.count == 0 or (offscreen and self.full_render):
+            level, drawn, live_from = LOD_LEVELS - 1, m.count, m.count
         else:
-            cost = self.cost_per_point_ms
-            budget = PROBE_POINTS if cost is None else self.frame_time_target_ms / max(cost, 1e-9)
             live_from = m.first_row_of_frame(max(0, m.frames_added - LIVE_FRAMES))
-            level, drawn = m.choose_detail(budget, live_from)
+            level, drawn = m.choose_detail(self._point_budget_now(), live_from)
+        self.paint_points = drawn
         if drawn >= m.count:
             self.cloud.draw_plan = None
+            if not offscreen:
+                self._full_key = key
         else:
             views = [(self.levels.ibo[j], self.levels.count_before(j, live_from)) for j in range(level + 1)]
             self.cloud.draw_plan = (views, (live_from, m.count - live_from))
-            self._reduced_key = self._still_key()
-            self._idle.start()                   # (re)started: fires once nothing moved for a while
+            if not offscreen:
+                self._base = {"key": key, "level": level, "live_from": live_from, "drawn": drawn}
+                if key == self._full_key:        # was complete a moment ago: refine at once
+                    self._begin_refine()
+                else:
+                    self._idle.start()           # (re)started: fires once nothing moved for a while
+        self._set_drawn(drawn)
+
+    def _set_drawn(self, drawn: int) -> None:
+        m = self.scene
         self.drawn_points = drawn
         fraction = drawn / m.count if m.count else 1.0
         if (fraction < 1.0) != (self.detail_fraction < 1.0) or abs(fraction - self.detail_fraction) > 0.01:
             self.detail_fraction = fraction
             self.detail_changed.emit(fraction)
 
-    def _measured(self, ms: float) -> None:
-        if self.measure_cost and self.drawn_points > 0:
-            c = ms / self.drawn_points
-            self.cost_per_point_ms = c if self.cost_per_point_ms is None else 0.7 * self.cost_per_point_ms + 0.3 * c
+    def _refine_queue(self, base: dict) -> list:
+        """Row lists of what the base draw left out, coarse levels first: levels above its
+        level, rows before its live rows (host copies of the per-level index lists)."""
+        lf = base["live_from"]
+        return [self.levels.host[j][: self.levels.count_before(j, lf)] for j in range(base["level"] + 1, LOD_LEVELS)]
 
-    def _refine(self) -> None:
-        """The camera and the scene stood still IDLE_REFINE_MS since the last (reduced) draw:
-        draw everything once. Anything changed since that draw (frames added while no draw
-        came, a camera move) means a reduced draw is due instead, which restarts the wait."""
-        key = self._still_key()
-        if key != getattr(self, "_reduced_key", None):
+    def _begin_refine(self) -> None:
+        base = self._base
+        queue = [q for q in self._refine_queue(base) if len(q)]
+        self._refinement = {"key": base["key"], "queue": queue, "level": 0, "pos": 0, "drawn": base["drawn"]}
+        self._step_timer.start(0)
+
+    def _refine_step(self) -> None:
+        if self._refinement is not None and self._refinement["key"] == self._still_key():
+            self._step_next = True
+            self.canvas.update_now()
+
+    def _draw_chunk(self, key) -> None:
+        """The next at most frame-time-target's worth of left-out points, in draw order, drawn
+        on top of the picture (indices copied into one small index buffer)."""
+        r = self._refinement
+        left = max(1, int(self._point_budget_now()))
+        parts = []
+        while left > 0 and r["level"] < len(r["queue"]):
+            q = r["queue"][r["level"]]
+            take = q[r["pos"]: r["pos"] + left]
+            parts.append(take)
+            left -= len(take)
+            r["pos"] += len(take)
+            if r["pos"] >= len(q):
+                r["level"], r["pos"] = r["level"] + 1, 0
+        idx = np.concatenate(parts) if parts else np.zeros(0, np.uint32)
+        self._chunk_ibo.set_data(idx)                 # copied by vispy's GLIR queue
+        self.cloud.draw_plan = ([(self._chunk_ibo, len(idx))], (0, 0))
+        self.canvas.accumulate = True
+        self.canvas.refining = True
+        self.paint_points = len(idx)
+        self.refine_chunks += 1
+        self.max_chunk_points = max(self.max_chunk_points, len(idx))
+        r["drawn"] += len(idx)
+        if r["level"] >= len(r["queue"]):             # complete: every point is on screen
+            self._refinement = None
+            self._full_key = key
+            self._set_drawn(self.scene.count)
+        else:
+            self._set_drawn(r["drawn"])
+
+    def _measured(self, ms: float) -> None:
+        """After every on-screen draw: the cloud's own draw time per point drawn feeds the
+        moving average, then the next refinement chunk is scheduled (a timer: the event loop
+        runs between chunks)."""
+        if self.measure_cost and self.paint_points > 0 and self.cloud.last_draw_ms is not None:
+            c = self.cloud.last_draw_ms / self.paint_points
+            self.cost_per_point_ms = c if self.cost_per_point_ms is None else 0.7 * self.cost_per_point_ms + 0.3 * c
+        if self._refinement is not None and self.canvas.refining:
+            self._step_timer.start(REFINE_PAUSE_MS)
+
+    def _idle_elapsed(self) -> None:
+        """The camera and the scene stood still IDLE_REFINE_MS since the last cleared draw:
+        start drawing what it left out, a chunk per draw. Anything changed since that draw
+        means a cleared draw is due instead, which restarts the wait."""
+        base = self._base
+        if base is None or self._refinement is not None or base["key"] != self._still_key():
             return
-        self._full_key = key
-        self.canvas.update()
+        self._begin_refine()
+
+    @property
+    def refining(self) -> bool:
+        """Whether the left-out points are being added to the picture (the view stands still)."""
+        return self._refinement is not None
 
     @property
     def detail_reduced(self) -> bool:
-        """Whether the last draw showed a subsample of the cloud."""
+        """Whether the picture on screen shows a subsample of the cloud."""
         return self.detail_fraction < 1.0
 
     @property
@@ -781,7 +913,8 @@ class PointCloudViewer(QtWidgets.QWidget):
         """For the status bar: empty at full detail."""
         if not self.detail_reduced:
             return ""
-        return f"detail {100 * self.detail_fraction:.0f} % while moving"
+        pct = f"detail {100 * self.detail_fraction:.0f} %"
+        return pct + (", refining" if self.refining else " while moving")
 
     def _upload_rows(self, lo: int, hi: int) -> None:
         """Upload the scene's rows [lo, hi) into the cloud's buffers, UPLOAD_CHUNK rows at a
@@ -951,7 +1084,12 @@ class PointCloudViewer(QtWidgets.QWidget):
         return self.canvas.render()
 
     def screenshot(self, path: str) -> np.ndarray:
-        img = np.ascontiguousarray(self.render_image())
+        """Save the 3D view with every point (one full draw: an explicit request)."""
+        self.full_render = True
+        try:
+            img = np.ascontiguousarray(self.render_image())
+        finally:
+            self.full_render = False
         h, w = img.shape[:2]
         qimg = QtGui.QImage(img.data, w, h, 4 * w, QtGui.QImage.Format.Format_RGBA8888)
         if not qimg.save(str(path)):

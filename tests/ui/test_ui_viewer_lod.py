@@ -3,6 +3,7 @@ misses the frame-time target it draws a draw-order prefix plus the newest frames
 everything once the view has stood still; the per-level index lists follow thinning."""
 import numpy as np
 import pytest
+from PySide6 import QtGui
 
 from engine.scene import LOD_LEVELS
 from ui.viewer import LIVE_FRAMES, PointCloudViewer
@@ -54,9 +55,13 @@ def test_still_view_is_refined_to_full_detail(viewer, qtbot):
     viewer.cost_per_point_ms = viewer.frame_time_target_ms / (0.3 * viewer.point_count)
     viewer.canvas.update()
     qtbot.waitUntil(lambda: viewer.detail_reduced, timeout=10_000)
-    # nothing moves: the idle refinement draws everything
+    # nothing moves: the idle refinement adds what was left out, a bounded chunk per draw
+    chunks0 = viewer.refine_chunks
     qtbot.waitUntil(lambda: viewer.drawn_points == viewer.point_count, timeout=20_000)
-    assert not viewer.detail_reduced and viewer.cloud.draw_plan is None
+    assert not viewer.detail_reduced and not viewer.refining
+    budget = viewer.frame_time_target_ms / viewer.cost_per_point_ms
+    assert viewer.refine_chunks - chunks0 >= 3           # 70 % left out, 30 % a chunk
+    assert 0 < viewer.max_chunk_points <= budget
     # the camera moves: reduced again
     viewer.view.camera.azimuth += 30.0
     viewer.render_image()
@@ -87,3 +92,38 @@ def test_level_index_follows_thinning(qtbot):
     for k in range(LOD_LEVELS):
         assert np.array_equal(v.levels.host[k][: v.levels.used[k]],
                               np.flatnonzero(m.level[: m.count] == k))
+
+
+def _screen(v):
+    """What the widget shows now: its framebuffer, read back without drawing again."""
+    from vispy.gloo import gl
+    w = v.canvas.native
+    w.makeCurrent()                              # binds the widget's framebuffer
+    try:
+        pw, ph = v.canvas.physical_size
+        buf = gl.glReadPixels(0, 0, pw, ph, gl.GL_RGBA, gl.GL_UNSIGNED_BYTE)
+    finally:
+        w.doneCurrent()
+    return np.frombuffer(buf, np.uint8).reshape(ph, pw, 4)[::-1].copy()
+
+
+def test_refinement_adds_up_to_the_full_picture(viewer, qtbot):
+    """The chunks are drawn on top of the kept picture: once refined, the screen shows what one
+    draw of every point shows (and more than the reduced draw did)."""
+    _fill(viewer, frames=20)
+    viewer.set_point_size(1.0)
+    viewer.render_image()
+    viewer.cost_per_point_ms = viewer.frame_time_target_ms / (0.15 * viewer.point_count)
+    viewer.canvas.update()
+    qtbot.waitUntil(lambda: viewer.detail_reduced, timeout=10_000)
+    reduced = _screen(viewer)
+    qtbot.waitUntil(lambda: viewer.drawn_points == viewer.point_count, timeout=20_000)
+    qtbot.wait(50)
+    refined = _screen(viewer)
+    viewer.full_render = True
+    full = viewer.render_image()
+    viewer.full_render = False
+    lr, lf, lx = _lit(reduced), _lit(refined), _lit(full)
+    print(lr.sum(), lf.sum(), lx.sum(), (lf & lx).sum() / (lf | lx).sum())
+    assert lr.sum() < 0.9 * lf.sum()
+    assert (lf & lx).sum() / (lf | lx).sum() > 0.95
