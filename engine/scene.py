@@ -124,6 +124,9 @@ class SceneModel:
         self.background = bool(background)     # compute thinning passes on a thread
         self._job: Optional[dict] = None
         self._pool = None
+        # set by the view while it uploads what the last pass rewrote: a pass that finishes
+        # meanwhile is applied afterwards, or when the budget is full (whichever comes first)
+        self.hold_passes = False
         self._generation = 0
         self.point_budget = _clamp_budget(point_budget)
         self.camera_budget = max(2 * RECENT_CAMERAS, int(camera_budget))
@@ -520,6 +523,8 @@ class SceneModel:
         budget = self.point_budget
         if self.background:
             self._finish_job(wait=False)
+            if self.count + n > budget:           # full: a finished pass is applied even if held
+                self._finish_job(wait=False, held_too=True)
             if self._job is None and self.count + n > HIGH_WATER * budget:
                 self._start_job()
             if self.count + n <= budget:
@@ -589,9 +594,9 @@ class SceneModel:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="scene-thinning")
         self._job = {"future": self._pool.submit(_plan, *args), "generation": self._generation}
 
-    def _finish_job(self, wait: bool) -> None:
+    def _finish_job(self, wait: bool, held_too: bool = False) -> None:
         job = self._job
-        if job is None or (not wait and not job["future"].done()):
+        if job is None or (not wait and ((self.hold_passes and not held_too) or not job["future"].done())):
             return
         self._job = None
         plan = job["future"].result()         # re-raises an error of the pass here

@@ -185,8 +185,9 @@ class _GrowableAttribute:
         self.uploaded_bytes += self.host.nbytes
         self.full_uploads += 1
 
-    def write(self, offset: int, rows: np.ndarray) -> None:
-        rows = np.array(rows, np.float32, copy=True).reshape(-1, self.width)   # GLIR uploads later
+    def write(self, offset: int, rows: np.ndarray, copy: bool = True) -> None:
+        """copy=False only when the GL commands are executed before `rows` can change."""
+        rows = np.array(rows, np.float32, copy=True if copy else None).reshape(-1, self.width)
         if self.host is not None:
             self.host[offset:offset + len(rows)] = rows
         self.vbo.set_subdata(rows, offset=offset)
@@ -250,9 +251,9 @@ class FrameTransforms:
 
 class LevelIndex:
     """Per draw-order level, the rows of that level in row order (host uint32 and a GPU index
-    buffer, grown by doubling). `update(model, start)` keeps them equal to the model's rows
-    [0, count): entries >= start are dropped and rows [start, count) appended, so appends cost
-    O(new rows) and a thinning pass O(rows it rewrote)."""
+    buffer, grown by doubling). `update(model, start, stop)` keeps them equal to the model's
+    rows [0, stop): entries >= start are dropped and rows [start, stop) appended, so appends
+    cost O(new rows) and a thinning pass O(rows it rewrote)."""
 
     def __init__(self, levels: int = LOD_LEVELS, capacity: int = 1 << 14):
         self.host = [np.zeros(capacity, np.uint32) for _ in range(levels)]
@@ -263,8 +264,9 @@ class LevelIndex:
     def clear(self) -> None:
         self.used = [0] * len(self.used)
 
-    def update(self, model: SceneModel, start: int) -> None:
-        lv = model.level[start:model.count]
+    def update(self, model: SceneModel, start: int, stop: Optional[int] = None) -> None:
+        stop = model.count if stop is None else stop
+        lv = model.level[start:stop]
         order = np.argsort(lv, kind="stable")
         bounds = np.searchsorted(lv[order], np.arange(len(self.used) + 1))
         for j in range(len(self.used)):
@@ -286,6 +288,23 @@ class LevelIndex:
                 self.ibo[j].set_subdata(rows.copy(), offset=n)   # GLIR uploads later
                 self.uploaded_bytes += rows.nbytes
             self.used[j] = need
+
+    def copy_prefix(self, other: "LevelIndex", row: int) -> None:
+        """Become `other`'s entries of rows < row (host copy and one upload per level)."""
+        for j in range(len(self.used)):
+            n = other.count_before(j, row)
+            if n > len(self.host[j]):
+                cap = len(self.host[j])
+                while cap < n:
+                    cap *= 2
+                self.host[j] = np.zeros(cap, np.uint32)
+                self.ibo[j] = gloo.IndexBuffer(self.host[j])
+                self.uploaded_bytes += self.host[j].nbytes
+            self.host[j][:n] = other.host[j][:n]
+            if n:
+                self.ibo[j].set_subdata(self.host[j][:n].copy(), offset=0)
+                self.uploaded_bytes += 4 * n
+            self.used[j] = n
 
     def count_before(self, level: int, row: int) -> int:
         """Entries of `level` that are rows < `row`."""
@@ -344,17 +363,21 @@ class SegmentCloudVisual(Visual):
             for a in self._attrs.values():
                 a.grow(capacity, min(self.count, capacity))
 
-    def write_rows(self, offset: int, positions, packed_colors, conf, depth, frame) -> None:
-        """Overwrite vertices [offset, offset + n) and draw the first offset + n."""
-        n = len(positions)
-        self._attrs["a_position"].write(offset, positions)
-        self._attrs["a_color"].write(offset, packed_colors)
-        self._attrs["a_conf"].write(offset, conf)
+    def write_rows(self, offset: int, positions, packed_colors, conf, depth, frame, copy: bool = True) -> None:
+        """Overwrite vertices [offset, offset + n) (`set_count` says how many are drawn)."""
+        self._attrs["a_position"].write(offset, positions, copy)
+        self._attrs["a_color"].write(offset, packed_colors, False)        # computed here: no alias
+        self._attrs["a_conf"].write(offset, conf, copy)
         self._attrs["a_depth_seg"].write(offset, np.stack([np.asarray(depth, np.float32),
-                                                           np.asarray(frame, np.float32)], 1))
-        self.count = offset + n
-        self._bind()
+                                                           np.asarray(frame, np.float32)], 1), False)
         self.update()
+
+    def set_count(self, n: int) -> None:
+        """Draw the first n vertices."""
+        if n != self.count:
+            self.count = n
+            self._bind()
+            self.update()
 
     def append(self, positions, packed_colors, conf, depth, frame) -> None:
         """Append n vertices (all arrays length n except `frame`, a scalar or [n]: the frame
@@ -599,6 +622,13 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.canvas.pre_draw = self.sync
         self.canvas.post_draw = self._measured
         self.levels = LevelIndex()               # per draw-order level: its rows (index buffers)
+        self._spare_levels = LevelIndex()        # the other of a pair: the old lists during a catch-up
+        self._stale: Optional[LevelIndex] = None
+        self._catch = None                       # a catch-up in progress (uploads in pieces)
+        self._w = self._tail_from = self._tail_hi = 0
+        self._upload_s_per_row: Optional[float] = None
+        self.catch_ups = 0
+        self.max_upload_rows: Optional[int] = None   # tests: a fixed piece instead of the measured one
         self.frame_time_target_ms = FRAME_TIME_TARGET_MS
         self.cost_per_point_ms: Optional[float] = None   # measured (moving average) per point drawn
         self.measure_cost = True                 # tests inject cost_per_point_ms and set this False
@@ -644,6 +674,11 @@ class PointCloudViewer(QtWidgets.QWidget):
             layer.clear()
         if hasattr(self, "levels"):
             self.levels.clear()
+            if self._stale is not None:
+                self._spare_levels, self._stale = self._stale, None
+            self._catch = None
+            self._w = self._tail_from = self._tail_hi = 0
+            self.scene.hold_passes = False
             self.cloud.draw_plan = None
             self._full_key = self._base = self._refinement = None
             self.drawn_points = self.paint_points = 0
@@ -735,7 +770,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         """Upload what changed since the last sync and choose what the cloud draws: called
         before each draw, so the cost is O(rows changed since the last draw) and nothing queues
         up while nothing is drawn."""
-        if self._dirty:
+        if self._dirty or self._catch is not None:       # a catch-up goes on at every draw
             self._dirty = False
             self._sync_data()
         self._plan_draw()
@@ -746,13 +781,12 @@ class PointCloudViewer(QtWidgets.QWidget):
             self._current_shown = self._last_frame
         m = self.scene
         ch = m.take_changes()
-        start = ch.points_from
         if ch.capacity_changed or self.cloud.capacity != m.capacity:
-            self.cloud.reserve(m.capacity)
-            start = 0
-        if start < m.count or m.count != self.cloud.count:
-            self._upload_rows(start, m.count)
-            self.levels.update(m, start)
+            self.cloud.reserve(m.capacity)       # re-allocated empty: everything is uploaded again
+            self._begin_catch_up(0, keep_old=False)
+        elif ch.points_from < self._tail_hi:     # a thinning pass rewrote rows the GPU holds
+            self._begin_catch_up(ch.points_from, keep_old=True)
+        self._upload_points()
         self.cloud.set_uniform("u_conf_range", m.conf_range)
         if m.depth_hi > 0:
             self.cloud.set_uniform("u_depth_range", (0.0, m.depth_hi))
@@ -769,6 +803,90 @@ class PointCloudViewer(QtWidgets.QWidget):
             self.frame_xf.write(ch.transforms_from, m.frame_matrices(ch.transforms_from, ch.frames))
             for layer in self._layers:
                 layer.set_uniform("u_xf_rows", float(self.frame_xf.rows))
+
+    # -- uploads in pieces ---------------------------------------------------------------------
+    # The GPU rows [0, _w) and [_tail_from, _tail_hi) equal the model's; rows [_w, _tail_from)
+    # still hold what they held before the last thinning pass rewrote them (a "catch-up" is in
+    # progress while _w < _tail_from). Each draw uploads the new rows and the newest frames
+    # first, then at most UPLOAD_ROWS_PER_DRAW rewritten rows, so a pass over millions of rows
+    # costs a few bounded draws, not one draw of seconds. Meanwhile the previous level index
+    # lists (`_stale`: rows of the layout before the pass, whose GPU rows from _w on are still
+    # that layout's) are drawn too, so nothing disappears; the model holds back the next pass
+    # until the catch-up is done.
+    def _begin_catch_up(self, row: int, keep_old: bool) -> None:
+        """Rows from `row` on were rewritten (keep_old: the GPU rows still hold the old layout;
+        False after the buffers were re-allocated empty)."""
+        m = self.scene
+        row = min(row, self._w)
+        if not keep_old:                         # nothing of the old layout is left on the GPU
+            if self._stale is not None:
+                self._spare_levels, self._stale = self._stale, None
+            self.levels.update(m, row, row)      # truncate
+        elif self._catch is None:                # the lists of the old layout are drawn meanwhile
+            self._stale, self.levels = self.levels, self._spare_levels
+            self.levels.copy_prefix(self._stale, row)
+        else:                                    # another pass while catching up: the old lists
+            self.levels.update(m, row, row)      # still point at rows of an older layout
+        self._catch = True
+        self._w = row
+        self._tail_from = self._tail_hi = max(row, m.count)
+        m.hold_passes = True
+
+    def _upload_points(self) -> None:
+        m = self.scene
+        n = m.count
+        if self._catch is None:                  # only new rows (or rows removed at the end)
+            if self._tail_hi != n:
+                self._upload_rows(min(self._tail_hi, n), n)
+                self.levels.update(m, min(self._tail_hi, n))
+            self._w = self._tail_from = self._tail_hi = n
+            self.cloud.set_count(n)
+            return
+        if n < self._tail_hi:                    # rows removed (a budget lowered): start again
+            self._tail_hi = self._tail_from = max(self._w, n)
+        if self._tail_hi < n:                    # appended since
+            self._upload_rows(self._tail_hi, n)
+            self._tail_hi = n
+        live_from = m.first_row_of_frame(max(0, m.frames_added - LIVE_FRAMES))
+        if self._w <= live_from < self._tail_from:     # the newest frames before the rest
+            self._upload_rows(live_from, self._tail_from)
+            self._tail_from = live_from
+        t0 = time.perf_counter()
+        step = self.upload_rows_per_draw
+        if self.canvas.offscreen and self.full_render:
+            step = self._tail_from              # a screenshot shows the model as it is
+        hi = min(self._w + step, self._tail_from)
+        if hi > self._w:
+            self._upload_rows(self._w, hi)
+            self.levels.update(m, self._w, hi)
+            dt = (time.perf_counter() - t0) / (hi - self._w)
+            self._upload_s_per_row = dt if self._upload_s_per_row is None else 0.7 * self._upload_s_per_row + 0.3 * dt
+            self._w = hi
+        if self._w >= self._tail_from:           # caught up: the tail rows join the index lists
+            self.levels.update(m, self._w, n)
+            self._w = self._tail_from = self._tail_hi = n
+            self._catch = None
+            if self._stale is not None:
+                self._spare_levels, self._stale = self._stale, None
+            m.hold_passes = False
+            self.catch_ups += 1
+        self.cloud.set_count(self._tail_hi)
+
+    @property
+    def upload_rows_per_draw(self) -> int:
+        """Rewritten rows uploaded per draw: half the frame-time target at the measured upload
+        cost per row (at least UPLOAD_CHUNK / 4)."""
+        if self.max_upload_rows is not None:
+            return self.max_upload_rows
+        per_row = self._upload_s_per_row
+        if per_row is None:
+            return UPLOAD_CHUNK
+        return max(UPLOAD_CHUNK // 4, int(0.5e-3 * self.frame_time_target_ms / max(per_row, 1e-12)))
+
+    @property
+    def catching_up(self) -> bool:
+        """Whether rows a thinning pass rewrote are still being uploaded (a piece per draw)."""
+        return self._catch is not None
 
     # -- level of detail ----------------------------------------------------------------------
     def _still_key(self) -> tuple:
@@ -807,7 +925,20 @@ class PointCloudViewer(QtWidgets.QWidget):
             level, drawn, live_from = LOD_LEVELS - 1, m.count, m.count
         else:
             live_from = m.first_row_of_frame(max(0, m.frames_added - LIVE_FRAMES))
-            level, drawn = m.choose_detail(self._point_budget_now(), live_from)
+            budget = self._point_budget_now()
+            if self._catch is not None:
+                live_from = min(live_from, self._tail_from)    # uploaded, not yet in the lists
+                budget /= 2 if self._stale is not None else 1   # the old lists are drawn too
+            level, drawn = m.choose_detail(budget, live_from)
+        if self._catch is not None and m.count and not (offscreen and self.full_render):
+            views = [(self.levels.ibo[j], self.levels.count_before(j, min(self._w, live_from)))
+                     for j in range(level + 1)]
+            if self._stale is not None:
+                views += [(self._stale.ibo[j], self._stale.used[j]) for j in range(level + 1)]
+            self.cloud.draw_plan = (views, (live_from, self._tail_hi - live_from))
+            self.paint_points = sum(k for _, k in views) + self._tail_hi - live_from
+            self._set_drawn(min(drawn, m.count - 1))
+            return                               # refined once caught up
         self.paint_points = drawn
         if drawn >= m.count:
             self.cloud.draw_plan = None
@@ -888,6 +1019,8 @@ class PointCloudViewer(QtWidgets.QWidget):
             self.cost_per_point_ms = c if self.cost_per_point_ms is None else 0.7 * self.cost_per_point_ms + 0.3 * c
         if self._refinement is not None and self.canvas.refining:
             self._step_timer.start(REFINE_PAUSE_MS)
+        if self._catch is not None:
+            self.canvas.update()                 # the next piece (at the capped redraw rate)
 
     def _idle_elapsed(self) -> None:
         """The camera and the scene stood still IDLE_REFINE_MS since the last cleared draw:
@@ -925,9 +1058,10 @@ class PointCloudViewer(QtWidgets.QWidget):
         a soak run, docs/benchmarks_gui.md). Outside a draw (tests) the chunks queue as before."""
         m = self.scene
         flush = self.canvas._in_pre_draw
-        for a in range(lo, max(hi, lo + 1), UPLOAD_CHUNK):
+        for a in range(lo, hi, UPLOAD_CHUNK):
             s = slice(a, min(hi, a + UPLOAD_CHUNK))
-            self.cloud.write_rows(a, m.positions[s], pack_rgb(m.colors[s]), m.conf[s], m.depth[s], m.frame[s])
+            self.cloud.write_rows(a, m.positions[s], pack_rgb(m.colors[s]), m.conf[s], m.depth[s], m.frame[s],
+                                  copy=not flush)
             if flush:
                 self.canvas.context.flush_commands()
 

@@ -127,3 +127,53 @@ def test_refinement_adds_up_to_the_full_picture(viewer, qtbot):
     print(lr.sum(), lf.sum(), lx.sum(), (lf & lx).sum() / (lf | lx).sum())
     assert lr.sum() < 0.9 * lf.sum()
     assert (lf & lx).sum() / (lf | lx).sum() > 0.95
+
+
+def test_thinning_pass_is_uploaded_in_pieces(qtbot):
+    """The rows a thinning pass rewrote go to the GPU a bounded piece per draw, the newest
+    frames first; meanwhile the old layout's lists are drawn too (the picture does not lose
+    what it showed) and the model holds back the next pass; afterwards the lists equal the
+    model's."""
+    v = PointCloudViewer(capacity=1 << 17, point_budget=100_000)
+    qtbot.addWidget(v)
+    v.resize(320, 240)
+    v.show()
+    qtbot.waitExposed(v)
+    v.measure_cost = False
+    v.cost_per_point_ms = 1e-9                   # draw everything: the picture is comparable
+    v.max_upload_rows = 7000
+    spans = []
+    upload = v._upload_rows
+    v._upload_rows = lambda lo, hi: (spans.append((lo, hi, v._w)), upload(lo, hi))[1]
+    m = v.scene
+    i = 0
+    while not v.catching_up and i < 80:
+        before = v.render_image()
+        v.add_frames([_frame(i, x=0.05 * i)])
+        i += 1
+        if m.thinning_passes:
+            m.wait()                             # the pass is applied: rows rewritten
+        v.render_image()
+    assert v.catching_up and m.hold_passes
+    draws = 1
+    while v.catching_up:
+        spans.clear()
+        img = v.render_image()
+        draws += 1
+        assert _lit(img).sum() >= 0.9 * _lit(before).sum()   # old rows still drawn meanwhile
+        # the catch-up's piece (the span from its pointer) is bounded
+        assert all(hi - lo <= v.max_upload_rows for lo, hi, w in spans if lo == w)
+        assert draws < 100
+    assert draws >= 3 and v.catch_ups == 1 and not m.hold_passes
+    for k in range(LOD_LEVELS):
+        assert np.array_equal(v.levels.host[k][: v.levels.used[k]], np.flatnonzero(m.level[: m.count] == k))
+    # the GPU now holds the model's rows: the same picture as after uploading them in one piece
+    full = v.render_image()
+    m._dirty_points, m._capacity_changed = 0, True
+    v.max_upload_rows = None
+    v._dirty = True
+    ref = v.render_image()
+    # (the same lit pixels; where points of several frames coincide exactly, a handful of
+    # pixels may take a neighbouring point's colour)
+    assert not v.catching_up and np.array_equal(_lit(ref), _lit(full))
+    assert (np.abs(ref.astype(int) - full.astype(int)).sum(-1) > 0).mean() < 1e-3
