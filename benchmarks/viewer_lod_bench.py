@@ -83,7 +83,7 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
     hb = QtCore.QTimer(interval=5)
     hb.timeout.connect(beat)
     drawn = []
-    v.canvas.events.draw.connect(lambda e: drawn.append(v.drawn_points), position="last")
+    v.canvas.events.draw.connect(lambda e: drawn.append(v.paint_points), position="last")
 
     def add():
         nonlocal i

@@ -136,6 +136,12 @@ class SceneModel:
     def clear(self) -> None:
         """An empty scene (a new run)."""
         self._generation = getattr(self, "_generation", 0) + 1    # a running pass is dropped
+        job = getattr(self, "_job", None)
+        if job is not None:                  # it may be writing rows: let it stop (it checks the
+            try:                             # generation between chunks) before reusing them
+                job["future"].result()
+            except Exception:
+                pass
         self._job = None
         if getattr(self, "capacity", self.point_budget + 1) > self.point_budget:
             self._alloc_points(min(self._initial_capacity, self.point_budget))
@@ -256,6 +262,9 @@ class SceneModel:
     def _append_points(self, pts, colors, conf, depth, seg: int, kf: bool) -> None:
         n = len(pts)
         need = self.count + n
+        if need > self.capacity and self._job is not None:
+            self._finish_job(wait=True)        # (only after a raised budget: jobs start at capacity)
+            need = self.count + n
         if need > self.capacity:
             cap = self.capacity
             while cap < need:
@@ -567,8 +576,11 @@ class SceneModel:
         self._apply(_plan(*self._coarsen_args()))
 
     def _apply(self, p: "_Plan") -> None:
-        self.conf[p.rows] = p.best
-        self._compact(p.lo, p.rows, p.tail)
+        if p.level_delta is None:             # synchronous pass: gather here
+            self._gather(p)
+        self._move_tail(p.lo + len(p.rows), p.tail, p.lo)
+        self.level_counts += p.level_delta
+        self.rows_rewritten += len(p.rows)
         self._vkeys = p.vkeys
         self.thinned = p.lo + len(p.rows)
         if p.lo == 0 and self.voxel is not None and p.voxel != self.voxel:
@@ -581,6 +593,9 @@ class SceneModel:
     # of an old run is dropped.
     def _start_job(self) -> None:
         budget = self.point_budget
+        if self.capacity < budget:           # the thread writes into the arrays: none re-allocated
+            self._alloc_points(budget, keep=self.count)    # while it runs
+            self._capacity_changed = True
         if self.thinned > OLD_FRACTION * budget:
             args = self._coarsen_args()
         else:
@@ -592,7 +607,15 @@ class SceneModel:
         if self._pool is None:      # one long-lived thread: its malloc arena is reused, not one per pass
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="scene-thinning")
-        self._job = {"future": self._pool.submit(_plan, *args), "generation": self._generation}
+        self._job = {"future": self._pool.submit(self._background_pass, args, self._generation),
+                     "generation": self._generation}
+
+    def _background_pass(self, args: tuple, generation: int) -> "_Plan":
+        """On the pass's thread: the plan, then the gathers of its region."""
+        p = _plan(*args)
+        if generation == self._generation:
+            self._gather(p, generation)
+        return p
 
     def _finish_job(self, wait: bool, held_too: bool = False) -> None:
         job = self._job
@@ -612,24 +635,39 @@ class SceneModel:
         ext = float(np.linalg.norm(np.percentile(p, 95, axis=0) - np.percentile(p, 5, axis=0)))
         return max(ext, 1e-6) / 1024.0
 
-    def _compact(self, dst: int, rows: np.ndarray, tail: int) -> None:
-        """Write `rows` at dst.., then the rows [tail, count) right behind them."""
-        k = len(rows)
-        m = self.count - tail
+    _ROW_ARRAYS = ("positions", "colors", "conf", "depth", "segment", "frame", "keyframe", "level")
+
+    def _gather(self, p: "_Plan", generation: Optional[int] = None) -> None:
+        """Move the kept rows of [p.lo, p.tail) to p.lo.. (with their voxels' best confidence)
+        and note the change of the per-level counts in p.level_delta. Only rows of the pass's
+        region are touched -- rows that appends never touch -- so a background pass does this
+        on its thread (the expensive gathers); it stops early if the scene was cleared."""
+        lo, rows, k = p.lo, p.rows, len(p.rows)
+        removed = np.bincount(self.level[lo:p.tail], minlength=LOD_LEVELS)
+        self.conf[rows] = p.best
         c = PASS_CHUNK                # in chunks: scratch of one chunk, not of every row moved
-        self.level_counts -= np.bincount(self.level[dst:self.count], minlength=LOD_LEVELS)
-        for name in ("positions", "colors", "conf", "depth", "segment", "frame", "keyframe", "level"):
+        for name in self._ROW_ARRAYS:
             a = getattr(self, name)
-            # rows are sorted and rows[j] >= dst + j: a chunk never overwrites a later chunk's source
+            # rows are sorted and rows[j] >= lo + j: a chunk never overwrites a later chunk's source
             for j in range(0, k, c):
-                a[dst + j:dst + min(k, j + c)] = a[rows[j:j + c]]      # fancy indexing copies
-            for j in range(0, m, c):  # moving down (dst + k <= tail): front to back is safe
+                if generation is not None and generation != self._generation:
+                    return
+                a[lo + j:lo + min(k, j + c)] = a[rows[j:j + c]]      # fancy indexing copies
+        p.level_delta = np.bincount(self.level[lo:lo + k], minlength=LOD_LEVELS) - removed
+
+    def _move_tail(self, dst: int, tail: int, changed_from: int) -> None:
+        """Move the rows [tail, count) down to dst (what the caller's thread does of a pass:
+        O(rows after the pass's region), plain memory moves)."""
+        m = self.count - tail
+        c = PASS_CHUNK
+        for name in self._ROW_ARRAYS:
+            a = getattr(self, name)
+            for j in range(0, m, c):  # moving down (dst <= tail): front to back is safe
                 e = min(m, j + c)
-                a[dst + k + j:dst + k + e] = a[tail + j:tail + e]     # numpy handles the overlap
-        self.count = dst + k + m
-        self.level_counts += np.bincount(self.level[dst:self.count], minlength=LOD_LEVELS)
-        self.rows_rewritten += k + m
-        self._dirty_points = min(self._dirty_points, dst)
+                a[dst + j:dst + e] = a[tail + j:tail + e]     # numpy handles the overlap
+        self.count = dst + m
+        self.rows_rewritten += m
+        self._dirty_points = min(self._dirty_points, changed_from)
 
     # -- queries ------------------------------------------------------------------------------
     def world_positions(self, rows: slice = slice(None)) -> np.ndarray:
@@ -687,6 +725,7 @@ class _Plan:
     best: np.ndarray
     vkeys: np.ndarray
     voxel: float
+    level_delta: Optional[np.ndarray] = None    # set once the kept rows are gathered (_gather)
 
 
 def _voxel_hash(pos, kf, seg, voxel: float) -> np.ndarray:

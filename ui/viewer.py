@@ -623,6 +623,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.canvas.post_draw = self._measured
         self.levels = LevelIndex()               # per draw-order level: its rows (index buffers)
         self._spare_levels = LevelIndex()        # the other of a pair: the old lists during a catch-up
+        self._tail_levels = LevelIndex()         # during a catch-up: rows from _tail_from on
         self._stale: Optional[LevelIndex] = None
         self._catch = None                       # a catch-up in progress (uploads in pieces)
         self._w = self._tail_from = self._tail_hi = 0
@@ -829,7 +830,11 @@ class PointCloudViewer(QtWidgets.QWidget):
             self.levels.update(m, row, row)      # still point at rows of an older layout
         self._catch = True
         self._w = row
-        self._tail_from = self._tail_hi = max(row, m.count)
+        # the newest frames' rows and those appended from now on form the tail: uploaded at
+        # once, with index lists of their own (append-only) until the catch-up reaches them
+        live_from = m.first_row_of_frame(max(0, m.frames_added - LIVE_FRAMES))
+        self._tail_from = self._tail_hi = min(max(row, live_from), m.count)
+        self._tail_levels.clear()
         m.hold_passes = True
 
     def _upload_points(self) -> None:
@@ -844,13 +849,11 @@ class PointCloudViewer(QtWidgets.QWidget):
             return
         if n < self._tail_hi:                    # rows removed (a budget lowered): start again
             self._tail_hi = self._tail_from = max(self._w, n)
-        if self._tail_hi < n:                    # appended since
+            self._tail_levels.clear()
+        if self._tail_hi < n:                    # the newest frames and rows appended since
             self._upload_rows(self._tail_hi, n)
+            self._tail_levels.update(m, self._tail_hi, n)
             self._tail_hi = n
-        live_from = m.first_row_of_frame(max(0, m.frames_added - LIVE_FRAMES))
-        if self._w <= live_from < self._tail_from:     # the newest frames before the rest
-            self._upload_rows(live_from, self._tail_from)
-            self._tail_from = live_from
         t0 = time.perf_counter()
         step = self.upload_rows_per_draw
         if self.canvas.offscreen and self.full_render:
@@ -864,6 +867,7 @@ class PointCloudViewer(QtWidgets.QWidget):
             self._w = hi
         if self._w >= self._tail_from:           # caught up: the tail rows join the index lists
             self.levels.update(m, self._w, n)
+            self._tail_levels.clear()
             self._w = self._tail_from = self._tail_hi = n
             self._catch = None
             if self._stale is not None:
@@ -927,14 +931,15 @@ class PointCloudViewer(QtWidgets.QWidget):
             live_from = m.first_row_of_frame(max(0, m.frames_added - LIVE_FRAMES))
             budget = self._point_budget_now()
             if self._catch is not None:
-                live_from = min(live_from, self._tail_from)    # uploaded, not yet in the lists
+                live_from = max(live_from, self._tail_from)
                 budget /= 2 if self._stale is not None else 1   # the old lists are drawn too
             level, drawn = m.choose_detail(budget, live_from)
         if self._catch is not None and m.count and not (offscreen and self.full_render):
-            views = [(self.levels.ibo[j], self.levels.count_before(j, min(self._w, live_from)))
-                     for j in range(level + 1)]
+            views = [(self.levels.ibo[j], self.levels.count_before(j, self._w)) for j in range(level + 1)]
             if self._stale is not None:
                 views += [(self._stale.ibo[j], self._stale.used[j]) for j in range(level + 1)]
+            views += [(self._tail_levels.ibo[j], self._tail_levels.count_before(j, live_from))
+                      for j in range(level + 1)]
             self.cloud.draw_plan = (views, (live_from, self._tail_hi - live_from))
             self.paint_points = sum(k for _, k in views) + self._tail_hi - live_from
             self._set_drawn(min(drawn, m.count - 1))
