@@ -68,6 +68,8 @@ FRAME_TIME_TARGET_MS = default("display/frame_time_target_ms")
 LIVE_FRAMES = 2                 # newest frames drawn in full whatever the detail
 IDLE_REFINE_MS = 500            # camera and scene still this long: start adding what was left out
 REFINE_PAUSE_MS = 5             # between refinement chunks: the event loop runs in between
+REFINE_CHUNK_TARGETS = 2        # a refinement chunk: this many frame-time targets of points (the
+                                # view is still; larger chunks spend less on each paint's fixed cost)
 PROBE_POINTS = 200_000          # drawn at most before the cost per point has been measured
 
 _VERT = """
@@ -884,7 +886,7 @@ class PointCloudViewer(QtWidgets.QWidget):
             return self.max_upload_rows
         per_row = self._upload_s_per_row
         if per_row is None:
-            return UPLOAD_CHUNK
+            return UPLOAD_CHUNK // 4
         return max(UPLOAD_CHUNK // 4, int(0.5e-3 * self.frame_time_target_ms / max(per_row, 1e-12)))
 
     @property
@@ -989,7 +991,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         """The next at most frame-time-target's worth of left-out points, in draw order, drawn
         on top of the picture (indices copied into one small index buffer)."""
         r = self._refinement
-        left = max(1, int(self._point_budget_now()))
+        left = max(1, int(REFINE_CHUNK_TARGETS * self._point_budget_now()))
         parts = []
         while left > 0 and r["level"] < len(r["queue"]):
             q = r["queue"][r["level"]]
