@@ -20,11 +20,14 @@ Level of detail: a software rasteriser (Mesa llvmpipe) draws ~1 M points a secon
 the full 4 M-point budget would be a slideshow that blocks the GUI thread for seconds per
 redraw. The view therefore draws the largest prefix of the scene model's draw order (levels,
 `SceneModel.choose_detail`: spatially even) that fits `frame_time_target_ms` at the measured
-cost per point, plus the newest LIVE_FRAMES frames in full (the live edge stays sharp), and
-draws everything once the camera and the scene have stood still for IDLE_REFINE_MS. Each level
-keeps an index list of its rows (`LevelIndex`: append-only, truncated and refilled only from
-the first row a thinning pass rewrote), so a reduced draw is one glDrawElements per level plus
-one glDrawArrays of the live rows: its cost is that of the points drawn, not of the scene.
+cost per point, plus the newest LIVE_FRAMES frames in full (the live edge stays sharp). Each
+level keeps an index list of its rows (`LevelIndex`: append-only, truncated and refilled only
+from the first row a thinning pass rewrote), so a reduced draw is one glDrawElements per level
+plus one glDrawArrays of the live rows: its cost is that of the points drawn, not of the scene.
+Nothing on the GUI thread is allowed to cost seconds: once the camera and the scene have stood
+still for IDLE_REFINE_MS the left-out points are added in chunks, one per paint, on top of the
+picture the widget keeps (no clear); the rows a thinning pass rewrote are uploaded a bounded
+piece per draw while the previous layout's lists keep the picture whole ("uploads in pieces").
 `detail_changed` tells the window when detail is reduced (`detail_text`).
 
 The viewer does no geometry: points come back-projected by `engine.geometry` (see ui/display.py);
@@ -487,8 +490,8 @@ class ViewerCanvas(scene.SceneCanvas):
     at the flush), and `post_draw(ms)` hands that time less the uploads (`pre_draw`: after a
     thinning pass they are millions of rows, which says nothing of the cost per point drawn)
     to the viewer's level of detail. A
-    draw with `refining` set (the idle full-detail draw) stays out of the average that spaces
-    redraws."""
+    draw with `refining` set (a refinement chunk) stays out of the average that spaces redraws;
+    one with `accumulate` set is drawn over the kept picture (no clear)."""
 
     DRAW_BUDGET = 0.5
     MAX_FPS = 60.0
