@@ -57,7 +57,9 @@ def test_still_view_is_refined_to_full_detail(viewer, qtbot):
     _fill(viewer)
     viewer.render_image()
     viewer.cost_per_point_ms = viewer.frame_time_target_ms / (0.3 * viewer.point_count)
-    viewer.canvas.update()
+    texts = set()                                # what the status bar is told
+    viewer.detail_changed.connect(lambda _f: texts.add(viewer.detail_text))
+    viewer.view.camera.azimuth += 1.0            # a new picture: reduced until the view is still
     qtbot.waitUntil(lambda: viewer.detail_reduced, timeout=10_000)
     # nothing moves: the idle refinement adds what was left out, a bounded chunk per draw
     chunks0 = viewer.refine_chunks
@@ -66,6 +68,9 @@ def test_still_view_is_refined_to_full_detail(viewer, qtbot):
     budget = REFINE_CHUNK_TARGETS * viewer.frame_time_target_ms / viewer.cost_per_point_ms
     assert viewer.refine_chunks - chunks0 >= 2           # 70 % left out, 60 % a chunk
     assert 0 < viewer.max_chunk_points <= budget
+    # the status bar's words: reduced while moving, then refining, then nothing (full detail)
+    assert any(t.endswith("while moving") for t in texts) and any(t.endswith(", refining") for t in texts)
+    assert viewer.detail_text == ""
     # the camera moves: reduced again
     viewer.view.camera.azimuth += 30.0
     viewer.render_image()
