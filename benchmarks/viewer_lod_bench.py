@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     stop = threading.Event()
     if not a.no_engine_load:
         threading.Thread(target=_engine_load, args=(stop,), daemon=True).start()
-    renderer = "?"
+    renderer, empty = "?", ""
     try:
         from vispy import gloo
 
@@ -198,12 +198,21 @@ def main(argv=None) -> int:
         app.processEvents()
         v.canvas.set_current()
         renderer = gloo.gl.glGetParameter(gloo.gl.GL_RENDERER)
+        v.resize(1280, 800)
+        app.processEvents()
+        paints = []
+        for _ in range(10):                   # a paint's fixed cost: nothing to draw
+            t0 = time.perf_counter()
+            v.canvas.native.repaint()
+            app.processEvents()
+            paints.append(1e3 * (time.perf_counter() - t0))
+        empty = f"; an empty paint {np.median(paints):.0f} ms (our draw {v.canvas.draw_ms:.0f} ms)"
         v.close()
     except Exception as e:  # the figures stand without the renderer's name
         renderer = f"unknown ({e})"
     print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start; "
           f"GL renderer: {renderer}; QT_QPA_PLATFORM={os.environ.get('QT_QPA_PLATFORM', '')}; "
-          f"LP_NUM_THREADS={os.environ.get('LP_NUM_THREADS', '')}")
+          f"LP_NUM_THREADS={os.environ.get('LP_NUM_THREADS', '')}{empty}")
     print(f"frame-time target {a.target_ms:g} ms, frames of {FRAME_POINTS:,} points every 100 ms for "
           f"{a.live:g} s, engine load thread {'off' if a.no_engine_load else 'on'}, window 1280x800")
     print(f"{'points':>10} {'redraws/s':>9} {'per draw (med.)':>15} {'ns/point':>9} {'gap p50 ms':>10} "

@@ -38,10 +38,12 @@ comes only after the rest has been filled again, and a pass costs O(rows it touc
 amortised O(1) per appended point and never O(total) per frame. Rows before the first one a pass
 rewrote stay where they are, so the view re-uploads only the rewritten tail.
 
-`background=True` (the viewer's choice): a pass starts at HIGH_WATER of the budget and computes
-its plan (hashing, sorting) on a thread; the caller's thread applies it at a later frame (moves
-rows) and waits for it only if the budget fills first. Without it (tests, tools) passes are
-synchronous and deterministic.
+`background=True` (the viewer's choice): a pass starts at HIGH_WATER of the budget; its thread
+computes the plan (hashing, sorting) and gathers the kept rows (rows appends never touch); the
+caller's thread applies it at a later frame (moves the rows after the pass's region down) and
+never waits for it: if the budget fills first, a new frame keeps an even subsample of what fits
+(`points_skipped`). `hold_passes` lets the view finish uploading the previous pass first.
+Without it (tests, tools) passes are synchronous and deterministic.
 
 Level of detail (the view's draw order): every point gets a *level* as it arrives, from its
 rank among the points of its voxel on a few nested grids (per segment): the fine LOD grid
