@@ -792,6 +792,8 @@ class PointCloudViewer(QtWidgets.QWidget):
             self._begin_catch_up(0, keep_old=False)
         elif ch.points_from < self._tail_hi:     # a thinning pass rewrote rows the GPU holds
             self._begin_catch_up(ch.points_from, keep_old=True)
+        elif self._catch is None and m.count - self._tail_hi > self.upload_rows_per_draw:
+            self._begin_catch_up(self._tail_hi, keep_old=False)   # a large batch: in pieces too
         self._upload_points()
         self.cloud.set_uniform("u_conf_range", m.conf_range)
         if m.depth_hi > 0:
@@ -1071,7 +1073,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         for a in range(lo, hi, UPLOAD_CHUNK):
             s = slice(a, min(hi, a + UPLOAD_CHUNK))
             self.cloud.write_rows(a, m.positions[s], pack_rgb(m.colors[s]), m.conf[s], m.depth[s], m.frame[s],
-                                  copy=not flush)
+                                  not flush)     # copy only when the commands wait for a draw
             if flush:
                 self.canvas.context.flush_commands()
 

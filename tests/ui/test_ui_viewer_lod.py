@@ -123,11 +123,12 @@ def test_refinement_adds_up_to_the_full_picture(viewer, qtbot):
     viewer.set_point_size(1.0)
     viewer.render_image()
     viewer.cost_per_point_ms = viewer.frame_time_target_ms / (0.15 * viewer.point_count)
+    viewer._idle.setInterval(600_000)            # (the view "stands still" when the test says so)
     viewer.view.camera.azimuth += 1.0            # a new picture: reduced, refined after a wait
     qtbot.waitUntil(lambda: viewer.detail_reduced, timeout=10_000)
-    viewer._idle.stop()                          # (hold the refinement while reading the screen)
     reduced = _screen(viewer)
     assert not viewer.refining
+    viewer._idle.setInterval(0)
     viewer._idle.start()
     qtbot.waitUntil(lambda: viewer.drawn_points == viewer.point_count, timeout=20_000)
     qtbot.wait(50)
@@ -189,3 +190,35 @@ def test_thinning_pass_is_uploaded_in_pieces(qtbot):
     # pixels may take a neighbouring point's colour)
     assert not v.catching_up and np.array_equal(_lit(ref), _lit(full))
     assert (np.abs(ref.astype(int) - full.astype(int)).sum(-1) > 0).mean() < 1e-3
+
+
+def test_large_batch_is_uploaded_in_pieces_newest_first(qtbot):
+    """Many frames at once (a slow GUI gets large batches): the newest frames are drawn at the
+    first draw, the rest arrives a bounded piece per draw; appends stay O(new rows)."""
+    v = PointCloudViewer(capacity=1 << 17, point_budget=1_000_000)
+    qtbot.addWidget(v)
+    v.resize(320, 240)
+    v.show()
+    qtbot.waitExposed(v)
+    v.measure_cost, v.cost_per_point_ms = False, 1e-9
+    v.add_frames([_frame(0)])
+    v.render_image()
+    before = v.cloud.uploaded_bytes
+    v.max_upload_rows = 6000
+    v.add_frames([_frame(i, x=0.03 * i) for i in range(1, 11)])      # 48,000 new rows
+    m = v.scene
+    v.render_image()
+    assert v.catching_up
+    views, (first, n) = v.cloud.draw_plan
+    live_from = m.first_row_of_frame(m.frames_added - LIVE_FRAMES)
+    assert first == live_from and first + n == m.count              # the newest frames: drawn
+    draws = 1
+    while v.catching_up:
+        v.render_image()
+        draws += 1
+        assert draws < 50
+    assert draws >= 5                                               # 38,400 rows / 6,000 a draw
+    # every new row went up once (28 B a row), nothing before them again
+    assert v.cloud.uploaded_bytes - before == 28 * 48_000
+    for k in range(LOD_LEVELS):
+        assert np.array_equal(v.levels.host[k][: v.levels.used[k]], np.flatnonzero(m.level[: m.count] == k))
