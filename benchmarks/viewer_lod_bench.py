@@ -8,10 +8,13 @@ mark, as in a long run) the scene is filled with synthetic frames (a wavy terrai
 100 ms on the GUI thread (as the run's batches arrive) while a background thread does numpy
 work (an engine's CPU load, --no-engine-load to drop it) and a 5 ms heartbeat timer records the
 event loop's gaps. Then frames stop and the view is left alone: "full detail after" is the time
-from the last frame until a draw has shown every point. One command, one table:
+from the last frame until a draw has shown every point (the refinement chunks added up).
+"per draw" is the median of the points each draw drew. `--phases` also prints, per size, how long
+the GUI thread's calls took during the live part (frames added, uploads, draws, thinning passes
+applied). One command, one table:
 
     xvfb-run -a -s "-screen 0 1600x1000x24" python -m benchmarks.viewer_lod_bench [--sizes 1,2,4]
-        [--live 15] [--target-ms 50]
+        [--live 15] [--target-ms 50] [--phases]
     # a GPU machine without a display (hardware GL through EGL):
     QT_QPA_PLATFORM=offscreen python -m benchmarks.viewer_lod_bench
 """
@@ -27,6 +30,48 @@ from types import SimpleNamespace
 import numpy as np
 
 FRAME_POINTS = 20_000
+
+
+class PhaseTimer:
+    """--phases: time what the GUI thread does per call during the live part (frames added
+    with the scene's thinning; uploads before a draw; the whole draw), so a long event-loop gap
+    can be told apart. Wraps methods of the classes for the run; `restore` undoes it."""
+
+    def __init__(self):
+        from engine.scene import SceneModel
+        from ui.viewer import PointCloudViewer, ViewerCanvas
+        self.on = False
+        self.times: dict = {}
+        self._saved = []
+        for cls, name, tag in ((PointCloudViewer, "add_frames", "add frames"),
+                               (PointCloudViewer, "_sync_data", "uploads before a draw"),
+                               (ViewerCanvas, "on_draw", "draw (uploads included)"),
+                               (SceneModel, "_apply", "thinning pass applied")):
+            self._wrap(cls, name, tag)
+
+    def _wrap(self, cls, name, tag):
+        f = getattr(cls, name)
+        self._saved.append((cls, name, f))
+
+        def timed(obj, *a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return f(obj, *a, **kw)
+            finally:
+                if self.on:
+                    self.times.setdefault(tag, []).append(1e3 * (time.perf_counter() - t0))
+        setattr(cls, name, timed)
+
+    def restore(self):
+        for cls, name, f in self._saved:
+            setattr(cls, name, f)
+
+    def report(self, size: int) -> None:
+        for tag, t in self.times.items():
+            a = np.asarray(t)
+            print(f"    {size / 1e6:.1f} M, {tag}: {len(a)} calls, p50 {np.median(a):.1f} ms, "
+                  f"p99 {np.percentile(a, 99):.1f} ms, max {a.max():.1f} ms", flush=True)
+        self.times = {}
 
 
 def _terrain_frame(i: int, rng) -> SimpleNamespace:
@@ -54,7 +99,7 @@ def _engine_load(stop: threading.Event) -> None:
         a += 1.0
 
 
-def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: float) -> dict:
+def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: float, phases=None) -> dict:
     from PySide6 import QtCore
 
     from ui.viewer import PointCloudViewer
@@ -83,7 +128,7 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
     hb = QtCore.QTimer(interval=5)
     hb.timeout.connect(beat)
     drawn = []
-    v.canvas.events.draw.connect(lambda e: drawn.append(v.drawn_points), position="last")
+    v.canvas.events.draw.connect(lambda e: drawn.append(v.paint_points), position="last")
 
     def add():
         nonlocal i
@@ -93,6 +138,8 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
     feed.timeout.connect(add)
     d0 = v.canvas.draws
     last[0] = time.perf_counter()
+    if phases is not None:
+        phases.on = True
     hb.start()
     feed.start()
     t0 = time.perf_counter()
@@ -100,6 +147,8 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
         app.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents, 50)
         time.sleep(0.001)
     feed.stop()
+    if phases is not None:
+        phases.on = False
     live_wall = time.perf_counter() - t0
     live_draws = v.canvas.draws - d0
     live_gaps = np.asarray(gaps + [time.perf_counter() - last[0]]) * 1e3   # the gap still open counts
@@ -132,13 +181,14 @@ def main(argv=None) -> int:
     ap.add_argument("--target-ms", type=float, default=50.0, help="the viewer's frame-time target")
     ap.add_argument("--still-max", type=float, default=20.0, help="give up waiting for full detail after this")
     ap.add_argument("--no-engine-load", action="store_true", help="no background numpy thread")
+    ap.add_argument("--phases", action="store_true", help="also time the GUI thread's calls by phase (live part)")
     a = ap.parse_args(argv)
     from PySide6 import QtWidgets
     app = QtWidgets.QApplication.instance() or QtWidgets.QApplication([])
     stop = threading.Event()
     if not a.no_engine_load:
         threading.Thread(target=_engine_load, args=(stop,), daemon=True).start()
-    renderer = "?"
+    renderer, empty = "?", ""
     try:
         from vispy import gloo
 
@@ -148,22 +198,35 @@ def main(argv=None) -> int:
         app.processEvents()
         v.canvas.set_current()
         renderer = gloo.gl.glGetParameter(gloo.gl.GL_RENDERER)
+        v.resize(1280, 800)
+        app.processEvents()
+        paints = []
+        for _ in range(10):                   # a paint's fixed cost: nothing to draw
+            t0 = time.perf_counter()
+            v.canvas.native.repaint()
+            app.processEvents()
+            paints.append(1e3 * (time.perf_counter() - t0))
+        empty = f"; an empty paint {np.median(paints):.0f} ms (our draw {v.canvas.draw_ms:.0f} ms)"
         v.close()
     except Exception as e:  # the figures stand without the renderer's name
         renderer = f"unknown ({e})"
     print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start; "
           f"GL renderer: {renderer}; QT_QPA_PLATFORM={os.environ.get('QT_QPA_PLATFORM', '')}; "
-          f"LP_NUM_THREADS={os.environ.get('LP_NUM_THREADS', '')}")
+          f"LP_NUM_THREADS={os.environ.get('LP_NUM_THREADS', '')}{empty}")
     print(f"frame-time target {a.target_ms:g} ms, frames of {FRAME_POINTS:,} points every 100 ms for "
           f"{a.live:g} s, engine load thread {'off' if a.no_engine_load else 'on'}, window 1280x800")
-    print(f"{'points':>10} {'redraws/s':>9} {'drawn (median)':>15} {'ns/point':>9} {'gap p50 ms':>10} "
+    print(f"{'points':>10} {'redraws/s':>9} {'per draw (med.)':>15} {'ns/point':>9} {'gap p50 ms':>10} "
           f"{'gap p99 ms':>10} {'gap max ms':>10} {'full detail after s':>19} {'max gap still ms':>16}", flush=True)
     for s in a.sizes.split(","):
-        r = run_size(app, int(float(s) * 1e6), a.live, a.target_ms, a.still_max)
+        phases = PhaseTimer() if a.phases else None
+        r = run_size(app, int(float(s) * 1e6), a.live, a.target_ms, a.still_max, phases)
         fa = f"{r['full_after']:.2f}" if r["full_after"] is not None else f"> {a.still_max:g}"
         print(f"{r['points']:>10,} {r['draws_per_s']:>9.1f} {r['drawn_median']:>15,.0f} {r['cost_ns']:>9.0f} "
               f"{r['gap_p50']:>10.0f} {r['gap_p99']:>10.0f} {r['gap_max']:>10.0f} {fa:>19} "
               f"{r['still_gap_max']:>16.0f}", flush=True)
+        if phases is not None:
+            phases.restore()
+            phases.report(r["points"])
     stop.set()
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0

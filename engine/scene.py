@@ -38,10 +38,12 @@ comes only after the rest has been filled again, and a pass costs O(rows it touc
 amortised O(1) per appended point and never O(total) per frame. Rows before the first one a pass
 rewrote stay where they are, so the view re-uploads only the rewritten tail.
 
-`background=True` (the viewer's choice): a pass starts at HIGH_WATER of the budget and computes
-its plan (hashing, sorting) on a thread; the caller's thread applies it at a later frame (moves
-rows) and waits for it only if the budget fills first. Without it (tests, tools) passes are
-synchronous and deterministic.
+`background=True` (the viewer's choice): a pass starts at HIGH_WATER of the budget; its thread
+computes the plan (hashing, sorting) and gathers the kept rows (rows appends never touch); the
+caller's thread applies it at a later frame (moves the rows after the pass's region down) and
+never waits for it: if the budget fills first, a new frame keeps an even subsample of what fits
+(`points_skipped`). `hold_passes` lets the view finish uploading the previous pass first.
+Without it (tests, tools) passes are synchronous and deterministic.
 
 Level of detail (the view's draw order): every point gets a *level* as it arrives, from its
 rank among the points of its voxel on a few nested grids (per segment): the fine LOD grid
@@ -124,6 +126,9 @@ class SceneModel:
         self.background = bool(background)     # compute thinning passes on a thread
         self._job: Optional[dict] = None
         self._pool = None
+        # set by the view while it uploads what the last pass rewrote: a pass that finishes
+        # meanwhile is applied afterwards, or when the budget is full (whichever comes first)
+        self.hold_passes = False
         self._generation = 0
         self.point_budget = _clamp_budget(point_budget)
         self.camera_budget = max(2 * RECENT_CAMERAS, int(camera_budget))
@@ -133,8 +138,16 @@ class SceneModel:
     def clear(self) -> None:
         """An empty scene (a new run)."""
         self._generation = getattr(self, "_generation", 0) + 1    # a running pass is dropped
+        job = getattr(self, "_job", None)
+        if job is not None:                  # it may be writing rows: let it stop (it checks the
+            try:                             # generation between chunks) before reusing them
+                job["future"].result()
+            except Exception:
+                pass
         self._job = None
         if getattr(self, "capacity", self.point_budget + 1) > self.point_budget:
+            if getattr(self, "positions", None) is not None and len(self.positions) > self.point_budget:
+                self.positions = None            # a lowered budget: smaller arrays
             self._alloc_points(min(self._initial_capacity, self.point_budget))
             self._capacity_changed = True
         else:                                # a new run reuses the arrays: nothing allocated
@@ -162,6 +175,7 @@ class SceneModel:
         self.depth_hi = 0.0
         self.thinning_passes = 0
         self.coarsenings = 0
+        self.points_skipped = 0              # new points not kept because a background pass was late
         self.rows_rewritten = 0              # rows thinning has moved (its cost; amortised O(1)/point)
         self.frames_added = 0
         self.points_added = 0
@@ -180,10 +194,19 @@ class SceneModel:
         self._dirty_cameras = 0
 
     def _alloc_points(self, cap: int, keep: int = 0) -> None:
-        new = {"positions": np.zeros((cap, 3), np.float32), "colors": np.zeros((cap, 3), np.uint8),
-               "conf": np.zeros(cap, np.float32), "depth": np.zeros(cap, np.float32),
-               "segment": np.zeros(cap, np.int32), "frame": np.zeros(cap, np.int32),
-               "keyframe": np.zeros(cap, bool), "level": np.zeros(cap, np.uint8)}
+        """Capacity `cap` (what the view sizes its GPU buffers by). The arrays themselves are
+        allocated once at the budget: np.zeros pages are only committed when rows are written,
+        so this costs no memory up front, and a capacity doubling copies nothing on the caller's
+        (GUI) thread -- the copy of the rows held took ~0.6 s at 2 M rows on a loaded machine."""
+        rows = max(cap, self.point_budget)
+        if getattr(self, "positions", None) is not None and len(self.positions) >= rows:
+            self.capacity = cap
+            return
+        cap_rows = rows
+        new = {"positions": np.zeros((cap_rows, 3), np.float32), "colors": np.zeros((cap_rows, 3), np.uint8),
+               "conf": np.zeros(cap_rows, np.float32), "depth": np.zeros(cap_rows, np.float32),
+               "segment": np.zeros(cap_rows, np.int32), "frame": np.zeros(cap_rows, np.int32),
+               "keyframe": np.zeros(cap_rows, bool), "level": np.zeros(cap_rows, np.uint8)}
         for k, a in new.items():
             if keep:
                 a[:keep] = getattr(self, k)[:keep]
@@ -202,10 +225,11 @@ class SceneModel:
 
     @property
     def host_bytes(self) -> int:
-        """Bytes of the point and camera arrays (allocated capacity, not only used rows)."""
-        arrays = (self.positions, self.colors, self.conf, self.depth, self.segment, self.frame, self.keyframe,
-                  self.level, self._lod_table, self.cam_frustum, self.cam_center, self.cam_segment, self.cam_keyframe, self.cam_index,
-                  self._vkeys)
+        """Bytes of the point and camera arrays (the capacity's rows, not only used rows)."""
+        c = self.capacity
+        arrays = (self.positions[:c], self.colors[:c], self.conf[:c], self.depth[:c], self.segment[:c],
+                  self.frame[:c], self.keyframe[:c], self.level[:c], self._lod_table, self.cam_frustum,
+                  self.cam_center, self.cam_segment, self.cam_keyframe, self.cam_index, self._vkeys)
         return int(sum(a.nbytes for a in arrays))
 
     def set_point_budget(self, budget: int) -> None:
@@ -238,8 +262,13 @@ class SceneModel:
             pts, colors, conf, depth = pts[sl], colors[sl], conf[sl], depth[sl]
             n = len(pts)
         if n:
-            self._make_room(n)
-            self._append_points(pts, colors, conf, depth, seg, bool(f.is_keyframe))
+            room = self._make_room(n)
+            if room < n:                        # a background pass is still running (below)
+                self.points_skipped += n - room
+                sl = np.linspace(0, n - 1, room).astype(np.intp) if room else slice(0, 0)
+                pts, colors, conf, depth = pts[sl], _rows(colors, sl), _rows(conf, sl), _rows(depth, sl)
+            if room:
+                self._append_points(pts, colors, conf, depth, seg, bool(f.is_keyframe))
         self._add_camera(f, seg)
         self._seq += 1
         self.frames_added += 1
@@ -247,6 +276,9 @@ class SceneModel:
     def _append_points(self, pts, colors, conf, depth, seg: int, kf: bool) -> None:
         n = len(pts)
         need = self.count + n
+        if need > len(self.positions) and self._job is not None:
+            self._finish_job(wait=True)        # the arrays are re-allocated only after a raised
+            need = self.count + n              # budget: not while a pass's thread writes them
         if need > self.capacity:
             cap = self.capacity
             while cap < need:
@@ -289,9 +321,13 @@ class SceneModel:
         table = self._lod_table
         for g, factor in enumerate(LOD_COARSE + (1,)):       # coarsest grid first, fine grid last
             tag = np.full(n, seg * 8 + g, np.int32)          # each grid its own counters
-            slot = (_voxel_hash(pos, nofk, tag, self.lod_voxel * factor) & mask).astype(np.intp)
-            o = order[np.argsort(slot[order], kind="stable")]
-            ss = slot[o]
+            slot = _voxel_hash(pos, nofk, tag, self.lod_voxel * factor) & mask
+            # grouped by slot, in the random order inside a slot: one sort of (slot, position in
+            # the order) keys -- the stable argsort of slot[order], about twice as fast
+            key = (slot[order] << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+            key.sort()
+            o = order[(key & np.uint64(0xFFFFFFFF)).astype(np.intp)]
+            ss = (key >> np.uint64(32)).astype(np.intp)
             starts = np.flatnonzero(np.r_[True, ss[1:] != ss[:-1]]) if n else np.zeros(0, np.intp)
             lens = np.diff(np.r_[starts, n])
             rank = table[ss].astype(np.int64) + (np.arange(n) - np.repeat(starts, lens))
@@ -500,17 +536,26 @@ class SceneModel:
         return out
 
     # -- thinning -----------------------------------------------------------------------------
-    def _make_room(self, n: int) -> None:
+    def _make_room(self, n: int) -> int:
+        """Make room for n new points; returns how many fit (n unless a background pass is
+        late). Background mode never waits for its pass: the caller is the GUI thread, and a
+        pass over millions of rows can take seconds on a loaded machine. When the budget is
+        full before the pass has finished, the new frame keeps an even subsample of what fits
+        (`points_skipped` counts the rest: the view's loss only; the session store keeps every
+        point)."""
         budget = self.point_budget
         if self.background:
             self._finish_job(wait=False)
+            if self.count + n > budget:           # full: a finished pass is applied even if held
+                self._finish_job(wait=False, held_too=True)
             if self._job is None and self.count + n > HIGH_WATER * budget:
                 self._start_job()
             if self.count + n <= budget:
-                return
-            self._finish_job(wait=True)       # full before the pass ended: wait for it
+                return n
+            if self._job is not None:
+                return max(0, min(n, budget - self.count))
         if self.count + n <= budget:
-            return
+            return n
         self.thinning_passes += 1
         recent = int(budget * RECENT_FRACTION)
         self._thin_aged(max(self.thinned, self.count - recent))
@@ -520,6 +565,7 @@ class SceneModel:
             else:   # budget lowered below the recent window: thin more of it
                 self._thin_aged(max(self.thinned, self.count - recent // 2))
                 recent //= 2
+        return n
 
     def _aged_args(self, r0: int) -> tuple:
         t = self.thinned
@@ -544,8 +590,11 @@ class SceneModel:
         self._apply(_plan(*self._coarsen_args()))
 
     def _apply(self, p: "_Plan") -> None:
-        self.conf[p.rows] = p.best
-        self._compact(p.lo, p.rows, p.tail)
+        if p.level_delta is None:             # synchronous pass: gather here
+            self._gather(p)
+        self._move_tail(p.lo + len(p.rows), p.tail, p.lo)
+        self.level_counts += p.level_delta
+        self.rows_rewritten += len(p.rows)
         self._vkeys = p.vkeys
         self.thinned = p.lo + len(p.rows)
         if p.lo == 0 and self.voxel is not None and p.voxel != self.voxel:
@@ -569,11 +618,19 @@ class SceneModel:
         if self._pool is None:      # one long-lived thread: its malloc arena is reused, not one per pass
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="scene-thinning")
-        self._job = {"future": self._pool.submit(_plan, *args), "generation": self._generation}
+        self._job = {"future": self._pool.submit(self._background_pass, args, self._generation),
+                     "generation": self._generation}
 
-    def _finish_job(self, wait: bool) -> None:
+    def _background_pass(self, args: tuple, generation: int) -> "_Plan":
+        """On the pass's thread: the plan, then the gathers of its region."""
+        p = _plan(*args)
+        if generation == self._generation:
+            self._gather(p, generation)
+        return p
+
+    def _finish_job(self, wait: bool, held_too: bool = False) -> None:
         job = self._job
-        if job is None or (not wait and not job["future"].done()):
+        if job is None or (not wait and ((self.hold_passes and not held_too) or not job["future"].done())):
             return
         self._job = None
         plan = job["future"].result()         # re-raises an error of the pass here
@@ -589,24 +646,39 @@ class SceneModel:
         ext = float(np.linalg.norm(np.percentile(p, 95, axis=0) - np.percentile(p, 5, axis=0)))
         return max(ext, 1e-6) / 1024.0
 
-    def _compact(self, dst: int, rows: np.ndarray, tail: int) -> None:
-        """Write `rows` at dst.., then the rows [tail, count) right behind them."""
-        k = len(rows)
-        m = self.count - tail
+    _ROW_ARRAYS = ("positions", "colors", "conf", "depth", "segment", "frame", "keyframe", "level")
+
+    def _gather(self, p: "_Plan", generation: Optional[int] = None) -> None:
+        """Move the kept rows of [p.lo, p.tail) to p.lo.. (with their voxels' best confidence)
+        and note the change of the per-level counts in p.level_delta. Only rows of the pass's
+        region are touched -- rows that appends never touch -- so a background pass does this
+        on its thread (the expensive gathers); it stops early if the scene was cleared."""
+        lo, rows, k = p.lo, p.rows, len(p.rows)
+        removed = np.bincount(self.level[lo:p.tail], minlength=LOD_LEVELS)
+        self.conf[rows] = p.best
         c = PASS_CHUNK                # in chunks: scratch of one chunk, not of every row moved
-        self.level_counts -= np.bincount(self.level[dst:self.count], minlength=LOD_LEVELS)
-        for name in ("positions", "colors", "conf", "depth", "segment", "frame", "keyframe", "level"):
+        for name in self._ROW_ARRAYS:
             a = getattr(self, name)
-            # rows are sorted and rows[j] >= dst + j: a chunk never overwrites a later chunk's source
+            # rows are sorted and rows[j] >= lo + j: a chunk never overwrites a later chunk's source
             for j in range(0, k, c):
-                a[dst + j:dst + min(k, j + c)] = a[rows[j:j + c]]      # fancy indexing copies
-            for j in range(0, m, c):  # moving down (dst + k <= tail): front to back is safe
+                if generation is not None and generation != self._generation:
+                    return
+                a[lo + j:lo + min(k, j + c)] = a[rows[j:j + c]]      # fancy indexing copies
+        p.level_delta = np.bincount(self.level[lo:lo + k], minlength=LOD_LEVELS) - removed
+
+    def _move_tail(self, dst: int, tail: int, changed_from: int) -> None:
+        """Move the rows [tail, count) down to dst (what the caller's thread does of a pass:
+        O(rows after the pass's region), plain memory moves)."""
+        m = self.count - tail
+        c = PASS_CHUNK
+        for name in self._ROW_ARRAYS:
+            a = getattr(self, name)
+            for j in range(0, m, c):  # moving down (dst <= tail): front to back is safe
                 e = min(m, j + c)
-                a[dst + k + j:dst + k + e] = a[tail + j:tail + e]     # numpy handles the overlap
-        self.count = dst + k + m
-        self.level_counts += np.bincount(self.level[dst:self.count], minlength=LOD_LEVELS)
-        self.rows_rewritten += k + m
-        self._dirty_points = min(self._dirty_points, dst)
+                a[dst + j:dst + e] = a[tail + j:tail + e]     # numpy handles the overlap
+        self.count = dst + m
+        self.rows_rewritten += m
+        self._dirty_points = min(self._dirty_points, changed_from)
 
     # -- queries ------------------------------------------------------------------------------
     def world_positions(self, rows: slice = slice(None)) -> np.ndarray:
@@ -622,7 +694,7 @@ class SceneModel:
         """World positions of the cameras kept (their frames' transforms applied)."""
         return self._transformed(self.cam_center[: self.camera_count], self.cam_frame[: self.camera_count])
 
-    def framing(self, max_points: int = 20000) -> Optional[tuple[np.ndarray, float]]:
+    def framing(self, max_points: int = 4096) -> Optional[tuple[np.ndarray, float]]:
         """(centre, extent) that frames the cloud (5-95 % of a sample) and the camera path;
         None for an empty scene."""
         if not self.count and not self.camera_count:
@@ -664,6 +736,7 @@ class _Plan:
     best: np.ndarray
     vkeys: np.ndarray
     voxel: float
+    level_delta: Optional[np.ndarray] = None    # set once the kept rows are gathered (_gather)
 
 
 def _voxel_hash(pos, kf, seg, voxel: float) -> np.ndarray:
@@ -748,6 +821,11 @@ def _insert(spans: list, lo: int, hi: int) -> None:
         lo, hi = min(lo, spans[j][0]), max(hi, spans[j][1])
         j += 1
     spans[i:j] = [[lo, hi]]
+
+
+def _rows(a, sl):
+    """a[sl] for an optional per-point array (None stays None)."""
+    return None if a is None else np.asarray(a)[sl]
 
 
 def _clamp_budget(n) -> int:

@@ -20,11 +20,14 @@ Level of detail: a software rasteriser (Mesa llvmpipe) draws ~1 M points a secon
 the full 4 M-point budget would be a slideshow that blocks the GUI thread for seconds per
 redraw. The view therefore draws the largest prefix of the scene model's draw order (levels,
 `SceneModel.choose_detail`: spatially even) that fits `frame_time_target_ms` at the measured
-cost per point, plus the newest LIVE_FRAMES frames in full (the live edge stays sharp), and
-draws everything once the camera and the scene have stood still for IDLE_REFINE_MS. Each level
-keeps an index list of its rows (`LevelIndex`: append-only, truncated and refilled only from
-the first row a thinning pass rewrote), so a reduced draw is one glDrawElements per level plus
-one glDrawArrays of the live rows: its cost is that of the points drawn, not of the scene.
+cost per point, plus the newest LIVE_FRAMES frames in full (the live edge stays sharp). Each
+level keeps an index list of its rows (`LevelIndex`: append-only, truncated and refilled only
+from the first row a thinning pass rewrote), so a reduced draw is one glDrawElements per level
+plus one glDrawArrays of the live rows: its cost is that of the points drawn, not of the scene.
+Nothing on the GUI thread is allowed to cost seconds: once the camera and the scene have stood
+still for IDLE_REFINE_MS the left-out points are added in chunks, one per paint, on top of the
+picture the widget keeps (no clear); the rows a thinning pass rewrote are uploaded a bounded
+piece per draw while the previous layout's lists keep the picture whole ("uploads in pieces").
 `detail_changed` tells the window when detail is reduced (`detail_text`).
 
 The viewer does no geometry: points come back-projected by `engine.geometry` (see ui/display.py);
@@ -64,7 +67,10 @@ _OVERLAY_CONF = 3.0e38          # lines carry this confidence so the threshold n
 # "display/frame_time_target_ms" (ui/settings_schema.py), set on the viewer by the window.
 FRAME_TIME_TARGET_MS = default("display/frame_time_target_ms")
 LIVE_FRAMES = 2                 # newest frames drawn in full whatever the detail
-IDLE_REFINE_MS = 500            # camera and scene still this long: draw everything
+IDLE_REFINE_MS = 500            # camera and scene still this long: start adding what was left out
+REFINE_PAUSE_MS = 5             # between refinement chunks: the event loop runs in between
+REFINE_CHUNK_TARGETS = 2        # a refinement chunk: this many frame-time targets of points (the
+                                # view is still; larger chunks spend less on each paint's fixed cost)
 PROBE_POINTS = 200_000          # drawn at most before the cost per point has been measured
 
 _VERT = """
@@ -182,8 +188,9 @@ class _GrowableAttribute:
         self.uploaded_bytes += self.host.nbytes
         self.full_uploads += 1
 
-    def write(self, offset: int, rows: np.ndarray) -> None:
-        rows = np.array(rows, np.float32, copy=True).reshape(-1, self.width)   # GLIR uploads later
+    def write(self, offset: int, rows: np.ndarray, copy: bool = True) -> None:
+        """copy=False only when the GL commands are executed before `rows` can change."""
+        rows = np.array(rows, np.float32, copy=True if copy else None).reshape(-1, self.width)
         if self.host is not None:
             self.host[offset:offset + len(rows)] = rows
         self.vbo.set_subdata(rows, offset=offset)
@@ -247,9 +254,9 @@ class FrameTransforms:
 
 class LevelIndex:
     """Per draw-order level, the rows of that level in row order (host uint32 and a GPU index
-    buffer, grown by doubling). `update(model, start)` keeps them equal to the model's rows
-    [0, count): entries >= start are dropped and rows [start, count) appended, so appends cost
-    O(new rows) and a thinning pass O(rows it rewrote)."""
+    buffer, grown by doubling). `update(model, start, stop)` keeps them equal to the model's
+    rows [0, stop): entries >= start are dropped and rows [start, stop) appended, so appends
+    cost O(new rows) and a thinning pass O(rows it rewrote)."""
 
     def __init__(self, levels: int = LOD_LEVELS, capacity: int = 1 << 14):
         self.host = [np.zeros(capacity, np.uint32) for _ in range(levels)]
@@ -260,8 +267,9 @@ class LevelIndex:
     def clear(self) -> None:
         self.used = [0] * len(self.used)
 
-    def update(self, model: SceneModel, start: int) -> None:
-        lv = model.level[start:model.count]
+    def update(self, model: SceneModel, start: int, stop: Optional[int] = None) -> None:
+        stop = model.count if stop is None else stop
+        lv = model.level[start:stop]
         order = np.argsort(lv, kind="stable")
         bounds = np.searchsorted(lv[order], np.arange(len(self.used) + 1))
         for j in range(len(self.used)):
@@ -283,6 +291,23 @@ class LevelIndex:
                 self.ibo[j].set_subdata(rows.copy(), offset=n)   # GLIR uploads later
                 self.uploaded_bytes += rows.nbytes
             self.used[j] = need
+
+    def copy_prefix(self, other: "LevelIndex", row: int) -> None:
+        """Become `other`'s entries of rows < row (host copy and one upload per level)."""
+        for j in range(len(self.used)):
+            n = other.count_before(j, row)
+            if n > len(self.host[j]):
+                cap = len(self.host[j])
+                while cap < n:
+                    cap *= 2
+                self.host[j] = np.zeros(cap, np.uint32)
+                self.ibo[j] = gloo.IndexBuffer(self.host[j])
+                self.uploaded_bytes += self.host[j].nbytes
+            self.host[j][:n] = other.host[j][:n]
+            if n:
+                self.ibo[j].set_subdata(self.host[j][:n].copy(), offset=0)
+                self.uploaded_bytes += 4 * n
+            self.used[j] = n
 
     def count_before(self, level: int, row: int) -> int:
         """Entries of `level` that are rows < `row`."""
@@ -341,17 +366,21 @@ class SegmentCloudVisual(Visual):
             for a in self._attrs.values():
                 a.grow(capacity, min(self.count, capacity))
 
-    def write_rows(self, offset: int, positions, packed_colors, conf, depth, frame) -> None:
-        """Overwrite vertices [offset, offset + n) and draw the first offset + n."""
-        n = len(positions)
-        self._attrs["a_position"].write(offset, positions)
-        self._attrs["a_color"].write(offset, packed_colors)
-        self._attrs["a_conf"].write(offset, conf)
+    def write_rows(self, offset: int, positions, packed_colors, conf, depth, frame, copy: bool = True) -> None:
+        """Overwrite vertices [offset, offset + n) (`set_count` says how many are drawn)."""
+        self._attrs["a_position"].write(offset, positions, copy)
+        self._attrs["a_color"].write(offset, packed_colors, False)        # computed here: no alias
+        self._attrs["a_conf"].write(offset, conf, copy)
         self._attrs["a_depth_seg"].write(offset, np.stack([np.asarray(depth, np.float32),
-                                                           np.asarray(frame, np.float32)], 1))
-        self.count = offset + n
-        self._bind()
+                                                           np.asarray(frame, np.float32)], 1), False)
         self.update()
+
+    def set_count(self, n: int) -> None:
+        """Draw the first n vertices."""
+        if n != self.count:
+            self.count = n
+            self._bind()
+            self.update()
 
     def append(self, positions, packed_colors, conf, depth, frame) -> None:
         """Append n vertices (all arrays length n except `frame`, a scalar or [n]: the frame
@@ -402,8 +431,20 @@ class SegmentCloudVisual(Visual):
 
     # -- vispy hooks --------------------------------------------------------------------------
     draw_plan = None      # None: draw vertices [0, count); else [(level index views...), (first, count)]
+    time_draws = False    # the cloud: time its own draw (glFinish before and after)
+    last_draw_ms = None   # that time, of the last draw
 
     def draw(self):
+        if not (self.time_draws and self.visible and self.count > 0):
+            return self._draw()
+        ctx = get_current_canvas().context
+        ctx.finish()                   # what was queued before (uploads, clear) is not the cloud's
+        t0 = time.perf_counter()
+        self._draw()
+        ctx.finish()
+        self.last_draw_ms = (time.perf_counter() - t0) * 1000.0
+
+    def _draw(self):
         plan = self.draw_plan
         if plan is None or not self.visible or self._prepare_draw(view=self) is False:
             return super().draw()
@@ -447,8 +488,8 @@ class ViewerCanvas(scene.SceneCanvas):
     at the flush), and `post_draw(ms)` hands that time less the uploads (`pre_draw`: after a
     thinning pass they are millions of rows, which says nothing of the cost per point drawn)
     to the viewer's level of detail. A
-    draw with `refining` set (the idle full-detail draw) stays out of the average that spaces
-    redraws."""
+    draw with `refining` set (a refinement chunk) stays out of the average that spaces redraws;
+    one with `accumulate` set is drawn over the kept picture (no clear)."""
 
     DRAW_BUDGET = 0.5
     MAX_FPS = 60.0
@@ -461,7 +502,9 @@ class ViewerCanvas(scene.SceneCanvas):
         self.pre_draw = None                  # called before every draw (uploads pending data)
         self.post_draw = None                 # called after every draw with its time in ms
         self.pre_draw_ms = 0.0                # of the last draw: uploads (executed in pre_draw)
-        self.refining = False
+        self.refining = False                 # this draw is a refinement chunk (not in draw_ms)
+        self.accumulate = False               # this draw adds to the picture: no clear
+        self.offscreen = False                # inside render(): a fresh framebuffer
         self._in_pre_draw = False
         self._last_draw = -1e9
         # parented to the native widget: the timer dies with it (no redraw of a deleted canvas)
@@ -489,6 +532,18 @@ class ViewerCanvas(scene.SceneCanvas):
         except RuntimeError:     # the Qt widget went away between the request and the timer
             pass
 
+    def update_now(self):
+        """Request a draw now, past the redraw cap (refinement chunks: the view is still)."""
+        self._deferred.stop()
+        self._update_now()
+
+    def render(self, *a, **kw):
+        self.offscreen = True
+        try:
+            return super().render(*a, **kw)
+        finally:
+            self.offscreen = False
+
     def _draw_scene(self, bgcolor=None):
         # Uploads are queued here, right before the draw that flushes them: vispy queues GL
         # commands until the next draw, so uploading per batch while the window is hidden or
@@ -501,7 +556,10 @@ class ViewerCanvas(scene.SceneCanvas):
             finally:
                 self._in_pre_draw = False
                 self.pre_draw_ms = (time.perf_counter() - t0) * 1000.0
-        super()._draw_scene(bgcolor=bgcolor)
+        if self.accumulate and not self.offscreen:
+            self.draw_visual(self.scene)      # on top of the picture kept by the widget's framebuffer
+        else:
+            super()._draw_scene(bgcolor=bgcolor)
 
     def on_draw(self, event):
         t0 = time.perf_counter()
@@ -542,6 +600,12 @@ class PointCloudViewer(QtWidgets.QWidget):
         xf = self.frame_xf
         self.cloud = SegmentCloud(mode="points", capacity=self.scene.capacity, mirror=False,
                                   frame_xf=xf, parent=self.view.scene)
+        self.cloud.time_draws = True
+        # refinement chunks are drawn on top of the previous picture: the widget must keep its
+        # framebuffer (colour and depth) between paints
+        native = self.canvas.native
+        if hasattr(native, "setUpdateBehavior"):
+            native.setUpdateBehavior(type(native).UpdateBehavior.PartialUpdate)
         # overlays sized once at the scene's camera budget (which decimates old cameras): their
         # buffers never grow, so a long run's buffer bytes stay flat (issue #7)
         cams = self.scene.camera_budget
@@ -561,14 +625,33 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.canvas.pre_draw = self.sync
         self.canvas.post_draw = self._measured
         self.levels = LevelIndex()               # per draw-order level: its rows (index buffers)
+        self._spare_levels = LevelIndex()        # the other of a pair: the old lists during a catch-up
+        self._tail_levels = LevelIndex()         # during a catch-up: rows from _tail_from on
+        self._stale: Optional[LevelIndex] = None
+        self._catch = None                       # a catch-up in progress (uploads in pieces)
+        self._w = self._tail_from = self._tail_hi = 0
+        self._upload_s_per_row: Optional[float] = None
+        self.catch_ups = 0
+        self.max_upload_rows: Optional[int] = None   # tests: a fixed piece instead of the measured one
         self.frame_time_target_ms = FRAME_TIME_TARGET_MS
         self.cost_per_point_ms: Optional[float] = None   # measured (moving average) per point drawn
         self.measure_cost = True                 # tests inject cost_per_point_ms and set this False
-        self.drawn_points = 0                    # cloud points of the last draw
+        self.drawn_points = 0                    # cloud points in the picture on screen
+        self.paint_points = 0                    # cloud points drawn by the last draw
         self.detail_fraction = 1.0
-        self._full_key = None                    # still-state for which everything is drawn
+        self.full_render = False                 # offscreen renders draw everything (screenshot)
+        self.refine_chunks = 0                   # refinement draws so far, and the largest one
+        self.max_chunk_points = 0
+        self._look_gen = 0                       # bumped by changes the still-key cannot see
+        self._full_key = None                    # still-state for which everything is on screen
+        self._base = None                        # the last cleared on-screen draw (what it left out)
+        self._refinement = None                  # refinement in progress: queue and position
+        self._step_next = False                  # the next draw is a refinement chunk
+        self._chunk_ibo = gloo.IndexBuffer(np.zeros(1, np.uint32))
         self._idle = QtCore.QTimer(self, singleShot=True, interval=IDLE_REFINE_MS)
-        self._idle.timeout.connect(self._refine)
+        self._idle.timeout.connect(self._idle_elapsed)
+        self._step_timer = QtCore.QTimer(self, singleShot=True)
+        self._step_timer.timeout.connect(self._refine_step)
         self.auto_fit = True
         self.canvas.events.mouse_press.connect(self._on_mouse_press)
         self.canvas.events.mouse_wheel.connect(self._on_mouse_press)
@@ -595,9 +678,15 @@ class PointCloudViewer(QtWidgets.QWidget):
             layer.clear()
         if hasattr(self, "levels"):
             self.levels.clear()
+            if self._stale is not None:
+                self._spare_levels, self._stale = self._stale, None
+            self._catch = None
+            self._w = self._tail_from = self._tail_hi = 0
+            self.scene.hold_passes = False
             self.cloud.draw_plan = None
-            self._full_key = None
-            self.drawn_points = 0
+            self._full_key = self._base = self._refinement = None
+            self.drawn_points = self.paint_points = 0
+            self._look_gen += 1
         self.frame_xf.reset()
         self.result_width = 0       # width of the live results (for matching export density)
         self._last_center: dict[int, tuple] = {}   # segment → (last camera centre drawn, its frame)
@@ -685,7 +774,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         """Upload what changed since the last sync and choose what the cloud draws: called
         before each draw, so the cost is O(rows changed since the last draw) and nothing queues
         up while nothing is drawn."""
-        if self._dirty:
+        if self._dirty or self._catch is not None:       # a catch-up goes on at every draw
             self._dirty = False
             self._sync_data()
         self._plan_draw()
@@ -696,13 +785,14 @@ class PointCloudViewer(QtWidgets.QWidget):
             self._current_shown = self._last_frame
         m = self.scene
         ch = m.take_changes()
-        start = ch.points_from
         if ch.capacity_changed or self.cloud.capacity != m.capacity:
-            self.cloud.reserve(m.capacity)
-            start = 0
-        if start < m.count or m.count != self.cloud.count:
-            self._upload_rows(start, m.count)
-            self.levels.update(m, start)
+            self.cloud.reserve(m.capacity)       # re-allocated empty: everything is uploaded again
+            self._begin_catch_up(0, keep_old=False)
+        elif ch.points_from < self._tail_hi:     # a thinning pass rewrote rows the GPU holds
+            self._begin_catch_up(ch.points_from, keep_old=True)
+        elif self._catch is None and m.count - self._tail_hi > self.upload_rows_per_draw:
+            self._begin_catch_up(self._tail_hi, keep_old=False)   # a large batch: in pieces too
+        self._upload_points()
         self.cloud.set_uniform("u_conf_range", m.conf_range)
         if m.depth_hi > 0:
             self.cloud.set_uniform("u_depth_range", (0.0, m.depth_hi))
@@ -720,58 +810,245 @@ class PointCloudViewer(QtWidgets.QWidget):
             for layer in self._layers:
                 layer.set_uniform("u_xf_rows", float(self.frame_xf.rows))
 
+    # -- uploads in pieces ---------------------------------------------------------------------
+    # The GPU rows [0, _w) and [_tail_from, _tail_hi) equal the model's; rows [_w, _tail_from)
+    # still hold what they held before the last thinning pass rewrote them (a "catch-up" is in
+    # progress while _w < _tail_from). Each draw uploads the new rows and the newest frames
+    # first, then at most UPLOAD_ROWS_PER_DRAW rewritten rows, so a pass over millions of rows
+    # costs a few bounded draws, not one draw of seconds. Meanwhile the previous level index
+    # lists (`_stale`: rows of the layout before the pass, whose GPU rows from _w on are still
+    # that layout's) are drawn too, so nothing disappears; the model holds back the next pass
+    # until the catch-up is done.
+    def _begin_catch_up(self, row: int, keep_old: bool) -> None:
+        """Rows from `row` on were rewritten (keep_old: the GPU rows still hold the old layout;
+        False after the buffers were re-allocated empty)."""
+        m = self.scene
+        row = min(row, self._w)
+        if not keep_old:                         # nothing of the old layout is left on the GPU
+            if self._stale is not None:
+                self._spare_levels, self._stale = self._stale, None
+            self.levels.update(m, row, row)      # truncate
+        elif self._catch is None:                # the lists of the old layout are drawn meanwhile
+            self._stale, self.levels = self.levels, self._spare_levels
+            self.levels.copy_prefix(self._stale, row)
+        else:                                    # another pass while catching up: the old lists
+            self.levels.update(m, row, row)      # still point at rows of an older layout
+        self._catch = True
+        self._w = row
+        # the newest frames' rows and those appended from now on form the tail: uploaded at
+        # once, with index lists of their own (append-only) until the catch-up reaches them
+        live_from = m.first_row_of_frame(max(0, m.frames_added - LIVE_FRAMES))
+        self._tail_from = self._tail_hi = min(max(row, live_from), m.count)
+        self._tail_levels.clear()
+        m.hold_passes = True
+
+    def _upload_points(self) -> None:
+        m = self.scene
+        n = m.count
+        if self._catch is None:                  # only new rows (or rows removed at the end)
+            if self._tail_hi != n:
+                self._upload_rows(min(self._tail_hi, n), n)
+                self.levels.update(m, min(self._tail_hi, n))
+            self._w = self._tail_from = self._tail_hi = n
+            self.cloud.set_count(n)
+            return
+        if n < self._tail_hi:                    # rows removed (a budget lowered): start again
+            self._tail_hi = self._tail_from = max(self._w, n)
+            self._tail_levels.clear()
+        if self._tail_hi < n:                    # the newest frames and rows appended since
+            self._upload_rows(self._tail_hi, n)
+            self._tail_levels.update(m, self._tail_hi, n)
+            self._tail_hi = n
+        t0 = time.perf_counter()
+        step = self.upload_rows_per_draw
+        if self.canvas.offscreen and self.full_render:
+            step = self._tail_from              # a screenshot shows the model as it is
+        hi = min(self._w + step, self._tail_from)
+        if hi > self._w:
+            self._upload_rows(self._w, hi)
+            self.levels.update(m, self._w, hi)
+            dt = (time.perf_counter() - t0) / (hi - self._w)
+            self._upload_s_per_row = dt if self._upload_s_per_row is None else 0.7 * self._upload_s_per_row + 0.3 * dt
+            self._w = hi
+        if self._w >= self._tail_from:           # caught up: the tail rows join the index lists
+            self.levels.update(m, self._w, n)
+            self._tail_levels.clear()
+            self._w = self._tail_from = self._tail_hi = n
+            self._catch = None
+            if self._stale is not None:
+                self._spare_levels, self._stale = self._stale, None
+            m.hold_passes = False
+            self.catch_ups += 1
+        self.cloud.set_count(self._tail_hi)
+
+    @property
+    def upload_rows_per_draw(self) -> int:
+        """Rewritten rows uploaded per draw: half the frame-time target at the measured upload
+        cost per row (at least UPLOAD_CHUNK / 4)."""
+        if self.max_upload_rows is not None:
+            return self.max_upload_rows
+        per_row = self._upload_s_per_row
+        if per_row is None:
+            return UPLOAD_CHUNK // 4
+        return max(UPLOAD_CHUNK // 4, int(0.5e-3 * self.frame_time_target_ms / max(per_row, 1e-12)))
+
+    @property
+    def catching_up(self) -> bool:
+        """Whether rows a thinning pass rewrote are still being uploaded (a piece per draw)."""
+        return self._catch is not None
+
     # -- level of detail ----------------------------------------------------------------------
     def _still_key(self) -> tuple:
-        """What must stay the same for the idle full-detail draw to stay valid."""
+        """Everything the picture depends on: while it is unchanged, refinement chunks add to
+        the picture on screen; any change means a fresh (cleared) draw."""
         m = self.scene
         return (repr(self.view.camera.get_state()), m.frames_added, m.count, m.thinning_passes,
-                len(m.events), tuple(self.canvas.size))
+                len(m.events), m.events_dropped, tuple(self.canvas.size), self._look_gen,
+                tuple(sorted(self.cloud._uniforms.items())),
+                tuple((layer.visible, layer.count) for layer in self._layers[1:]))
+
+    def _point_budget_now(self) -> float:
+        cost = self.cost_per_point_ms
+        return PROBE_POINTS if cost is None else self.frame_time_target_ms / max(cost, 1e-9)
 
     def _plan_draw(self) -> None:
-        """Choose the cloud's draw: everything when it fits the frame-time target at the
-        measured cost per point or the view has stood still (idle refinement), else the
-        largest draw-order prefix that fits plus the newest LIVE_FRAMES frames in full."""
+        """Choose the cloud's draw. A refinement step (requested by `_refine_step`, nothing
+        changed since the draw before) draws the next chunk of the points not yet on screen
+        into the picture without clearing it. Any other on-screen draw is a cleared draw of
+        the largest draw-order prefix that fits the frame-time target at the measured cost per
+        point, plus the newest LIVE_FRAMES frames in full; its leftovers are refined once the
+        view has stood still for IDLE_REFINE_MS. Offscreen renders (`render_image`) draw the
+        same prefix, or everything for `screenshot` (`full_render`)."""
         m = self.scene
-        full = self._full_key is not None and self._full_key == self._still_key()
-        self.canvas.refining = full
-        if full or m.count == 0:
-            level, drawn = LOD_LEVELS - 1, m.count
+        key = self._still_key()
+        offscreen = self.canvas.offscreen
+        self.canvas.accumulate = False
+        self.canvas.refining = False
+        if not offscreen:
+            step, self._step_next = self._step_next, False
+            if step and self._refinement is not None and self._refinement["key"] == key:
+                self._draw_chunk(key)
+                return
+            self._refinement = None
+        if m.count == 0 or (offscreen and self.full_render):
+            level, drawn, live_from = LOD_LEVELS - 1, m.count, m.count
         else:
-            cost = self.cost_per_point_ms
-            budget = PROBE_POINTS if cost is None else self.frame_time_target_ms / max(cost, 1e-9)
             live_from = m.first_row_of_frame(max(0, m.frames_added - LIVE_FRAMES))
+            budget = self._point_budget_now()
+            if self._catch is not None:
+                live_from = max(live_from, self._tail_from)
+                budget /= 2 if self._stale is not None else 1   # the old lists are drawn too
             level, drawn = m.choose_detail(budget, live_from)
+        if self._catch is not None and m.count and not (offscreen and self.full_render):
+            views = [(self.levels.ibo[j], self.levels.count_before(j, self._w)) for j in range(level + 1)]
+            if self._stale is not None:
+                views += [(self._stale.ibo[j], self._stale.used[j]) for j in range(level + 1)]
+            views += [(self._tail_levels.ibo[j], self._tail_levels.count_before(j, live_from))
+                      for j in range(level + 1)]
+            self.cloud.draw_plan = (views, (live_from, self._tail_hi - live_from))
+            self.paint_points = sum(k for _, k in views) + self._tail_hi - live_from
+            self._set_drawn(min(drawn, m.count - 1))
+            return                               # refined once caught up
+        self.paint_points = drawn
         if drawn >= m.count:
             self.cloud.draw_plan = None
+            if not offscreen:
+                self._full_key = key
         else:
             views = [(self.levels.ibo[j], self.levels.count_before(j, live_from)) for j in range(level + 1)]
             self.cloud.draw_plan = (views, (live_from, m.count - live_from))
-            self._reduced_key = self._still_key()
-            self._idle.start()                   # (re)started: fires once nothing moved for a while
+            if not offscreen:
+                self._base = {"key": key, "level": level, "live_from": live_from, "drawn": drawn}
+                if key == self._full_key:        # was complete a moment ago: refine at once
+                    self._begin_refine()
+                else:
+                    self._idle.start()           # (re)started: fires once nothing moved for a while
+        self._set_drawn(drawn)
+
+    def _set_drawn(self, drawn: int) -> None:
+        m = self.scene
         self.drawn_points = drawn
         fraction = drawn / m.count if m.count else 1.0
         if (fraction < 1.0) != (self.detail_fraction < 1.0) or abs(fraction - self.detail_fraction) > 0.01:
             self.detail_fraction = fraction
             self.detail_changed.emit(fraction)
 
-    def _measured(self, ms: float) -> None:
-        if self.measure_cost and self.drawn_points > 0:
-            c = ms / self.drawn_points
-            self.cost_per_point_ms = c if self.cost_per_point_ms is None else 0.7 * self.cost_per_point_ms + 0.3 * c
+    def _refine_queue(self, base: dict) -> list:
+        """Row lists of what the base draw left out, coarse levels first: levels above its
+        level, rows before its live rows (host copies of the per-level index lists)."""
+        lf = base["live_from"]
+        return [self.levels.host[j][: self.levels.count_before(j, lf)] for j in range(base["level"] + 1, LOD_LEVELS)]
 
-    def _refine(self) -> None:
-        """The camera and the scene stood still IDLE_REFINE_MS since the last (reduced) draw:
-        draw everything once. Anything changed since that draw (frames added while no draw
-        came, a camera move) means a reduced draw is due instead, which restarts the wait."""
-        key = self._still_key()
-        if key != getattr(self, "_reduced_key", None):
+    def _begin_refine(self) -> None:
+        base = self._base
+        queue = [q for q in self._refine_queue(base) if len(q)]
+        self._refinement = {"key": base["key"], "queue": queue, "level": 0, "pos": 0, "drawn": base["drawn"]}
+        self._step_timer.start(0)
+
+    def _refine_step(self) -> None:
+        if self._refinement is not None and self._refinement["key"] == self._still_key():
+            self._step_next = True
+            self.canvas.update_now()
+
+    def _draw_chunk(self, key) -> None:
+        """The next at most frame-time-target's worth of left-out points, in draw order, drawn
+        on top of the picture (indices copied into one small index buffer)."""
+        r = self._refinement
+        left = max(1, int(REFINE_CHUNK_TARGETS * self._point_budget_now()))
+        parts = []
+        while left > 0 and r["level"] < len(r["queue"]):
+            q = r["queue"][r["level"]]
+            take = q[r["pos"]: r["pos"] + left]
+            parts.append(take)
+            left -= len(take)
+            r["pos"] += len(take)
+            if r["pos"] >= len(q):
+                r["level"], r["pos"] = r["level"] + 1, 0
+        idx = np.concatenate(parts) if parts else np.zeros(0, np.uint32)
+        self._chunk_ibo.set_data(idx)                 # copied by vispy's GLIR queue
+        self.cloud.draw_plan = ([(self._chunk_ibo, len(idx))], (0, 0))
+        self.canvas.accumulate = True
+        self.canvas.refining = True
+        self.paint_points = len(idx)
+        self.refine_chunks += 1
+        self.max_chunk_points = max(self.max_chunk_points, len(idx))
+        r["drawn"] += len(idx)
+        if r["level"] >= len(r["queue"]):             # complete: every point is on screen
+            self._refinement = None
+            self._full_key = key
+            self._set_drawn(self.scene.count)
+        else:
+            self._set_drawn(r["drawn"])
+
+    def _measured(self, ms: float) -> None:
+        """After every on-screen draw: the cloud's own draw time per point drawn feeds the
+        moving average, then the next refinement chunk is scheduled (a timer: the event loop
+        runs between chunks)."""
+        if self.measure_cost and self.paint_points > 0 and self.cloud.last_draw_ms is not None:
+            c = self.cloud.last_draw_ms / self.paint_points
+            self.cost_per_point_ms = c if self.cost_per_point_ms is None else 0.7 * self.cost_per_point_ms + 0.3 * c
+        if self._refinement is not None and self.canvas.refining:
+            self._step_timer.start(REFINE_PAUSE_MS)
+        if self._catch is not None:
+            self.canvas.update()                 # the next piece (at the capped redraw rate)
+
+    def _idle_elapsed(self) -> None:
+        """The camera and the scene stood still IDLE_REFINE_MS since the last cleared draw:
+        start drawing what it left out, a chunk per draw. Anything changed since that draw
+        means a cleared draw is due instead, which restarts the wait."""
+        base = self._base
+        if base is None or self._refinement is not None or base["key"] != self._still_key():
             return
-        self._full_key = key
-        self.canvas.update()
+        self._begin_refine()
+
+    @property
+    def refining(self) -> bool:
+        """Whether the left-out points are being added to the picture (the view stands still)."""
+        return self._refinement is not None
 
     @property
     def detail_reduced(self) -> bool:
-        """Whether the last draw showed a subsample of the cloud."""
+        """Whether the picture on screen shows a subsample of the cloud."""
         return self.detail_fraction < 1.0
 
     @property
@@ -779,7 +1056,8 @@ class PointCloudViewer(QtWidgets.QWidget):
         """For the status bar: empty at full detail."""
         if not self.detail_reduced:
             return ""
-        return f"detail {100 * self.detail_fraction:.0f} % while moving"
+        pct = f"detail {100 * self.detail_fraction:.0f} %"
+        return pct + (", refining" if self.refining else " while moving")
 
     def _upload_rows(self, lo: int, hi: int) -> None:
         """Upload the scene's rows [lo, hi) into the cloud's buffers, UPLOAD_CHUNK rows at a
@@ -790,9 +1068,10 @@ class PointCloudViewer(QtWidgets.QWidget):
         docs/benchmarks_gui.md). Outside a draw (tests) the chunks queue as before."""
         m = self.scene
         flush = self.canvas._in_pre_draw
-        for a in range(lo, max(hi, lo + 1), UPLOAD_CHUNK):
+        for a in range(lo, hi, UPLOAD_CHUNK):
             s = slice(a, min(hi, a + UPLOAD_CHUNK))
-            self.cloud.write_rows(a, m.positions[s], pack_rgb(m.colors[s]), m.conf[s], m.depth[s], m.frame[s])
+            self.cloud.write_rows(a, m.positions[s], pack_rgb(m.colors[s]), m.conf[s], m.depth[s], m.frame[s],
+                                  not flush)     # copy only when the commands wait for a draw
             if flush:
                 self.canvas.context.flush_commands()
 
@@ -949,7 +1228,12 @@ class PointCloudViewer(QtWidgets.QWidget):
         return self.canvas.render()
 
     def screenshot(self, path: str) -> np.ndarray:
-        img = np.ascontiguousarray(self.render_image())
+        """Save the 3D view with every point (one full draw: an explicit request)."""
+        self.full_render = True
+        try:
+            img = np.ascontiguousarray(self.render_image())
+        finally:
+            self.full_render = False
         h, w = img.shape[:2]
         qimg = QtGui.QImage(img.data, w, h, 4 * w, QtGui.QImage.Format.Format_RGBA8888)
         if not qimg.save(str(path)):

@@ -98,3 +98,52 @@ def test_choose_detail_fits_the_budget_and_keeps_the_live_rows():
         if j + 1 < LOD_LEVELS:                  # the next level would not fit
             assert len(m.draw_prefix(j + 1, live)) + (m.count - live) > budget
         last = drawn
+
+
+def test_background_pass_never_makes_the_caller_wait(monkeypatch):
+    """With the budget full before the background pass has finished, add_frame keeps an even
+    subsample of what fits instead of waiting (the caller is the GUI thread); once the pass is
+    done the next frames go in whole again."""
+    import threading
+
+    import engine.scene as scene_mod
+    release = threading.Event()
+    plan = scene_mod._plan
+
+    def slow_plan(*a, **kw):
+        release.wait(30)
+        return plan(*a, **kw)
+    monkeypatch.setattr(scene_mod, "_plan", slow_plan)
+    rng = np.random.default_rng(3)
+    m = SceneModel(100_000, background=True)
+    try:
+        i = 0
+        while m.thinning_passes == 0:              # up to the high-water mark: a pass starts
+            m.add_frame(_frame(i, _wall(rng, 5000, x0=0.05 * i)))
+            i += 1
+        for _ in range(6):                         # it cannot finish: the budget fills
+            m.add_frame(_frame(i, _wall(rng, 5000, x0=0.05 * i)))
+            i += 1
+        assert m.count <= m.point_budget and m.points_skipped > 0
+        assert m.frames_added == i                 # every frame (and camera) was taken
+        rows = m.frame[: m.count]
+        kept_last = int((rows == i - 1).sum())
+        assert kept_last < 5000                    # the frame that did not fit: a subsample
+        if kept_last:                              # ... spread over the frame, not its first rows
+            p = m.positions[: m.count][rows == i - 1]
+            assert np.ptp(p[:, 0]) > 0.5 * 4.0 * (1 - 1 / kept_last)
+        release.set()
+        whole = False
+        for _ in range(4):                         # passes catch up (one may not be enough)
+            m.wait()
+            skipped = m.points_skipped
+            m.add_frame(_frame(i, _wall(rng, 5000, x0=0.05 * i)))
+            i += 1
+            assert m.count <= m.point_budget
+            if m.points_skipped == skipped:
+                whole = int((m.frame[: m.count] == i - 1).sum()) == 5000
+                break
+        assert whole
+    finally:
+        release.set()
+        m.wait()

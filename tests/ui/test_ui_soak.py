@@ -201,6 +201,7 @@ def test_a_draw_uploads_rewritten_rows_in_flushed_chunks(qtbot, monkeypatch):
         return write_rows(offset, positions, *rest)
     monkeypatch.setattr(v.cloud, "write_rows", spy)
     v.add_frames([frame(i, 50_000) for i in range(1, 5)])            # 200k new rows: 10 chunks
+    v.max_upload_rows = 200_000                # (a large batch is otherwise spread over draws)
     img = v.render_image()
     assert len(queued) == 10 and v.cloud.count == v.scene.count == 201_000
     chunk_bytes = 20_000 * 28

@@ -3,9 +3,10 @@ misses the frame-time target it draws a draw-order prefix plus the newest frames
 everything once the view has stood still; the per-level index lists follow thinning."""
 import numpy as np
 import pytest
+from PySide6 import QtGui
 
 from engine.scene import LOD_LEVELS
-from ui.viewer import LIVE_FRAMES, PointCloudViewer
+from ui.viewer import LIVE_FRAMES, REFINE_CHUNK_TARGETS, PointCloudViewer
 from tests.ui.test_ui_viewer import _frame, _lit
 
 
@@ -22,6 +23,10 @@ def viewer(qtbot):
 
 def _fill(v, frames=12):
     v.add_frames([_frame(i, x=0.03 * i) for i in range(frames)])
+    for _ in range(20):                          # buffers grown: uploaded a piece per draw
+        v.render_image()
+        if not v.catching_up:
+            break
 
 
 def test_reduced_draw_is_a_prefix_plus_the_newest_frames(viewer, qtbot):
@@ -52,11 +57,20 @@ def test_still_view_is_refined_to_full_detail(viewer, qtbot):
     _fill(viewer)
     viewer.render_image()
     viewer.cost_per_point_ms = viewer.frame_time_target_ms / (0.3 * viewer.point_count)
-    viewer.canvas.update()
+    texts = set()                                # what the status bar is told
+    viewer.detail_changed.connect(lambda _f: texts.add(viewer.detail_text))
+    viewer.view.camera.azimuth += 1.0            # a new picture: reduced until the view is still
     qtbot.waitUntil(lambda: viewer.detail_reduced, timeout=10_000)
-    # nothing moves: the idle refinement draws everything
+    # nothing moves: the idle refinement adds what was left out, a bounded chunk per draw
+    chunks0 = viewer.refine_chunks
     qtbot.waitUntil(lambda: viewer.drawn_points == viewer.point_count, timeout=20_000)
-    assert not viewer.detail_reduced and viewer.cloud.draw_plan is None
+    assert not viewer.detail_reduced and not viewer.refining
+    budget = REFINE_CHUNK_TARGETS * viewer.frame_time_target_ms / viewer.cost_per_point_ms
+    assert viewer.refine_chunks - chunks0 >= 2           # 70 % left out, 60 % a chunk
+    assert 0 < viewer.max_chunk_points <= budget
+    # the status bar's words: reduced while moving, then refining, then nothing (full detail)
+    assert any(t.endswith("while moving") for t in texts) and any(t.endswith(", refining") for t in texts)
+    assert viewer.detail_text == ""
     # the camera moves: reduced again
     viewer.view.camera.azimuth += 30.0
     viewer.render_image()
@@ -87,3 +101,124 @@ def test_level_index_follows_thinning(qtbot):
     for k in range(LOD_LEVELS):
         assert np.array_equal(v.levels.host[k][: v.levels.used[k]],
                               np.flatnonzero(m.level[: m.count] == k))
+
+
+def _screen(v):
+    """What the widget shows now: its framebuffer, read back without drawing again."""
+    from vispy.gloo import gl
+    w = v.canvas.native
+    w.makeCurrent()                              # binds the widget's framebuffer
+    try:
+        pw, ph = v.canvas.physical_size
+        buf = gl.glReadPixels(0, 0, pw, ph, gl.GL_RGBA, gl.GL_UNSIGNED_BYTE)
+    finally:
+        w.doneCurrent()
+    return np.frombuffer(buf, np.uint8).reshape(ph, pw, 4)[::-1].copy()
+
+
+def test_refinement_adds_up_to_the_full_picture(viewer, qtbot):
+    """The chunks are drawn on top of the kept picture: once refined, the screen shows what one
+    draw of every point shows (and more than the reduced draw did)."""
+    _fill(viewer, frames=20)
+    viewer.set_point_size(1.0)
+    viewer.render_image()
+    viewer.cost_per_point_ms = viewer.frame_time_target_ms / (0.15 * viewer.point_count)
+    viewer._idle.setInterval(600_000)            # (the view "stands still" when the test says so)
+    viewer.view.camera.azimuth += 1.0            # a new picture: reduced, refined after a wait
+    qtbot.waitUntil(lambda: viewer.detail_reduced, timeout=10_000)
+    reduced = _screen(viewer)
+    assert not viewer.refining
+    viewer._idle.setInterval(0)
+    viewer._idle.start()
+    qtbot.waitUntil(lambda: viewer.drawn_points == viewer.point_count, timeout=20_000)
+    qtbot.wait(50)
+    refined = _screen(viewer)
+    viewer.full_render = True
+    full = viewer.render_image()
+    viewer.full_render = False
+    lr, lf, lx = _lit(reduced), _lit(refined), _lit(full)
+    print(lr.sum(), lf.sum(), lx.sum(), (lf & lx).sum() / (lf | lx).sum())
+    assert lr.sum() < 0.9 * lf.sum()
+    assert (lf & lx).sum() / (lf | lx).sum() > 0.95
+
+
+def test_thinning_pass_is_uploaded_in_pieces(qtbot):
+    """The rows a thinning pass rewrote go to the GPU a bounded piece per draw, the newest
+    frames first; meanwhile the old layout's lists are drawn too (the picture does not lose
+    what it showed) and the model holds back the next pass; afterwards the lists equal the
+    model's."""
+    v = PointCloudViewer(capacity=1 << 17, point_budget=100_000)
+    qtbot.addWidget(v)
+    v.resize(320, 240)
+    v.show()
+    qtbot.waitExposed(v)
+    v.measure_cost = False
+    v.cost_per_point_ms = 1e-9                   # draw everything: the picture is comparable
+    v.max_upload_rows = 7000
+    spans = []
+    upload = v._upload_rows
+    v._upload_rows = lambda lo, hi: (spans.append((lo, hi, v._w)), upload(lo, hi))[1]
+    m = v.scene
+    i = 0
+    while not v.catching_up and i < 80:
+        before = v.render_image()
+        v.add_frames([_frame(i, x=0.05 * i)])
+        i += 1
+        if m.thinning_passes:
+            m.wait()                             # the pass is applied: rows rewritten
+        v.render_image()
+    assert v.catching_up and m.hold_passes
+    draws = 1
+    while v.catching_up:
+        spans.clear()
+        img = v.render_image()
+        draws += 1
+        assert _lit(img).sum() >= 0.9 * _lit(before).sum()   # old rows still drawn meanwhile
+        # the catch-up's piece (the span from its pointer) is bounded
+        assert all(hi - lo <= v.max_upload_rows for lo, hi, w in spans if lo == w)
+        assert draws < 100
+    assert draws >= 3 and v.catch_ups == 1 and not m.hold_passes
+    for k in range(LOD_LEVELS):
+        assert np.array_equal(v.levels.host[k][: v.levels.used[k]], np.flatnonzero(m.level[: m.count] == k))
+    # the GPU now holds the model's rows: the same picture as after uploading them in one piece
+    full = v.render_image()
+    m._dirty_points, m._capacity_changed = 0, True
+    v.max_upload_rows = None
+    v._dirty = True
+    ref = v.render_image()
+    # (the same lit pixels; where points of several frames coincide exactly, a handful of
+    # pixels may take a neighbouring point's colour)
+    assert not v.catching_up and np.array_equal(_lit(ref), _lit(full))
+    assert (np.abs(ref.astype(int) - full.astype(int)).sum(-1) > 0).mean() < 1e-3
+
+
+def test_large_batch_is_uploaded_in_pieces_newest_first(qtbot):
+    """Many frames at once (a slow GUI gets large batches): the newest frames are drawn at the
+    first draw, the rest arrives a bounded piece per draw; appends stay O(new rows)."""
+    v = PointCloudViewer(capacity=1 << 17, point_budget=1_000_000)
+    qtbot.addWidget(v)
+    v.resize(320, 240)
+    v.show()
+    qtbot.waitExposed(v)
+    v.measure_cost, v.cost_per_point_ms = False, 1e-9
+    v.add_frames([_frame(0)])
+    v.render_image()
+    before = v.cloud.uploaded_bytes
+    v.max_upload_rows = 6000
+    v.add_frames([_frame(i, x=0.03 * i) for i in range(1, 11)])      # 48,000 new rows
+    m = v.scene
+    v.render_image()
+    assert v.catching_up
+    views, (first, n) = v.cloud.draw_plan
+    live_from = m.first_row_of_frame(m.frames_added - LIVE_FRAMES)
+    assert first == live_from and first + n == m.count              # the newest frames: drawn
+    draws = 1
+    while v.catching_up:
+        v.render_image()
+        draws += 1
+        assert draws < 50
+    assert draws >= 5                                               # 38,400 rows / 6,000 a draw
+    # every new row went up once (28 B a row), nothing before them again
+    assert v.cloud.uploaded_bytes - before == 28 * 48_000
+    for k in range(LOD_LEVELS):
+        assert np.array_equal(v.levels.host[k][: v.levels.used[k]], np.flatnonzero(m.level[: m.count] == k))
