@@ -41,3 +41,23 @@ def random_results(n: int = 5, h: int = 48, w: int = 64, seed: int = 0, depth: b
             conf=rng.uniform(1.0, 10.0, (h, w)).astype(np.float32) if has else None,
             segment=int(i >= 4)))
     return out
+
+
+def tiny_checkpoint_and_frames(folder, n: int = 4, size: tuple = (80, 60), seed: int = 0) -> tuple:
+    """A recipe-weight checkpoint of the tiny LingBot-Map (folder/tiny.pt) and `n` seeded random
+    PNG frames of `size` (W, H) in folder/frames: what a CLI run of the neural engine needs."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    from engine.model_zoo import build_model
+    from engine.models.recipe import fill_recipe
+    folder = Path(folder)
+    ckpt = folder / "tiny.pt"
+    torch.save(fill_recipe(build_model("lingbot-map-tiny")).state_dict(), ckpt)
+    frames = folder / "frames"
+    frames.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(frames / f"{i:03d}.png")
+    return ckpt, frames

@@ -126,18 +126,10 @@ def test_no_import_cycle_in_kv_or_between_models_and_kv():
 def test_run_stats_json_carries_the_backend_choice(tmp_path):
     """`reconstudio run --stats-json`: the chosen backend and why the others were refused."""
     import numpy as np
-    from PIL import Image
 
     from app.cli import main
-    from engine.model_zoo import build_model
-    from engine.models.recipe import fill_recipe
-    ckpt = tmp_path / "tiny.pt"
-    torch.save(fill_recipe(build_model("lingbot-map-tiny")).state_dict(), ckpt)
-    frames = tmp_path / "frames"
-    frames.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(4):
-        Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(frames / f"{i:03d}.png")
+    from tests.engine.factories import tiny_checkpoint_and_frames
+    ckpt, frames = tiny_checkpoint_and_frames(tmp_path)
     rc = main(["run", str(frames), "--checkpoint", str(ckpt), "--engine", "lingbot-map", "--model", "lingbot-map-tiny",
                "--device", "cpu", "--image-width", "70", "--scale-frames", "2", "--window", "3", "--special-cap", "16",
                "--camera-iterations", "1", "-q", "--session-dir", str(tmp_path / "s"),
