@@ -1,6 +1,9 @@
 """Loop closure for the geometric engine: place recognition over keyframes, geometric
 verification, and a Sim(3) pose-graph correction of every keyframe of the segment.
 
+One module of ~1,000 lines on purpose: the pieces below share the `LoopCloser` worker thread's
+keyframe database and its locking; split, each would reach into the others' state.
+
 Pieces (all OpenCV + numpy; the heavy part runs on a worker thread):
 - **Keyframe features**: ORB (up to 800 corners) for place recognition, and ORB descriptors at the
   keyframe's own map-point observations (orientation from the intensity centroid), each tied to

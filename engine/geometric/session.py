@@ -1,6 +1,9 @@
 """The "geometric" engine session: KLT tracks → monocular tracker → ordered FrameResults, with
 keyframe depth computed behind the tracker on a worker thread.
 
+Over 800 lines on purpose: the ordering contract below ties the tracker, the depth worker, the
+loop closer and self-calibration's held frames to one queue of pending frames, kept in one place.
+
 Ordering contract
 - `push` returns results strictly in input order (each frame at most once).
 - Frames seen before the map is initialised wait and are returned together once it is (like the
