@@ -1,6 +1,6 @@
 """The scene the live viewer draws, as plain arrays (numpy only, no Qt, no GL). Slightly over
 800 lines on purpose: the point budget, thinning, level-of-detail order and re-alignment slots
-all rewrite the same rows and must agree on one invariant (rows are never reordered behind the view).
+all rewrite the same rows and must agree on what changed (`take_changes`), so they live together.
 
 `SceneModel` holds what the 3D view shows of a run: the points of every frame (segment-local
 positions, colours, confidence, depth in the capturing camera, segment, frame sequence number,
