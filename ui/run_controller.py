@@ -289,8 +289,12 @@ class RunController(QtCore.QObject):
         done = self.last_stats.get("frames_in", 0)
         if not self.running or self.win.viewer.frame_count or not done:
             return None
-        return (f"Initialising: {done} frame{'s' if done != 1 else ''} read, no camera pose yet.\n"
-                "The geometric engine needs some sideways camera motion before its first pose;\n"
+        head = f"Initialising: {done} frame{'s' if done != 1 else ''} read, no camera pose yet.\n"
+        held = self.last_stats.get("self_calibrating_frames") or 0
+        if held:
+            return (head + f"No intrinsics were given: the focal length is being measured from the first "
+                    f"frames ({held} held).\nGive an intrinsics file in the settings to start at once.")
+        return (head + "The geometric engine needs some sideways camera motion before its first pose;\n"
                 "neural engines return their first results after the scale frames.")
 
     def _sample_viewer_fps(self) -> None:

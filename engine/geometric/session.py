@@ -347,6 +347,7 @@ class GeometricSession:
             "focal_px": float(self.K[0, 0]) if self._input_size else None,
             "focal_sigma_px": self.focal.sigma if self.focal is not None else None,
             "focal_source": self.focal_source or None,
+            "self_calibrating_frames": len(self._held),      # held until the focal length is settled
             "loops_closed": self._loops_closed, "segments_relocalised": self._n_links,
             "segments_continued": self._n_cont,
             "loops_consistent": self._loop.loops_consistent if self._loop is not None else 0,

@@ -64,13 +64,15 @@ def icl():
 def test_session_self_calibrates_the_icl_clip(icl):
     seq, frames = icl
     s = open_session(SessionConfig(engine="geometric", loop_closure=False))   # no intrinsics
-    res = []
+    res, held = [], []
     for f in frames:
         res += s.push(f)
+        held.append(s.stats()["self_calibrating_frames"])
     res += s.flush()
     st = s.stats()
     ev = s.poll_events()
     s.close()
+    assert max(held) > 10 and st["self_calibrating_frames"] == 0     # shown in the view while held
     truth = 0.5 * (seq.intrinsics.fx + seq.intrinsics.fy)
     assert st["focal_source"] == "self-calibrated" and st["focal_sigma_px"] > 0
     assert any("self-calibrated" in e.message for e in ev if e.kind == "info")

@@ -180,3 +180,16 @@ def test_current_frame_on_a_frame_without_depth_shows_the_nearest_earlier_points
     assert (np.abs(img[..., :3].astype(int) - img[0, 0, :3].astype(int)).sum(axis=-1) > 30).mean() > 0.002
     rv.go_live()
     assert rv.frame_label.toolTip() == "" and v.frame_count == 8
+
+
+def test_waiting_hint_says_when_the_focal_length_is_being_measured(make_window, monkeypatch):
+    """A geometric run without intrinsics holds its first frames to self-calibrate: the empty view
+    says so (and how to skip it) instead of asking for sideways motion."""
+    from ui.run_controller import RunController
+    w = make_window()
+    monkeypatch.setattr(RunController, "running", property(lambda self: True))
+    w.runs.last_stats = {"frames_in": 40, "self_calibrating_frames": 40}
+    hint = w.runs.waiting_hint()
+    assert "focal length is being measured" in hint and "40 held" in hint and "intrinsics" in hint
+    w.runs.last_stats = {"frames_in": 40, "self_calibrating_frames": 0}
+    assert "sideways camera motion" in w.runs.waiting_hint()
