@@ -3,7 +3,7 @@ trajectory in an offscreen vispy SceneCanvas, whose camera is one clip matrix pe
 
 GL context: the vispy application already running in the process (the GUI's Qt one), else EGL:
 under X (e.g. Xvfb) through the display, without one "surfaceless" (Mesa's llvmpipe renders with
-no GPU). No Qt is imported here: the CLI renders without a Qt application.
+no GPU). Qt is imported only when the GUI's application draws: the CLI renders without one.
 """
 from __future__ import annotations
 
@@ -71,6 +71,13 @@ class OffscreenRenderer:
         self.W, self.H = (int(x) for x in size)
         self.canvas = scene.SceneCanvas(size=(self.W, self.H), show=False, bgcolor=BACKGROUND, keys=None,
                                         app=app)
+        if "qt" in app.backend_name.lower() or "pyside" in app.backend_name.lower():
+            # a Qt GL widget that was never shown has no initialised context and renders blank
+            # frames: show it without putting it on screen
+            from PySide6 import QtCore
+            self.canvas.native.setAttribute(QtCore.Qt.WidgetAttribute.WA_DontShowOnScreen, True)
+            self.canvas.show()
+            app.process_events()
         view = self.canvas.central_widget.add_view()
         self.camera = PoseCamera()
         view.camera = self.camera
