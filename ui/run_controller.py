@@ -201,7 +201,8 @@ class RunController(QtCore.QObject):
             w.status_dirty()
             return
         w.viewer.add_frames(batch)
-        # previews repaint at most PREVIEW_HZ (colour-mapping a depth map costs ~10 ms)
+        # previews repaint at most PREVIEW_HZ: colour-mapping a depth map runs on the GUI thread,
+        # too much work to repeat for every result
         now = self._clock.elapsed()
         if now - self._last_preview >= 1000 / PREVIEW_HZ or w.preview.shown_index is None:
             self._last_preview = now
