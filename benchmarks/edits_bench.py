@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--size", default="518x392", help="result size WxH")
     ap.add_argument("--stride", type=int, default=2)
     ap.add_argument("--root", default="/tmp/reconstudio-edits-bench")
+    ap.add_argument("--cases", default="raw,box,polygon,outliers",
+                    help="comma list of the cases to export (first word of each case's name)")
     a = ap.parse_args()
     w, h = (int(v) for v in a.size.split("x"))
     root = Path(a.root)
@@ -71,7 +73,10 @@ def main() -> None:
           f"python {platform.python_version()}")
     print("| case | export s | points |")
     print("| --- | ---: | ---: |")
+    wanted = set(a.cases.split(","))
     for name, edits in cases.items():
+        if name.split()[0] not in wanted:
+            continue
         reader = read_session(folder, edits=edits)
         t = time.perf_counter()
         out = export_results(reader, {"ply": root / "out.ply"}, stride=a.stride)

@@ -145,10 +145,29 @@ def apply_to_c2w(S: np.ndarray, c2w: np.ndarray) -> np.ndarray:
     return P
 
 
+def affine_rows(X: np.ndarray, M: np.ndarray, t: Optional[np.ndarray] = None) -> np.ndarray:
+    """X @ M.T + t in float64 for many rows X [N,k] and a small M [m,k]: column by column,
+    without BLAS. OpenBLAS's gemm on an N×3 by 3×3 product is an order of magnitude slower than
+    these elementwise passes (and its threads thrash a loaded machine); the results agree to
+    rounding (benchmarks/edits_bench.py measures an export's crop, which runs this per frame)."""
+    X = np.asarray(X, np.float64)
+    M = np.asarray(M, np.float64)
+    n, k = X.shape
+    out = np.empty((n, M.shape[0]), np.float64)
+    for i in range(M.shape[0]):
+        c = out[:, i]
+        np.multiply(X[:, 0], M[i, 0], out=c)
+        for j in range(1, k):
+            c += X[:, j] * M[i, j]
+        if t is not None:
+            c += t[i]
+    return out
+
+
 def apply_to_points(S: np.ndarray, X: np.ndarray) -> np.ndarray:
     """N×3 points mapped by the similarity S."""
     S = np.asarray(S, np.float64)
-    return np.asarray(X, np.float64) @ S[:3, :3].T + S[:3, 3]
+    return affine_rows(np.asarray(X).reshape(-1, 3), S[:3, :3], S[:3, 3])
 
 
 def apply_to_depth(depth: Optional[np.ndarray], s: float) -> Optional[np.ndarray]:

@@ -23,6 +23,7 @@ from PySide6 import QtCore, QtWidgets
 from vispy import scene as vscene
 
 from engine.api import EngineError
+from engine.geometry import apply_to_points
 from engine.io.edits import (BoxCrop, EditsError, OutlierRemoval, PolygonCrop, SessionEdits, floor_from_points,
                              floor_grid, load_edits, save_edits, scale_from_points)
 
@@ -288,7 +289,7 @@ class ReviewTools(QtWidgets.QWidget):
         if T is None and d.index not in placed:          # a frame stored after the reader was made
             from engine.geometry import result_transforms
             T = result_transforms([(d.segment, d.index)], reader.events)[0]
-        world = d.points if T is None else (d.points.astype(np.float64) @ T[:3, :3].T + T[:3, 3])
+        world = d.points if T is None else apply_to_points(T, d.points)
         keep = reader.keep_mask(world)
         if keep.all():
             return d

@@ -36,7 +36,7 @@ from typing import Optional, Union
 import numpy as np
 
 from ..api import EngineError
-from ..geometry import apply_to_c2w, apply_to_points, sim3_matrix
+from ..geometry import affine_rows, apply_to_c2w, apply_to_points, sim3_matrix
 from .atomic import atomic_open
 
 EDITS_FILE = "edits.json"
@@ -82,7 +82,8 @@ class BoxCrop:
         return cls(center=R @ c_local, half_size=np.abs(hi - lo) / 2, rotation=R, keep_inside=keep_inside)
 
     def inside(self, points: np.ndarray) -> np.ndarray:
-        local = (np.asarray(points, np.float64) - self.center) @ self.rotation
+        local = affine_rows(np.asarray(points, np.float64).reshape(-1, 3), self.rotation.T,
+                            -(self.rotation.T @ self.center))
         return np.all(np.abs(local) <= self.half_size, axis=1)
 
     @classmethod
@@ -93,7 +94,7 @@ class BoxCrop:
         if not len(P):
             raise EditsError("no points to put a box around")
         R = np.eye(3) if rotation is None else _mat(rotation, (3, 3), "box rotation")
-        local = P @ R
+        local = affine_rows(P, R.T)
         lo, hi = np.percentile(local, [percentile, 100 - percentile], axis=0)
         return cls.from_bounds(lo, hi, R)
 
@@ -145,7 +146,7 @@ class PolygonCrop:
         import cv2
         w, h = int(self.size[0]), int(self.size[1])
         P = np.asarray(points, np.float64)
-        v = P @ self.view[:, :3].T + self.view[:, 3]          # [N,4] homogeneous screen pixels
+        v = affine_rows(P.reshape(-1, 3), self.view[:, :3], self.view[:, 3])   # [N,4] homogeneous screen pixels
         ok = v[:, 3] > 0
         with np.errstate(divide="ignore", invalid="ignore"):
             x = v[:, 0] / v[:, 3]

@@ -24,6 +24,8 @@ from typing import Optional
 
 import numpy as np
 
+from ..geometry import affine_rows
+
 DEPTH_TOLERANCE = 0.05
 CELLS_ACROSS = 96
 MIN_CELL_PX = 3
@@ -73,7 +75,7 @@ def visible(points: np.ndarray, view: View, tol: float = DEPTH_TOLERANCE) -> tup
     """Which of `points` [M,3] (world) `view` sees: (indices into points, uv [k,2] in OpenCV
     pixel coordinates of the view's image)."""
     X = np.asarray(points, np.float64).reshape(-1, 3)
-    cam = X @ view.w2c[:3, :3].T + view.w2c[:3, 3]
+    cam = affine_rows(X, view.w2c[:3, :3], view.w2c[:3, 3])
     z = cam[:, 2]
     front = z > 1e-9
     idx = np.nonzero(front)[0]

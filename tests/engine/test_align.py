@@ -168,3 +168,18 @@ def test_pose_graph_bad_input():
     with pytest.raises(ValueError):
         g.add_edge(0, 1, information=-np.eye(7))
     assert g.optimize()["iterations"] == 0          # nothing to do: consistent graph with no edges
+
+
+@pytest.mark.parametrize("m,k,with_t", [(3, 3, True), (4, 3, True), (3, 3, False), (2, 4, True)])
+def test_affine_rows_equals_the_matrix_product(m, k, with_t):
+    """The BLAS-free row transform (points, crops, projections) gives X @ M.T + t to rounding,
+    for float32 and float64 input."""
+    from engine.geometry import affine_rows
+    rng = np.random.default_rng(7 + m + k)
+    M, t = rng.normal(size=(m, k)), rng.normal(size=m)
+    for X in (rng.normal(size=(1001, k)) * 50, rng.normal(size=(5, k)).astype(np.float32)):
+        want = np.asarray(X, np.float64) @ M.T + (t if with_t else 0)
+        got = affine_rows(X, M, t if with_t else None)
+        assert got.dtype == np.float64 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+    assert affine_rows(np.zeros((0, k)), M, t).shape == (0, m)
