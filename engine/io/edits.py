@@ -311,21 +311,33 @@ class OutlierModel:
         self.reference_points = len(ref)
         self.tree = cKDTree(ref) if len(ref) > params.k else None
         self.threshold = math.inf
+        self.ref_mean = None                          # each reference point's mean k-NN distance
         if self.tree is not None:
             d, _ = self.tree.query(ref, params.k + 1, workers=-1)
             m = d[:, 1:].mean(axis=1)                 # the nearest is the point itself
             self.threshold = float(m.mean() + params.std_ratio * m.std())
+            self.ref_mean = m
 
     def keep(self, points: np.ndarray) -> np.ndarray:
-        """True for the points that are not outliers (all of them without enough reference points)."""
+        """True for the points that are not outliers (all of them without enough reference points).
+
+        Exact, in two passes: a point p whose nearest reference point r lies at distance e has a
+        mean k-NN distance of at most e + ref_mean[r] (r's k neighbours are k candidates at most e
+        farther), so when that bound is within the threshold p is kept after a 1-NN query; only
+        the rest (few: the points near or past the threshold) need the k + 1 query."""
         P = np.asarray(points, np.float64).reshape(-1, 3)
         if self.tree is None or not len(P):
             return np.ones(len(P), bool)
         k = self.params.k
-        d, _ = self.tree.query(P, k + 1, workers=-1)
-        # a point of the reference cloud finds itself first (distance 0): its k others count
-        m = np.where(d[:, 0] == 0, d[:, 1:].mean(axis=1), d[:, :k].mean(axis=1))
-        return m <= self.threshold
+        e, r = self.tree.query(P, 1, workers=-1)
+        keep = e + self.ref_mean[r] <= self.threshold
+        rest = np.flatnonzero(~keep)
+        if len(rest):
+            d, _ = self.tree.query(P[rest], k + 1, workers=-1)
+            # a point of the reference cloud finds itself first (distance 0): its k others count
+            m = np.where(d[:, 0] == 0, d[:, 1:].mean(axis=1), d[:, :k].mean(axis=1))
+            keep[rest] = m <= self.threshold
+        return keep
 
 
 def fit_outliers(frames, n_frames: int, edits: "SessionEdits") -> Optional[OutlierModel]:

@@ -268,3 +268,22 @@ def test_each_frame_is_tested_once_per_export(session, tmp_path, monkeypatch):
     z = np.load(tmp_path / "o.npz")
     assert len(z["points"]) == out["points"] == (z["depth"] > 0).sum()
     assert 0.98 * (4 * H * W - 20) <= out["points"] <= 4 * H * W - 20       # the 20 far points are gone
+
+
+def test_outlier_test_matches_the_plain_k_nearest_rule():
+    """OutlierModel.keep's 1-NN bound shortcut gives exactly the decision of the plain rule (mean
+    distance to the k nearest reference points, a reference point's own k others) on a noisy
+    cloud with far points, query points on and off the reference."""
+    from scipy.spatial import cKDTree
+    from engine.io.edits import OutlierModel
+    rng = np.random.default_rng(11)
+    wall = np.c_[rng.uniform(-1, 1, (4000, 2)), rng.normal(0, 0.01, 4000)]
+    ref = np.r_[wall, rng.uniform(-3, 3, (60, 3))]
+    model = OutlierModel(ref, OutlierRemoval(k=10, std_ratio=1.0))
+    q = np.r_[ref[::7], np.c_[rng.uniform(-1.2, 1.2, (3000, 2)), rng.normal(0, 0.05, 3000)],
+              rng.uniform(-3, 3, (300, 3))]
+    d, _ = cKDTree(ref).query(q, 11)
+    m = np.where(d[:, 0] == 0, d[:, 1:].mean(axis=1), d[:, :10].mean(axis=1))
+    want = m <= model.threshold
+    assert 0 < (~want).sum() < len(q) // 2          # both decisions occur
+    np.testing.assert_array_equal(model.keep(q), want)
