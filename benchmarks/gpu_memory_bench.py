@@ -116,6 +116,27 @@ def stream(session, frames: list, n: int, keep: int, row: int, warmup: int = 30,
             "rows": rows, "kept": kept}
 
 
+def snapshot_summary(dev, top: int = 12) -> dict:
+    """What the caching allocator holds, by pool: reserved and live bytes of the ordinary pool
+    and of the CUDA graphs' private pools, and the largest live blocks of the ordinary pool
+    (what sits beside the weights, KV pool and camera cache)."""
+    pools, blocks = {}, []
+    for seg in torch.cuda.memory_snapshot():
+        if seg.get("device", dev.index or 0) != (dev.index or 0):
+            continue
+        pid = tuple(seg.get("segment_pool_id") or (0, 0))
+        name = "ordinary" if pid == (0, 0) else "graphs"
+        p = pools.setdefault(name, {"reserved_gib": 0.0, "active_gib": 0.0, "segments": 0})
+        p["reserved_gib"] += seg["total_size"] / GIB
+        p["segments"] += 1
+        for b in seg.get("blocks", []):
+            if b.get("state") == "active_allocated":
+                p["active_gib"] += b["size"] / GIB
+                if name == "ordinary":
+                    blocks.append(b["size"])
+    return {"pools": pools, "largest_ordinary_blocks_mib": [round(b / 2**20, 1) for b in sorted(blocks)[::-1][:top]]}
+
+
 def deviation(test: dict, ref: dict) -> dict:
     idx = sorted(set(test) & set(ref))
     if not idx:
@@ -154,6 +175,8 @@ def capped(args) -> dict:
         res["memory_plan"] = st.get("memory_plan")
         res["kv_backend"] = (st.get("kv") or {}).get("backend")
         res["step_graph"] = st.get("step_graph")
+        if cuda:
+            res["allocator_at_end"] = snapshot_summary(dev)
         session.close()
     kept = run.pop("kept") if run else {}
     res["run"] = run

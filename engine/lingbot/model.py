@@ -152,6 +152,7 @@ class LingBotMap(TrunkModel, nn.Module):
         self.residual_fp32 = True       # set_dtype's default precision policy (see there)
         self.step_graph_error = None    # why whole-step graphs stopped (`_graphed_step`)
         self.step_graph_replays = 0     # streamed steps run as one graph (benchmarks, tests)
+        self.step_graph_pool_bytes = 0  # device memory the whole-step captures reserved (stats)
         self._step_keys_run: set = set()    # step kinds that ran eagerly once (`_graphed_step`)
         self.eval()
 
@@ -209,6 +210,21 @@ class LingBotMap(TrunkModel, nn.Module):
             out = self._graphed_step(key, images, time_index, kv, camera_cache, iterations)
             if out is not None:
                 return out
+        agg = self.aggregator
+        # a step kind's first, eager run before its whole-step capture runs its parts unwrapped:
+        # per-part graphs captured here would hold a second pool beside the step graph's, memory
+        # the plan does not count (engine/memory_plan.py `step_graph_bytes`)
+        unwrapped = key is not None and self.step_graph_error is None and not agg._in_step_graph
+        agg._in_step_graph = agg._in_step_graph or unwrapped
+        try:
+            return self._eager_step(images, time_index, first_frame, scale_phase, kv, camera_cache,
+                                    iterations, extras)
+        finally:
+            if unwrapped:
+                agg._in_step_graph = False
+
+    def _eager_step(self, images, time_index, first_frame, scale_phase, kv, camera_cache, iterations, extras) -> dict:
+        S, _, H, W = images.shape
         feats = self.aggregator(images, time_index, first_frame, scale_phase, kv=kv)
         feats32 = [f.float() for f in feats]
         graphs = self.aggregator.graphs
@@ -290,6 +306,14 @@ class LingBotMap(TrunkModel, nn.Module):
             # to its fallback (no static key) before anything is captured
             self._step_keys_run.add(key)
             return None
+        capture = not agg.graphs.has(key)
+        if capture:
+            # what the capture allocates comes from the graphs' private pool, and CUDA cannot give
+            # the ordinary pool's cached blocks back while a capture runs: so first drop the
+            # one-frame part graphs (their blocks return to the shared pool the capture draws
+            # from) and release the eager steps' cached blocks, then count what the pool took
+            agg.graphs.discard_single_frame_parts()
+            reserved = _release_cached(images.device)
         agg._in_step_graph = True
         try:
             # the longest capture of a session, while the app's reader and store threads run:
@@ -297,9 +321,13 @@ class LingBotMap(TrunkModel, nn.Module):
             pose, depth, conf = agg.graphs.run(key, step, images, rot.cos, rot.sin, error_mode="thread_local")
         except Exception as exc:        # e.g. a kernel that cannot be captured: eager from now on
             self.step_graph_error = f"{type(exc).__name__}: {exc}"[:500]
+            agg.graphs.discard(key)
+            _release_cached(images.device)
             return None
         finally:
             agg._in_step_graph = False
+        if capture and reserved is not None:
+            self.step_graph_pool_bytes += max(0, _release_cached(images.device) - reserved)
         if kv.static_key() != key[1]:   # the backend left its static path while capturing
             self.step_graph_error = f"the attention backend left its static path during capture ({kv.static_key()})"
             agg.graphs.discard(key)
@@ -319,6 +347,16 @@ class LingBotMap(TrunkModel, nn.Module):
         """One bidirectional batch (no caches): frame 0 is the reference, all frames are scale frames."""
         return self.forward_step(images, time_index=range(images.shape[0]), first_frame=True, scale_phase=True,
                                  iterations=iterations)
+
+
+def _release_cached(device) -> Optional[int]:
+    """Return the allocator's cached, unused blocks to CUDA and give the bytes it still reserves
+    (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved(device)
 
 
 # tiny: the same architecture scaled down for tests of other modules (KV cache, checkpoints,

@@ -70,10 +70,28 @@ class GraphCache:
             g = self._graphs[key] = _Captured(fn, inputs, self._pool, error_mode)
         return g(inputs)
 
+    def has(self, name: Hashable) -> bool:
+        """A graph is captured under `name` (any input shapes)."""
+        return any(k[0] == name for k in self._graphs)
+
+    def step_graphs(self) -> int:
+        """How many whole-step graphs are captured (keys named ("step", ...))."""
+        return sum(1 for k in self._graphs if isinstance(k[0], tuple) and k[0][:1] == ("step",))
+
     def discard(self, name: Hashable) -> None:
         """Forget the graphs captured under `name` (any input shapes)."""
         for key in [k for k in self._graphs if k[0] == name]:
             del self._graphs[key]
+
+    def discard_single_frame_parts(self) -> int:
+        """Forget the per-part graphs of one-frame steps (every key but the whole steps'): their
+        blocks go back to the shared pool, where a whole-step capture reuses them. Batched
+        parts (first input larger than one frame) stay. Returns how many were dropped."""
+        drop = [k for k in self._graphs if not (isinstance(k[0], tuple) and k[0][:1] == ("step",))
+                and len(k) > 1 and k[1][0][:1] == (1,)]
+        for key in drop:
+            del self._graphs[key]
+        return len(drop)
 
     def clear(self) -> None:
         self._graphs.clear()
