@@ -320,7 +320,10 @@ class LingBotMap(TrunkModel, nn.Module):
             # their CUDA calls must not invalidate it (a failure would only cost speed, below)
             pose, depth, conf = agg.graphs.run(key, step, images, rot.cos, rot.sin, error_mode="thread_local")
         except Exception as exc:        # e.g. a kernel that cannot be captured: eager from now on
-            self.step_graph_error = f"{type(exc).__name__}: {exc}"[:500]
+            before = "" if not capture or reserved is None else (
+                f" [before this capture: {reserved / 2**30:.2f} GiB reserved, "
+                f"{agg.graphs.step_graphs()} step graphs, {self.step_graph_replays} replays]")
+            self.step_graph_error = (f"{type(exc).__name__}: {exc}"[:500] + before)
             agg.graphs.discard(key)
             _release_cached(images.device)
             return None
