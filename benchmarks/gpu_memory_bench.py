@@ -134,7 +134,13 @@ def snapshot_summary(dev, top: int = 12) -> dict:
                 p["active_gib"] += b["size"] / GIB
                 if name == "ordinary":
                     blocks.append(b["size"])
-    return {"pools": pools, "largest_ordinary_blocks_mib": [round(b / 2**20, 1) for b in sorted(blocks)[::-1][:top]]}
+    sizes: dict = {}
+    for b in blocks:
+        if b >= 16 * 2**20:
+            mib = round(b / 2**20, 1)
+            sizes[mib] = sizes.get(mib, 0) + 1
+    return {"pools": pools, "largest_ordinary_blocks_mib": [round(b / 2**20, 1) for b in sorted(blocks)[::-1][:top]],
+            "ordinary_live_blocks_from_16_mib": {str(k): v for k, v in sorted(sizes.items(), reverse=True)}}
 
 
 def deviation(test: dict, ref: dict) -> dict:

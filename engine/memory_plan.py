@@ -19,11 +19,11 @@ calibration), never measured at run time:
 
 The whole-step CUDA graph's private pool (`step_graph_bytes`, in the plan as `step_graph_gib`)
 is inside the streamed step's workspace, not added to it: the pool holds one streamed step's
-activations (a capture reuses the blocks it frees), and the session never holds them twice --
-a step kind's eager first run graphs none of its parts, the one-frame part graphs are dropped
-into the shared pool before a capture and the ordinary pool's cached blocks are returned to CUDA
-first (engine/lingbot/model.py `_graphed_step`; a capture cannot release them itself). What a
-capture does take is in `stats()["step_graph"]["pool_gib"]`, beside the derived figure.
+activations (a capture reuses the blocks it frees), and the eager steps' cached blocks are
+returned to CUDA before a capture, which cannot release them itself (engine/lingbot/model.py
+`_graphed_step`). Library memory stays bounded too: every capture warms up on one side stream
+per device (engine/models/graphs.py), so cuBLAS keeps one workspace for it instead of one per
+stream of torch's pool. What the captures took is in `stats()["step_graph"]["pool_gib"]`.
 
 `plan_memory` walks the candidates from the exact path down and returns the first that fits
 `budget - headroom` (the headroom: the allocator's fragmentation and the whole-step CUDA graph's

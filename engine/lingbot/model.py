@@ -210,21 +210,6 @@ class LingBotMap(TrunkModel, nn.Module):
             out = self._graphed_step(key, images, time_index, kv, camera_cache, iterations)
             if out is not None:
                 return out
-        agg = self.aggregator
-        # a step kind's first, eager run before its whole-step capture runs its parts unwrapped:
-        # per-part graphs captured here would hold a second pool beside the step graph's, memory
-        # the plan does not count (engine/memory_plan.py `step_graph_bytes`)
-        unwrapped = key is not None and self.step_graph_error is None and not agg._in_step_graph
-        agg._in_step_graph = agg._in_step_graph or unwrapped
-        try:
-            return self._eager_step(images, time_index, first_frame, scale_phase, kv, camera_cache,
-                                    iterations, extras)
-        finally:
-            if unwrapped:
-                agg._in_step_graph = False
-
-    def _eager_step(self, images, time_index, first_frame, scale_phase, kv, camera_cache, iterations, extras) -> dict:
-        S, _, H, W = images.shape
         feats = self.aggregator(images, time_index, first_frame, scale_phase, kv=kv)
         feats32 = [f.float() for f in feats]
         graphs = self.aggregator.graphs
@@ -308,11 +293,9 @@ class LingBotMap(TrunkModel, nn.Module):
             return None
         capture = not agg.graphs.has(key)
         if capture:
-            # what the capture allocates comes from the graphs' private pool, and CUDA cannot give
-            # the ordinary pool's cached blocks back while a capture runs: so first drop the
-            # one-frame part graphs (their blocks return to the shared pool the capture draws
-            # from) and release the eager steps' cached blocks, then count what the pool took
-            agg.graphs.discard_single_frame_parts()
+            # what the capture allocates comes from the graphs' private pool, and the allocator
+            # cannot give the ordinary pool's cached blocks back while a capture runs: release
+            # them first, then count what the pool took
             reserved = _release_cached(images.device)
         agg._in_step_graph = True
         try:
