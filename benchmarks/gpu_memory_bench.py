@@ -106,7 +106,9 @@ def stream(session, frames: list, n: int, keep: int, row: int, warmup: int = 30,
                   f"peak alloc {rows[-1]['peak_allocated_gib']}  reserved {rows[-1]['peak_reserved_gib']}",
                   flush=True)
             seg_t, seg_n = now, done
-    take(session.flush())
+    out = session.flush()                  # the last streamed frame's results (deferred on CUDA)
+    take(out)
+    done += len(out)
     _sync(dev)
     t_end = time.perf_counter()
     return {"frames": done, "seconds": t_end - t0,
