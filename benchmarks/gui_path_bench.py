@@ -194,7 +194,7 @@ def _frames(args) -> list:
 
 def _fps(times: list, warmup: int):
     t = times[warmup:]
-    return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 else None
+    return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else None
 
 
 def _pct(xs, q):

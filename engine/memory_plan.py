@@ -23,7 +23,8 @@ activations (a capture reuses the blocks it frees), and the eager steps' cached 
 returned to CUDA before a capture, which cannot release them itself (engine/lingbot/model.py
 `_graphed_step`). Library memory stays bounded too: every capture warms up on one side stream
 per device (engine/models/graphs.py), so cuBLAS keeps one workspace for it instead of one per
-stream of torch's pool. What the captures took is in `stats()["step_graph"]["pool_gib"]`.
+stream of torch's pool. What the step captures added is in `stats()["step_graph"]["pool_gib"]`;
+the H200 figures against this accounting are in docs/benchmarks.md ("Stop 32").
 
 `plan_memory` walks the candidates from the exact path down and returns the first that fits
 `budget - headroom` (the headroom: the allocator's fragmentation and the whole-step CUDA graph's

@@ -209,9 +209,10 @@ class LingBotMapSession(SessionTiming):
         return out
 
     def _step_graph_stats(self) -> dict:
-        """Whether streamed steps run as one CUDA graph each, how many replays, the device memory
-        their captures reserved (the plan counts it: engine/memory_plan.py `step_graph_bytes`),
-        and, when off, why."""
+        """Whether streamed steps run as one CUDA graph each, the replays and graphs, what the
+        step captures added to the reserved device memory (`pool_gib`; they share the part
+        graphs' pool, whose segments they reuse; the plan's figure: engine/memory_plan.py
+        `step_graph_bytes`) and, when off, why (`why_not`)."""
         m, agg = self.model, self.model.aggregator
         static = self.kv is not None and getattr(self.kv._attn, "static", False)
         if m.step_graph_error is not None:
@@ -229,7 +230,7 @@ class LingBotMapSession(SessionTiming):
             why = "no streamed step with a fixed-shape key has run yet (scale phase, or the window still filling)"
         else:
             why = None
-        n = agg.graphs.step_graphs() if agg.graphs is not None else 0
+        n = agg.graphs.step_graphs() if hasattr(agg.graphs, "step_graphs") else 0
         return {"on": why is None, "replays": m.step_graph_replays, "graphs": n,
                 "pool_gib": m.step_graph_pool_bytes / 2**30, "error": m.step_graph_error, "why_not": why}
 
