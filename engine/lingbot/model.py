@@ -152,7 +152,7 @@ class LingBotMap(TrunkModel, nn.Module):
         self.residual_fp32 = True       # set_dtype's default precision policy (see there)
         self.step_graph_error = None    # why whole-step graphs stopped (`_graphed_step`)
         self.step_graph_replays = 0     # streamed steps run as one graph (benchmarks, tests)
-        self.step_graph_pool_bytes = 0  # device memory the whole-step captures reserved (stats)
+        self.step_graph_pool_bytes = 0  # what the whole-step captures added to reserved memory (stats)
         self._step_keys_run: set = set()    # step kinds that ran eagerly once (`_graphed_step`)
         self.eval()
 

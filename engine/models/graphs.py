@@ -26,11 +26,11 @@ _WARMUP_STREAMS: dict = {}
 
 
 def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
-    """ONE side stream per device for every capture's warm-up, for the process: cuBLAS keeps a
-    workspace for each stream it ran on until the process ends, so a fresh stream per capture
-    (26 part graphs a session, sessions after sessions) left up to one workspace per stream of
-    torch's stream pool in the ordinary pool -- memory no plan counts, which the whole-step
-    capture under a memory cap then lacked (docs/benchmarks.md, "Whole-step graphs under a cap")."""
+    """ONE side stream per device for every capture's warm-up, for the process: PyTorch keeps a
+    cuBLAS workspace for each (handle, stream) until the process ends, so a fresh stream per
+    capture (26 part graphs a session, sessions after sessions) left up to one workspace per
+    stream of torch's stream pool in the ordinary pool -- memory no plan counts, which the
+    whole-step capture under a memory cap then lacked (docs/benchmarks.md, "Stop 32")."""
     dev = device.index if device.index is not None else torch.cuda.current_device()
     if dev not in _WARMUP_STREAMS:
         _WARMUP_STREAMS[dev] = torch.cuda.Stream(dev)
@@ -98,7 +98,6 @@ class GraphCache:
         """Forget the graphs captured under `name` (any input shapes)."""
         for key in [k for k in self._graphs if k[0] == name]:
             del self._graphs[key]
-
 
     def clear(self) -> None:
         self._graphs.clear()
