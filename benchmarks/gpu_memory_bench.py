@@ -106,7 +106,9 @@ def stream(session, frames: list, n: int, keep: int, row: int, warmup: int = 30,
                   f"peak alloc {rows[-1]['peak_allocated_gib']}  reserved {rows[-1]['peak_reserved_gib']}",
                   flush=True)
             seg_t, seg_n = now, done
-    take(session.flush())
+    out = session.flush()                  # the last streamed frame's results (deferred on CUDA)
+    take(out)
+    done += len(out)
     _sync(dev)
     t_end = time.perf_counter()
     return {"frames": done, "seconds": t_end - t0,
@@ -114,6 +116,33 @@ def stream(session, frames: list, n: int, keep: int, row: int, warmup: int = 30,
             "latency_p50_ms": _pct(lat[warmup:] or lat, 50), "latency_p95_ms": _pct(lat[warmup:] or lat, 95),
             "peak_allocated_gib": _mem(dev, "peak_allocated"), "peak_reserved_gib": _mem(dev, "peak_reserved"),
             "rows": rows, "kept": kept}
+
+
+def snapshot_summary(dev, top: int = 12) -> dict:
+    """What the caching allocator holds, by pool: reserved and live bytes of the ordinary pool
+    and of the CUDA graphs' private pools, and the largest live blocks of the ordinary pool
+    (what sits beside the weights, KV pool and camera cache)."""
+    pools, blocks = {}, []
+    for seg in torch.cuda.memory_snapshot():
+        if seg.get("device", dev.index or 0) != (dev.index or 0):
+            continue
+        pid = tuple(seg.get("segment_pool_id") or (0, 0))
+        name = "ordinary" if pid == (0, 0) else "graphs"
+        p = pools.setdefault(name, {"reserved_gib": 0.0, "active_gib": 0.0, "segments": 0})
+        p["reserved_gib"] += seg["total_size"] / GIB
+        p["segments"] += 1
+        for b in seg.get("blocks", []):
+            if b.get("state") == "active_allocated":
+                p["active_gib"] += b["size"] / GIB
+                if name == "ordinary":
+                    blocks.append(b["size"])
+    sizes: dict = {}
+    for b in blocks:
+        if b >= 16 * 2**20:
+            mib = round(b / 2**20, 1)
+            sizes[mib] = sizes.get(mib, 0) + 1
+    return {"pools": pools, "largest_ordinary_blocks_mib": [round(b / 2**20, 1) for b in sorted(blocks)[::-1][:top]],
+            "ordinary_live_blocks_from_16_mib": {str(k): v for k, v in sorted(sizes.items(), reverse=True)}}
 
 
 def deviation(test: dict, ref: dict) -> dict:
@@ -154,6 +183,8 @@ def capped(args) -> dict:
         res["memory_plan"] = st.get("memory_plan")
         res["kv_backend"] = (st.get("kv") or {}).get("backend")
         res["step_graph"] = st.get("step_graph")
+        if cuda:
+            res["allocator_at_end"] = snapshot_summary(dev)
         session.close()
     kept = run.pop("kept") if run else {}
     res["run"] = run

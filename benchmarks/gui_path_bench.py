@@ -5,7 +5,8 @@
 
 Both paths stream the same seeded uint8 frames (a decoded video's: `--input-size`, the session
 preprocesses them) through the same loaded LingBot-Map network, one after the other, `--repeats`
-times each (run, gui, run, gui, ...):
+times each (run, gui, run, gui, ...), or until two consecutive pairs' gui/run ratios agree
+within `--agree`:
 
 * **run**: `open_session` -> `RunDriver(source, session, [StoreSink(store)])`, what
   app/cmd_run.py drives;
@@ -193,7 +194,7 @@ def _frames(args) -> list:
 
 def _fps(times: list, warmup: int):
     t = times[warmup:]
-    return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 else None
+    return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else None
 
 
 def _pct(xs, q):
@@ -250,7 +251,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--input-size", type=int, nargs=2, default=(640, 480), metavar=("W", "H"))
     ap.add_argument("--frames", type=int, default=600)
     ap.add_argument("--warmup", type=int, default=30)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="pairs (run, gui) at most")
+    ap.add_argument("--agree", type=float, default=0.0,
+                    help="stop once two consecutive pairs' gui/run ratios agree within this fraction (0: run all)")
     ap.add_argument("--point-budget", type=int, default=4_000_000)
     ap.add_argument("--display-stride", type=int, default=2)
     ap.add_argument("--display-hz", type=float, default=30.0)
@@ -262,16 +265,22 @@ def main(argv=None) -> dict:
     args.dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     model = build_bench_model(BenchConfig(model=args.model, weights=args.weights, device=args.device, seed=args.seed))
     frames = _frames(args)
-    rows = []
+    rows, ratios, settled = [], [], None
     for rep in range(args.repeats):
         for fn in (run_path, gui_path):
             r = fn(args, model, frames)
             r["repeat"] = rep
             rows.append(r)
             print(json.dumps(r), flush=True)
+        run_fps, gui_fps = rows[-2]["fps_steady"], rows[-1]["fps_steady"]
+        ratios.append(gui_fps / run_fps if run_fps and gui_fps else float("nan"))
+        if args.agree and len(ratios) >= 2 and abs(ratios[-1] - ratios[-2]) <= args.agree * ratios[-2]:
+            settled = [rep - 1, rep]         # two consecutive pairs agree: stop
+            break
     med = {p: float(np.median([r["fps_steady"] for r in rows if r["path"] == p and r["fps_steady"]] or [np.nan]))
            for p in ("run", "gui")}
     out = {"rows": rows, "fps_steady_median": med, "gui_over_run": med["gui"] / med["run"],
+           "pair_ratios": ratios, "settled_pairs": settled,
            "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
            "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()}}
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))

@@ -17,6 +17,15 @@ calibration), never measured at run time:
   step's (a fixed part plus bytes per token of one frame), in the compute dtype. The constants
   are calibrated on the H200 (docs/benchmarks.md, "Memory plans", with the commands).
 
+The whole-step CUDA graph's private pool (`step_graph_bytes`, in the plan as `step_graph_gib`)
+is inside the streamed step's workspace, not added to it: the pool holds one streamed step's
+activations (a capture reuses the blocks it frees), and the eager steps' cached blocks are
+returned to CUDA before a capture, which cannot release them itself (engine/lingbot/model.py
+`_graphed_step`). Library memory stays bounded too: every capture warms up on one side stream
+per device (engine/models/graphs.py), so cuBLAS keeps one workspace for it instead of one per
+stream of torch's pool. What the step captures added is in `stats()["step_graph"]["pool_gib"]`;
+the H200 figures against this accounting are in docs/benchmarks.md ("Stop 32").
+
 `plan_memory` walks the candidates from the exact path down and returns the first that fits
 `budget - headroom` (the headroom: the allocator's fragmentation and the whole-step CUDA graph's
 capture, see HEADROOM_BYTES), with the reasons. Order (the first tier that fits wins; within a tier the
@@ -176,6 +185,15 @@ def workspace_bytes(facts: ModelFacts, patch_tokens: int, scale_frames: int) -> 
     return int(facts.compute_bytes / 2 * max(scale_step, streamed))
 
 
+def step_graph_bytes(facts: ModelFacts, patch_tokens: int, weight_dtype: str = "auto") -> int:
+    """The whole-step CUDA graph's private pool: one streamed step's activations, the per-token
+    part of the streamed workspace (part of `workspace_bytes`, see the module docstring); 0 for
+    quantized weights, which run eagerly."""
+    if weight_dtype in ("int8", "fp8"):
+        return 0
+    return int(facts.compute_bytes / 2 * WORKSPACE_BYTES_PER_FRAME_TOKEN * (patch_tokens + facts.special_tokens))
+
+
 def headroom_bytes(budget: int) -> int:
     return int(HEADROOM_BYTES + HEADROOM_FRACTION * budget)
 
@@ -204,6 +222,7 @@ class MemoryPlan:
     patch_tokens: int
     breakdown: dict                # bytes: weights, kv_pool, camera_cache, workspace
     reasons: list = field(default_factory=list)
+    step_graph: int = 0            # bytes of the workspace the whole-step graph's pool takes
 
     @property
     def predicted_peak_bytes(self) -> int:
@@ -221,7 +240,8 @@ class MemoryPlan:
         return {"budget_gib": self.budget_bytes / GIB, "predicted_peak_gib": self.predicted_peak_bytes / GIB,
                 "headroom_gib": headroom_bytes(self.budget_bytes) / GIB,
                 **self.settings(), "tier": self.tier, "exact": self.exact, "patch_tokens": self.patch_tokens,
-                "breakdown_gib": {k: v / GIB for k, v in self.breakdown.items()}, "reasons": list(self.reasons)}
+                "breakdown_gib": {k: v / GIB for k, v in self.breakdown.items()},
+                "step_graph_gib": self.step_graph / GIB, "reasons": list(self.reasons)}
 
     def describe(self) -> str:
         """One line for the settings panel and logs."""
@@ -320,7 +340,8 @@ def plan_memory(cfg: SessionConfig, budget_gib: float, facts: ModelFacts, *, pat
                                               cfg.kv_keep_ratio).values())
                     reasons.append(f"the configured settings need {exact_need / GIB:.2f} GiB + "
                                    f"{headroom_bytes(budget) / GIB:.2f} headroom; budget {budget / GIB:.2f} GiB")
-                return MemoryPlan(budget, w, kvd, wd, comp, keep, tier, order, exact, tokens, parts, reasons)
+                return MemoryPlan(budget, w, kvd, wd, comp, keep, tier, order, exact, tokens, parts, reasons,
+                                  step_graph_bytes(facts, tokens, wd))
     need = sum(_predict(facts, cfg, tokens, w0, kv0, wd0, cfg.kv_compression, cfg.kv_keep_ratio).values())
     least = sum(_predict(facts, cfg, tokens, MIN_WINDOW, "fp8", "int8", "token_partition", 0.25).values())
     mine = ", ".join(f"{n}={getattr(cfg, n)!r}" for n in PLANNED if n in explicit)

@@ -152,6 +152,7 @@ class LingBotMap(TrunkModel, nn.Module):
         self.residual_fp32 = True       # set_dtype's default precision policy (see there)
         self.step_graph_error = None    # why whole-step graphs stopped (`_graphed_step`)
         self.step_graph_replays = 0     # streamed steps run as one graph (benchmarks, tests)
+        self.step_graph_pool_bytes = 0  # what the whole-step captures added to reserved memory (stats)
         self._step_keys_run: set = set()    # step kinds that ran eagerly once (`_graphed_step`)
         self.eval()
 
@@ -290,16 +291,29 @@ class LingBotMap(TrunkModel, nn.Module):
             # to its fallback (no static key) before anything is captured
             self._step_keys_run.add(key)
             return None
+        capture = not agg.graphs.has(key)
+        if capture:
+            # what the capture allocates comes from the graphs' private pool, and the allocator
+            # cannot give the ordinary pool's cached blocks back while a capture runs: release
+            # them first, then count what the pool took
+            reserved = _release_cached(images.device)
         agg._in_step_graph = True
         try:
             # the longest capture of a session, while the app's reader and store threads run:
             # their CUDA calls must not invalidate it (a failure would only cost speed, below)
             pose, depth, conf = agg.graphs.run(key, step, images, rot.cos, rot.sin, error_mode="thread_local")
         except Exception as exc:        # e.g. a kernel that cannot be captured: eager from now on
-            self.step_graph_error = f"{type(exc).__name__}: {exc}"[:500]
+            before = "" if not capture or reserved is None else (
+                f" [before this capture: {reserved / 2**30:.2f} GiB reserved, "
+                f"{agg.graphs.step_graphs()} step graphs, {self.step_graph_replays} replays]")
+            self.step_graph_error = (f"{type(exc).__name__}: {exc}"[:500] + before)
+            agg.graphs.discard(key)
+            _release_cached(images.device)
             return None
         finally:
             agg._in_step_graph = False
+        if capture and reserved is not None:
+            self.step_graph_pool_bytes += max(0, _release_cached(images.device) - reserved)
         if kv.static_key() != key[1]:   # the backend left its static path while capturing
             self.step_graph_error = f"the attention backend left its static path during capture ({kv.static_key()})"
             agg.graphs.discard(key)
@@ -319,6 +333,16 @@ class LingBotMap(TrunkModel, nn.Module):
         """One bidirectional batch (no caches): frame 0 is the reference, all frames are scale frames."""
         return self.forward_step(images, time_index=range(images.shape[0]), first_frame=True, scale_phase=True,
                                  iterations=iterations)
+
+
+def _release_cached(device) -> Optional[int]:
+    """Return the allocator's cached, unused blocks to CUDA and give the bytes it still reserves
+    (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved(device)
 
 
 # tiny: the same architecture scaled down for tests of other modules (KV cache, checkpoints,

@@ -141,6 +141,7 @@ class LingBotMapSession(SessionTiming):
         from ..models.graphs import GraphCache
         self.model.aggregator.graphs = GraphCache() if use_graphs else None
         self.model.step_graph_error = None      # a fresh graph cache tries whole-step graphs again
+        self.model.step_graph_pool_bytes = 0
         self.model._step_keys_run.clear()       # (keys hold cache ids, which a new session may reuse)
         # opt-in (setting compile_blocks): the blocks' norm/residual
         # halves under torch.compile (engine/models/compile.py; GPU-tested; off by default for its
@@ -196,8 +197,8 @@ class LingBotMapSession(SessionTiming):
             "segments": 1,
             **(self._cache_stats() if self.kv is not None else self._closed_cache_stats),
             "time_index": self._time,
-            # streamed steps replayed as one CUDA graph, and why they stopped if they did
-            "step_graph": {"replays": self.model.step_graph_replays, "error": self.model.step_graph_error},
+            # whole-step CUDA graphs: on, or why not (`_step_graph_stats`)
+            "step_graph": self._step_graph_stats(),
             # why a fast kernel was given up for the process (None: in use where it applies)
             "kernel_errors": kernel_errors(),
             "pending_scale_frames": len(self._pending),
@@ -206,6 +207,32 @@ class LingBotMapSession(SessionTiming):
             "memory_plan": self.memory_plan.as_dict() if self.memory_plan is not None else None,
         }
         return out
+
+    def _step_graph_stats(self) -> dict:
+        """Whether streamed steps run as one CUDA graph each, the replays and graphs, what the
+        step captures added to the reserved device memory (`pool_gib`; they share the part
+        graphs' pool, whose segments they reuse; the plan's figure: engine/memory_plan.py
+        `step_graph_bytes`) and, when off, why (`why_not`)."""
+        m, agg = self.model, self.model.aggregator
+        static = self.kv is not None and getattr(self.kv._attn, "static", False)
+        if m.step_graph_error is not None:
+            why = f"the capture failed, steps run with per-part graphs: {m.step_graph_error}"
+        elif self.device.type != "cuda":
+            why = "CUDA graphs need a CUDA device"
+        elif agg.graphs is None:
+            why = ("quantized trunk weights run eagerly" if getattr(m, "weight_dtype", None)
+                   else "cuda_graphs is off" if not self.config.cuda_graphs else "the session is closed")
+        elif agg.graph_scope != "step":
+            why = f"graph scope {agg.graph_scope!r} captures parts only"
+        elif self.kv is not None and not static:
+            why = f"the attention backend {self.kv.stats().get('backend')!r} has no fixed-shape steps"
+        elif m.step_graph_replays == 0:
+            why = "no streamed step with a fixed-shape key has run yet (scale phase, or the window still filling)"
+        else:
+            why = None
+        n = agg.graphs.step_graphs() if hasattr(agg.graphs, "step_graphs") else 0
+        return {"on": why is None, "replays": m.step_graph_replays, "graphs": n,
+                "pool_gib": m.step_graph_pool_bytes / 2**30, "error": m.step_graph_error, "why_not": why}
 
     def _cache_stats(self) -> dict:
         return {"kv": self.kv.stats(), "kv_page_map": self.kv.page_map(),

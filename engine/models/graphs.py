@@ -22,8 +22,23 @@ from typing import Callable, Hashable
 import torch
 
 
+_WARMUP_STREAMS: dict = {}
+
+
+def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    """ONE side stream per device for every capture's warm-up, for the process: PyTorch keeps a
+    cuBLAS workspace for each (handle, stream) until the process ends, so a fresh stream per
+    capture (26 part graphs a session, sessions after sessions) left up to one workspace per
+    stream of torch's stream pool in the ordinary pool -- memory no plan counts, which the
+    whole-step capture under a memory cap then lacked (docs/benchmarks.md, "Stop 32")."""
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    if dev not in _WARMUP_STREAMS:
+        _WARMUP_STREAMS[dev] = torch.cuda.Stream(dev)
+    return _WARMUP_STREAMS[dev]
+
+
 class _Captured:
-    def __init__(self, fn: Callable, inputs: tuple, pool, error_mode: str = "global"):
+    def __init__(self, fn: Callable, inputs: tuple, pool, side: torch.cuda.Stream, error_mode: str = "global"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         self.static_in = tuple(x.clone() for x in inputs)
         # the flash / mem-efficient SDPA kernels capture cleanly; cuDNN's per-shape graph build
@@ -31,7 +46,6 @@ class _Captured:
         # split -- build it in the eager warm-up below, so the capture only launches it)
         kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         with sdpa_kernel(kernels, set_priority=True):
-            side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):      # warm-up: lazy inits (cuBLAS handles, workspaces)
                 for _ in range(2):
@@ -65,10 +79,20 @@ class GraphCache:
         key = (name,) + tuple((tuple(x.shape), x.dtype) for x in inputs)
         g = self._graphs.get(key)
         if g is None:
-            if self._pool is None:
+            if self._pool is None or not self._graphs:
+                # a fresh pool once no graph holds the last one: the allocator retires a pool
+                # whose graphs are all gone and refuses a capture into it
                 self._pool = torch.cuda.graph_pool_handle()
-            g = self._graphs[key] = _Captured(fn, inputs, self._pool, error_mode)
+            g = self._graphs[key] = _Captured(fn, inputs, self._pool, _warmup_stream(inputs[0].device), error_mode)
         return g(inputs)
+
+    def has(self, name: Hashable) -> bool:
+        """A graph is captured under `name` (any input shapes)."""
+        return any(k[0] == name for k in self._graphs)
+
+    def step_graphs(self) -> int:
+        """How many whole-step graphs are captured (keys named ("step", ...))."""
+        return sum(1 for k in self._graphs if isinstance(k[0], tuple) and k[0][:1] == ("step",))
 
     def discard(self, name: Hashable) -> None:
         """Forget the graphs captured under `name` (any input shapes)."""

@@ -4,6 +4,8 @@ budget nothing fits is refused before anything is allocated. CPU only (the plann
 nothing; its H200 calibration is in docs/benchmarks.md)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -194,3 +196,21 @@ def test_the_stream_layer_admits_the_planned_stream():
     with pytest.raises(AdmissionError) as e:           # a second stream: the planned caches are counted
         sched.open_stream(SessionConfig(**base, gpu_memory=budget), frame_size=(70, 70))
     assert "window 40" in str(e.value)
+
+
+def test_the_step_graph_pool_is_counted_inside_the_streamed_workspace():
+    """The whole-step graph's private pool (one streamed step's activations) is part of the
+    workspace, never beyond it: the session holds it instead of the eager step's activations
+    and part graphs (engine/lingbot/model.py `_graphed_step`). Quantized weights run eagerly:
+    no pool."""
+    from engine.memory_plan import patch_tokens_for, step_graph_bytes, workspace_bytes
+    facts = facts_for_name("lingbot-map", "bf16")
+    for width in (392, 518, 640):
+        tokens = patch_tokens_for(facts, width)
+        for scale in (1, 8):
+            assert 0 < step_graph_bytes(facts, tokens) < workspace_bytes(facts, tokens, scale)
+        assert step_graph_bytes(facts, tokens, "int8") == 0
+    cfg = SessionConfig(engine="lingbot-map", dtype="bf16")
+    plan = plan_memory(cfg, 8, facts)
+    assert plan.as_dict()["step_graph_gib"] * GIB == step_graph_bytes(facts, plan.patch_tokens, plan.weight_dtype)
+    assert plan_memory(dataclasses.replace(cfg, weight_dtype="int8"), 8, facts).as_dict()["step_graph_gib"] == 0

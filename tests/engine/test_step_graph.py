@@ -117,6 +117,12 @@ class RecordingGraphs:
     def __init__(self):
         self.keys = []
 
+    def has(self, name):
+        return name in self.keys
+
+    def step_graphs(self):
+        return len({k for k in self.keys if isinstance(k, tuple) and k and k[0] == "step"})
+
     def run(self, name, fn, *inputs, error_mode="global"):
         self.keys.append(name)
         if isinstance(name, tuple) and name and name[0] == "step":
@@ -160,3 +166,6 @@ def test_session_step_path_equals_sdpa_session(monkeypatch):
     assert set(steps) <= seen["run"]           # each kind's first step ran eagerly
     # parts are not graphed separately inside a step graph (no nested capture)
     assert len(graphs.keys) > len(steps)
+    sg = seen["stats"]["step_graph"]
+    assert sg["graphs"] == len(set(steps)) and sg["error"] is None
+    assert not sg["on"] and sg["why_not"] == "CUDA graphs need a CUDA device"    # a CPU stand-in

@@ -54,3 +54,24 @@ def test_step_graphs_equal_the_eager_steps(height):
     depth = rel(np.stack([r.depth for r in graphed]), np.stack([r.depth for r in eager]))
     print(f"step graphs vs eager steps: pose_enc {pose:.2e}, depth {depth:.2e}, graphs {len(keys)}")
     assert pose < 1e-2 and depth < 1e-2
+
+
+@needs_cuda
+def test_a_graph_cache_captures_again_after_its_last_graph_is_discarded():
+    """Once every graph of the shared pool is gone the allocator retires the pool and refuses a
+    capture into it (PyTorch's internal assert `use_count > 0`); the cache takes a fresh pool.
+    Captures warm up on one stream per device (cuBLAS keeps a workspace per stream)."""
+    from engine.models.graphs import GraphCache, _warmup_stream
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(64, 64).cuda()
+    x = torch.randn(8, 64, generator=g).cuda()
+    cache = GraphCache()
+    with torch.no_grad():
+        first = cache.run("a", lin, x).clone()
+        cache.discard("a")
+        assert len(cache) == 0
+        again = cache.run("b", lin, x).clone()
+        ref = lin(x)
+    torch.testing.assert_close(first, ref)
+    torch.testing.assert_close(again, ref)
+    assert _warmup_stream(x.device) is _warmup_stream(torch.device("cuda", x.device.index))

@@ -22,3 +22,14 @@ def test_gui_path_bench_runs_both_paths_on_cpu(tmp_path):
     assert gui["gui_updates_per_s"] > 0
     assert math.isfinite(res["gui_over_run"]) and res["gui_over_run"] > 0
     assert json.loads(out.read_text())["fps_steady_median"]["gui"] == res["fps_steady_median"]["gui"]
+
+
+def test_gui_path_bench_stops_once_two_pairs_agree(tmp_path):
+    """--agree: pairs (run, gui) repeat until two consecutive gui/run ratios agree within the
+    fraction; with a fraction no two finite ratios miss (1000x), it stops after the second pair."""
+    from benchmarks.gui_path_bench import main
+    res = main(["--device", "cpu", "--model", "lingbot-map-tiny", "--width", "70", "--input-size", "96", "72",
+                "--frames", "12", "--warmup", "1", "--repeats", "4", "--agree", "1000", "--point-budget", "20000"])
+    assert [r["path"] for r in res["rows"]] == ["run", "gui", "run", "gui"]
+    assert res["settled_pairs"] == [0, 1] and len(res["pair_ratios"]) == 2
+    assert all(math.isfinite(x) and x > 0 for x in res["pair_ratios"])
