@@ -69,7 +69,7 @@ def simulate(params: TrackerParams | None = None, seed: int = 0, noise: float = 
     """Run the tracker over the scenario; returns figures (scale ratio, ATE, segments, CPU)."""
     rng = np.random.default_rng(seed)
     X = room(seed)
-    gt, w1, turn, w2 = path(**path_kw)
+    gt, w1, _turn, w2 = path(**path_kw)
     tr = MonoTracker(K, params or TrackerParams(reuse_points=True))   # the session's default
     live: dict[int, tuple[int, int]] = {}       # physical point → (track id, frame it breaks)
     phys_of: dict[int, int] = {}
@@ -120,7 +120,7 @@ def simulate(params: TrackerParams | None = None, seed: int = 0, noise: float = 
             t0 = time.thread_time()
             tr.add_tracks(f, ids, noisy[new].reshape(-1, 2))
             cpu += time.thread_time() - t0
-        for i, q in zip(step.revived_ids, step.revived_uv):   # tracked on under the old id
+        for i in step.revived_ids:      # the caller tracks a reused point on under its old id
             live[phys_of[i]] = (i, f + int(rng.integers(*life)))
         for p in step.posed:
             posed[p.fid] = p
