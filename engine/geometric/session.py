@@ -283,20 +283,7 @@ class GeometricSession:
             out = self._drain(block_older_than=fid - self.depth_max_lag)
             self._latencies.append(time.perf_counter() - t0)
             return out
-        try:
-            step = self.tracker.process(fid, ids, uv)
-        except Exception as exc:   # numerical corner cases must not end a live session
-            step = self.tracker.recover(fid, f"internal error: {type(exc).__name__}: {exc}")
-        if step.reset_tracks:
-            self.frontend.reset()
-            self._kf_gray.clear()       # a new map: the old keyframes' images are not sources any more
-        else:
-            self.frontend.remove(step.drop_ids)
-            self.frontend.add(step.revived_ids, step.revived_uv)
-        if step.need_features:
-            new_ids, new_uv = self.frontend.detect(gray)
-            self.tracker.add_tracks(fid, new_ids, new_uv)
-        self._apply(step, gray)
+        self._track(fid, ids, uv, gray)
         self._track_times.append(time.perf_counter() - t0)
         self._track_cpu.append(time.thread_time() - c0)
         out = self._drain(block_older_than=fid - self.depth_max_lag)
@@ -466,6 +453,24 @@ class GeometricSession:
         if nbrs:
             rec.future = self._pool.submit(self._depth_job, view, nbrs, uv * sd, z, sweep)
 
+    def _track(self, fid, ids, uv, gray) -> None:
+        """Frame `fid`'s tracks (`ids`, `uv`, from the frontend on `gray`) through the tracker;
+        the frontend follows the tracker's decisions (outliers, resets, revivals, new corners)."""
+        try:
+            step = self.tracker.process(fid, ids, uv)
+        except Exception as exc:   # numerical corner cases must not end a live session
+            step = self.tracker.recover(fid, f"internal error: {type(exc).__name__}: {exc}")
+        if step.reset_tracks:
+            self.frontend.reset()
+            self._kf_gray.clear()       # a new map: the old keyframes' images are not sources any more
+        else:
+            self.frontend.remove(step.drop_ids)
+            self.frontend.add(step.revived_ids, step.revived_uv)
+        if step.need_features:
+            new_ids, new_uv = self.frontend.detect(gray)
+            self.tracker.add_tracks(fid, new_ids, new_uv)
+        self._apply(step, gray)
+
     # --- focal self-calibration --------------------------------------------------------------
     # Three phases while no intrinsics are stated: (1) "pairs": the frames are held and their
     # tracks feed the two-view estimator (selfcal.py) until its spread is small or the hold is
@@ -579,26 +584,21 @@ class GeometricSession:
         self._replay()
 
     def _replay(self) -> None:
-        """Phase 3: the held frames' tracks through the session's tracker, as if they had just
-        arrived (results, depth and loop closure as usual)."""
+        """Phase 3: the held frames through a fresh frontend and the session's tracker, as if they
+        had just arrived (results, depth and loop closure as usual). Their images are tracked
+        again rather than their held tracks replayed: the hold detects corners by its own rule
+        (whenever tracks thin out), the tracker by its own (reference and keyframe needs), and
+        which corners a map starts from changes a long run. Tracked again, a self-calibrated run
+        is the run given that focal length as intrinsics, frame for frame."""
         held, self._held = self._held, []
-        step = None
-        for fid, ids, uv, gray, det_ids, det_uv in held:
+        if not held:
+            return
+        self.frontend = KLTFrontend(*self.work_size, max_features=self.max_features)
+        for fid, _ids, _uv, gray, _det_ids, _det_uv in held:
+            self._loop_poll(fid)
+            ids, uv = self.frontend.track(gray)
             self._gray = gray
-            try:
-                step = self.tracker.process(fid, ids, uv)
-            except Exception as exc:   # as in push: numerical corner cases must not end a live session
-                step = self.tracker.recover(fid, f"internal error: {type(exc).__name__}: {exc}")
-            # the frontend is at the last frame now: outliers are dropped there; a past reset or
-            # revival cannot be replayed (the held tracks simply go on)
-            self.frontend.remove(step.drop_ids)
-            if len(det_ids):
-                self.tracker.add_tracks(fid, det_ids, det_uv)
-            self._apply(step, gray)
-        if step is not None and step.need_features and held:
-            fid, gray = held[-1][0], held[-1][3]
-            new_ids, new_uv = self.frontend.detect(gray)
-            self.tracker.add_tracks(fid, new_ids, new_uv)
+            self._track(fid, ids, uv, gray)
 
     # --- map-point reuse ---------------------------------------------------------------------
     def _match_points(self, fid, R, t, ids, X, src_fid, src_uv, pred_uv):

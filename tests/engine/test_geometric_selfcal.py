@@ -140,3 +140,30 @@ def test_a_short_clip_without_intrinsics_gets_depth(icl):
     assert len(res) == 60 and len(kd) >= 2
     # the exporter's default stride 2 keeps a quarter of these: ≥ 10,000 points wanted
     check(("depth pixels", sum(int((r.depth > 0).sum()) for r in kd), ">", 40000))
+
+
+def test_a_self_calibrated_run_is_the_run_given_its_focal_length(icl):
+    """The held frames are tracked again after the hold (not their held tracks replayed), so a
+    run without intrinsics is, frame for frame, the run given the self-calibrated focal length:
+    how the hold detected its corners leaves no trace in the trajectory."""
+    seq, frames = icl
+
+    def run(**kw):
+        s = open_session(SessionConfig(engine="geometric", depth=False, **kw))
+        res = []
+        for f in frames:
+            res += s.push(f)
+        res += s.flush()
+        st = s.stats()
+        s.close()
+        return res, st
+
+    res, st = run()
+    assert st["focal_source"] == "self-calibrated"
+    f = st["focal_px"]
+    given, st2 = run(intrinsics=(f, f, 319.5, 239.5, 640, 480))
+    assert st2["focal_source"] == "stated"
+    assert [r.index for r in res] == [r.index for r in given] == list(range(len(frames)))
+    assert [r.is_keyframe for r in res] == [r.is_keyframe for r in given]
+    diff = max(float(np.abs(a.c2w - b.c2w).max()) for a, b in zip(res, given))
+    assert diff < 1e-9, diff
