@@ -476,8 +476,9 @@ class GeometricSession:
     # tracks feed the two-view estimator (selfcal.py) until its spread is small or the hold is
     # full; (2) "map": a scratch tracker runs on the held and the following frames with that
     # focal length, nothing is returned, until its map has `calib_refine_keyframes` keyframes,
-    # then a bundle adjustment over them refines the focal length; (3) a fresh tracker replays
-    # every held frame's tracks with the refined focal length and the session goes on as usual.
+    # then a bundle adjustment over them refines the focal length; (3) a fresh frontend tracks
+    # every held frame again into the session's tracker with the refined focal length and the
+    # session goes on as usual (so the run is the run given that focal length).
     # Results are only ever produced with the final focal length, so no pose or depth is made
     # in one camera model and returned in another.
     def _hold(self, fid, ids, uv, gray) -> None:
