@@ -142,26 +142,31 @@ def test_a_short_clip_without_intrinsics_gets_depth(icl):
     check(("depth pixels", sum(int((r.depth > 0).sum()) for r in kd), ">", 40000))
 
 
-def test_a_self_calibrated_run_is_the_run_given_its_focal_length(icl):
+@pytest.mark.parametrize("n", [100, 130])
+def test_a_self_calibrated_run_is_the_run_given_its_focal_length(icl, n):
     """The held frames are tracked again after the hold (not their held tracks replayed), so a
     run without intrinsics is, frame for frame, the run given the self-calibrated focal length:
-    how the hold detected its corners leaves no trace in the trajectory."""
-    seq, frames = icl
+    how the hold detected its corners leaves no trace in the trajectory. With 100 frames the hold
+    ends at the end of the stream (flush), with 130 while frames still arrive (the scratch map
+    reaches its keyframes at frame 114 of this clip)."""
+    seq, frames = icl if n == len(icl[1]) else rgb_sequence("icl_livingroom_kt3", n)
 
     def run(**kw):
         s = open_session(SessionConfig(engine="geometric", depth=False, **kw))
         res = []
         for f in frames:
             res += s.push(f)
+        live = len(res)              # results before the end of the stream
         res += s.flush()
         st = s.stats()
         s.close()
-        return res, st
+        return res, st, live
 
-    res, st = run()
+    res, st, live = run()
     assert st["focal_source"] == "self-calibrated"
+    assert (live > 0) == (n == 130), "the hold ends at flush for 100 frames, while pushing for 130"
     f = st["focal_px"]
-    given, st2 = run(intrinsics=(f, f, 319.5, 239.5, 640, 480))
+    given, st2, _ = run(intrinsics=(f, f, 319.5, 239.5, 640, 480))
     assert st2["focal_source"] == "stated"
     assert [r.index for r in res] == [r.index for r in given] == list(range(len(frames)))
     assert [r.is_keyframe for r in res] == [r.is_keyframe for r in given]
