@@ -544,6 +544,10 @@ class GeometricSession:
             return
         self._set_focal(est.focal)
         self.focal, self.focal_source = est, "self-calibrated"
+        # the wait goes on until the scratch map is refined: say what is known so far
+        self._events.append(EngineEvent("info", 0, message=(
+            f"Focal length about {est.focal:.1f} ± {est.sigma:.1f} px from {est.pairs} frame pairs; refining it "
+            f"over the first {self.calib_refine_keyframes} keyframes before the first poses")))
         self._scratch = MonoTracker(self.K, dataclasses.replace(self.tracker.p))
         held, self._held = self._held, []
         what = "more"

@@ -64,18 +64,24 @@ def icl():
 def test_session_self_calibrates_the_icl_clip(icl):
     seq, frames = icl
     s = open_session(SessionConfig(engine="geometric", loop_closure=False))   # no intrinsics
-    res, held = [], []
+    res, held, about = [], [], []
+    ev = []
     for f in frames:
         res += s.push(f)
         held.append(s.stats()["self_calibrating_frames"])
+        new = s.poll_events()
+        about += [(len(res), held[-1]) for e in new if e.message.startswith("Focal length about")]
+        ev += new
     res += s.flush()
     st = s.stats()
-    ev = s.poll_events()
+    ev += s.poll_events()
     s.close()
     assert max(held) > 10 and st["self_calibrating_frames"] == 0     # shown in the view while held
     truth = 0.5 * (seq.intrinsics.fx + seq.intrinsics.fy)
     assert st["focal_source"] == "self-calibrated" and st["focal_sigma_px"] > 0
     assert any("self-calibrated" in e.message for e in ev if e.kind == "info")
+    # the two-view estimate is announced once, while the frames are still held (no result yet)
+    assert len(about) == 1 and about[0][0] == 0 and about[0][1] >= 20, about
     assert [r.index for r in res] == list(range(len(frames))), "held frames come back, in order"
     assert all(np.isclose(r.K[0, 0], st["focal_px"]) and np.isclose(r.K[1, 1], st["focal_px"]) for r in res)
     a = ate(np.array([r.c2w for r in res]), seq.gt_c2w[:len(frames)])
