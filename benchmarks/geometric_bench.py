@@ -52,8 +52,11 @@ def _run(seq, frames, order, cfg, roll=None):
 
 def speed_and_accuracy(seq, frames, cfg) -> dict:
     from engine.metrics import ate
+    import time
     n = len(frames)
+    c0 = time.process_time()
     res, st, ev, wall = _run(seq, frames, list(range(n)), cfg)
+    cpu_ms = 1e3 * (time.process_time() - c0) / n      # every thread: tracking, depth, loop closure
     idx = [r.index for r in res]
     a = ate(np.array([r.c2w for r in res]), seq.gt_c2w[idx]) if len(res) >= 3 else None
     kfs = [r for r in res if r.is_keyframe]
@@ -63,6 +66,10 @@ def speed_and_accuracy(seq, frames, cfg) -> dict:
         "ate_cm": 100 * a["rmse"] if a else None,
         "push_fps": n / wall, "tracking_fps_recent": st["tracking_fps"],
         "tracking_cpu_ms_per_frame": st["tracking_cpu_ms"],
+        # all the process's threads per frame, and the rate two idle cores could sustain by CPU time:
+        # the tracking thread is serial, the depth and loop workers fill the second core
+        "process_cpu_ms_per_frame": cpu_ms,
+        "cpu_bound_fps_2_cores": 1e3 / max(cpu_ms / 2.0, st["tracking_cpu_ms"] or 0.0),
         "depth_maps_per_s": st["depth_fps"], "depth_cpu_ms_per_keyframe": st["depth_cpu_ms"],
         "keyframes_per_s_at_30fps_input": 30.0 * len(kfs) / n,
         "push_waited_for_depth_s": st["depth_wait_s"],

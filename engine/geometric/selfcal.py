@@ -11,8 +11,8 @@ refinement. Its uncertainty is the spread of the minimiser over a seeded bootstr
 so a clip whose pairs disagree reports a large uncertainty instead of a confident wrong number.
 
 The session holds the first frames (the tracker is not started) until the estimate is certain
-enough or `max_frames` have been seen, then starts the tracker with the estimate and replays the
-held frames' tracks through it (see GeometricSession).
+enough or `max_frames` have been seen, then starts the tracker with the estimate and tracks the
+held frames again through it (see GeometricSession).
 """
 from __future__ import annotations
 

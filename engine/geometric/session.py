@@ -283,20 +283,7 @@ class GeometricSession:
             out = self._drain(block_older_than=fid - self.depth_max_lag)
             self._latencies.append(time.perf_counter() - t0)
             return out
-        try:
-            step = self.tracker.process(fid, ids, uv)
-        except Exception as exc:   # numerical corner cases must not end a live session
-            step = self.tracker.recover(fid, f"internal error: {type(exc).__name__}: {exc}")
-        if step.reset_tracks:
-            self.frontend.reset()
-            self._kf_gray.clear()       # a new map: the old keyframes' images are not sources any more
-        else:
-            self.frontend.remove(step.drop_ids)
-            self.frontend.add(step.revived_ids, step.revived_uv)
-        if step.need_features:
-            new_ids, new_uv = self.frontend.detect(gray)
-            self.tracker.add_tracks(fid, new_ids, new_uv)
-        self._apply(step, gray)
+        self._track(fid, ids, uv, gray)
         self._track_times.append(time.perf_counter() - t0)
         self._track_cpu.append(time.thread_time() - c0)
         out = self._drain(block_older_than=fid - self.depth_max_lag)
@@ -466,13 +453,32 @@ class GeometricSession:
         if nbrs:
             rec.future = self._pool.submit(self._depth_job, view, nbrs, uv * sd, z, sweep)
 
+    def _track(self, fid, ids, uv, gray) -> None:
+        """Frame `fid`'s tracks (`ids`, `uv`, from the frontend on `gray`) through the tracker;
+        the frontend follows the tracker's decisions (outliers, resets, revivals, new corners)."""
+        try:
+            step = self.tracker.process(fid, ids, uv)
+        except Exception as exc:   # numerical corner cases must not end a live session
+            step = self.tracker.recover(fid, f"internal error: {type(exc).__name__}: {exc}")
+        if step.reset_tracks:
+            self.frontend.reset()
+            self._kf_gray.clear()       # a new map: the old keyframes' images are not sources any more
+        else:
+            self.frontend.remove(step.drop_ids)
+            self.frontend.add(step.revived_ids, step.revived_uv)
+        if step.need_features:
+            new_ids, new_uv = self.frontend.detect(gray)
+            self.tracker.add_tracks(fid, new_ids, new_uv)
+        self._apply(step, gray)
+
     # --- focal self-calibration --------------------------------------------------------------
     # Three phases while no intrinsics are stated: (1) "pairs": the frames are held and their
     # tracks feed the two-view estimator (selfcal.py) until its spread is small or the hold is
     # full; (2) "map": a scratch tracker runs on the held and the following frames with that
     # focal length, nothing is returned, until its map has `calib_refine_keyframes` keyframes,
-    # then a bundle adjustment over them refines the focal length; (3) a fresh tracker replays
-    # every held frame's tracks with the refined focal length and the session goes on as usual.
+    # then a bundle adjustment over them refines the focal length; (3) a fresh frontend tracks
+    # every held frame again into the session's tracker with the refined focal length and the
+    # session goes on as usual (so the run is the run given that focal length).
     # Results are only ever produced with the final focal length, so no pose or depth is made
     # in one camera model and returned in another.
     def _hold(self, fid, ids, uv, gray) -> None:
@@ -538,6 +544,10 @@ class GeometricSession:
             return
         self._set_focal(est.focal)
         self.focal, self.focal_source = est, "self-calibrated"
+        # the wait goes on until the scratch map is refined: say what is known so far
+        self._events.append(EngineEvent("info", 0, message=(
+            f"Focal length about {est.focal:.1f} ± {est.sigma:.1f} px from {est.pairs} frame pairs; refining it "
+            f"over the first {self.calib_refine_keyframes} keyframes before the first poses")))
         self._scratch = MonoTracker(self.K, dataclasses.replace(self.tracker.p))
         held, self._held = self._held, []
         what = "more"
@@ -579,26 +589,21 @@ class GeometricSession:
         self._replay()
 
     def _replay(self) -> None:
-        """Phase 3: the held frames' tracks through the session's tracker, as if they had just
-        arrived (results, depth and loop closure as usual)."""
+        """Phase 3: the held frames through a fresh frontend and the session's tracker, as if they
+        had just arrived (results, depth and loop closure as usual). Their images are tracked
+        again rather than their held tracks replayed: the hold detects corners by its own rule
+        (whenever tracks thin out), the tracker by its own (reference and keyframe needs), and
+        which corners a map starts from changes a long run. Tracked again, a self-calibrated run
+        is the run given that focal length as intrinsics, frame for frame."""
         held, self._held = self._held, []
-        step = None
-        for fid, ids, uv, gray, det_ids, det_uv in held:
+        if not held:
+            return
+        self.frontend = KLTFrontend(*self.work_size, max_features=self.max_features)
+        for fid, _ids, _uv, gray, _det_ids, _det_uv in held:
+            self._loop_poll(fid)
+            ids, uv = self.frontend.track(gray)
             self._gray = gray
-            try:
-                step = self.tracker.process(fid, ids, uv)
-            except Exception as exc:   # as in push: numerical corner cases must not end a live session
-                step = self.tracker.recover(fid, f"internal error: {type(exc).__name__}: {exc}")
-            # the frontend is at the last frame now: outliers are dropped there; a past reset or
-            # revival cannot be replayed (the held tracks simply go on)
-            self.frontend.remove(step.drop_ids)
-            if len(det_ids):
-                self.tracker.add_tracks(fid, det_ids, det_uv)
-            self._apply(step, gray)
-        if step is not None and step.need_features and held:
-            fid, gray = held[-1][0], held[-1][3]
-            new_ids, new_uv = self.frontend.detect(gray)
-            self.tracker.add_tracks(fid, new_ids, new_uv)
+            self._track(fid, ids, uv, gray)
 
     # --- map-point reuse ---------------------------------------------------------------------
     def _match_points(self, fid, R, t, ids, X, src_fid, src_uv, pred_uv):

@@ -64,18 +64,24 @@ def icl():
 def test_session_self_calibrates_the_icl_clip(icl):
     seq, frames = icl
     s = open_session(SessionConfig(engine="geometric", loop_closure=False))   # no intrinsics
-    res, held = [], []
+    res, held, about = [], [], []
+    ev = []
     for f in frames:
         res += s.push(f)
         held.append(s.stats()["self_calibrating_frames"])
+        new = s.poll_events()
+        about += [(len(res), held[-1]) for e in new if e.message.startswith("Focal length about")]
+        ev += new
     res += s.flush()
     st = s.stats()
-    ev = s.poll_events()
+    ev += s.poll_events()
     s.close()
     assert max(held) > 10 and st["self_calibrating_frames"] == 0     # shown in the view while held
     truth = 0.5 * (seq.intrinsics.fx + seq.intrinsics.fy)
     assert st["focal_source"] == "self-calibrated" and st["focal_sigma_px"] > 0
     assert any("self-calibrated" in e.message for e in ev if e.kind == "info")
+    # the two-view estimate is announced once, while the frames are still held (no result yet)
+    assert len(about) == 1 and about[0][0] == 0 and about[0][1] >= 20, about
     assert [r.index for r in res] == list(range(len(frames))), "held frames come back, in order"
     assert all(np.isclose(r.K[0, 0], st["focal_px"]) and np.isclose(r.K[1, 1], st["focal_px"]) for r in res)
     a = ate(np.array([r.c2w for r in res]), seq.gt_c2w[:len(frames)])
@@ -140,3 +146,35 @@ def test_a_short_clip_without_intrinsics_gets_depth(icl):
     assert len(res) == 60 and len(kd) >= 2
     # the exporter's default stride 2 keeps a quarter of these: ≥ 10,000 points wanted
     check(("depth pixels", sum(int((r.depth > 0).sum()) for r in kd), ">", 40000))
+
+
+@pytest.mark.parametrize("n", [100, 130])
+def test_a_self_calibrated_run_is_the_run_given_its_focal_length(icl, n):
+    """The held frames are tracked again after the hold (not their held tracks replayed), so a
+    run without intrinsics is, frame for frame, the run given the self-calibrated focal length:
+    how the hold detected its corners leaves no trace in the trajectory. With 100 frames the hold
+    ends at the end of the stream (flush), with 130 while frames still arrive (the scratch map
+    reaches its keyframes at frame 114 of this clip)."""
+    seq, frames = icl if n == len(icl[1]) else rgb_sequence("icl_livingroom_kt3", n)
+
+    def run(**kw):
+        s = open_session(SessionConfig(engine="geometric", depth=False, **kw))
+        res = []
+        for f in frames:
+            res += s.push(f)
+        live = len(res)              # results before the end of the stream
+        res += s.flush()
+        st = s.stats()
+        s.close()
+        return res, st, live
+
+    res, st, live = run()
+    assert st["focal_source"] == "self-calibrated"
+    assert (live > 0) == (n == 130), "the hold ends at flush for 100 frames, while pushing for 130"
+    f = st["focal_px"]
+    given, st2, _ = run(intrinsics=(f, f, 319.5, 239.5, 640, 480))
+    assert st2["focal_source"] == "stated"
+    assert [r.index for r in res] == [r.index for r in given] == list(range(len(frames)))
+    assert [r.is_keyframe for r in res] == [r.is_keyframe for r in given]
+    diff = max(float(np.abs(a.c2w - b.c2w).max()) for a, b in zip(res, given))
+    assert diff < 1e-9, diff
