@@ -118,21 +118,6 @@ class LoopParams:
     kp_min_inliers: int = 30      # candidate corners that fit the query's pose ...
     kp_min_back: int = 15         # ... query corners that reproject into the candidate ...
     kp_min_depth_pairs: int = 10  # ... and matches with a depth on both sides that agree (the scale)
-    # a loop within a segment that only the corners verified is measured again on the two keyframes'
-    # own map points (`_verify_guided`): matched near where the corners' transform puts them
-    kp_loop_min_gap: int = 10     # ... for candidates this many keyframes older ...
-    kp_loop_min_frames: int = 150  # ... and frames older (beyond the tracker's local map: a turn can
-    # make a keyframe on every frame, and such near loops only add noise to what the tracker holds)
-    guide_px: float = 16.0        # search radius around the predicted pixel (640-wide pixels)
-    guide_max_dist: int = 64      # Hamming distance of a guided match at most
-    guide_min_inliers: int = 15   # two-way inliers of the guided matches (the corners verified the place;
-    # a keyframe holds only ~100-200 map points with a descriptor, so a revisit shares ~15-40)
-    guide_max_baseline: float = 1e9  # a guided loop within a segment: cameras at most this × the median depth apart
-    guide_solve: bool = True
-    guide_trans_information: float = 1.0
-    guide_first_frames: int = 10 ** 9
-    extra_loop_edges: int = 0     # loop edges to other verified candidates of a query besides the best
-    kp_loop_scale_information: float = 1.0   # weight of a guided loop's scale in the pose graph
     image_quality: int = 90       # JPEG quality of the keyframe images kept for flow verification ...
     image_width: int = 320        # ... and their width (flow verification runs at this size)
 
@@ -244,7 +229,6 @@ class LoopCloser:
         self.detect_cpu: collections.deque = collections.deque(maxlen=200)
         self.verified_descriptors = 0                        # verifications passed by map-point descriptors
         self.verified_flow = 0                               # ... by optical flow (`_verify_flow`)
-        self._verified = []                                  # (node, inliers, S) verified for the last query
         self.verified_keypoints = 0                          # ... by place-recognition corners (`_verify_keypoints`)
         self.flow_attempts = 0
         self._last_flow_fid = -10 ** 9                       # the last query that ran a flow verification
@@ -409,18 +393,15 @@ class LoopCloser:
         if k > self.p.min_gap:
             older = [f for f in fids[:pos] if self.nodes[f].index < k - self.p.min_gap and f in self.db
                      and self.nodes[f].bow is not None]
-            best = self._best_match(node, older, ref, near=True, guided=self.p.kp_verify)
+            best = self._best_match(node, older, ref, near=True)
             if best is not None:
                 cand, n_inl, S = best
-                kind = next(v[3] for v in self._verified if v[0] is cand)
-                more = [v for v in self._verified if v[0] is not cand][: self.p.extra_loop_edges]
                 # S maps query camera frame → candidate camera frame: T_q ≈ T_c · S
                 with self._lock:
-                    for c_, _n, Z, k_ in [best + (kind,)] + more:
-                        self.edges[node.segment].append((c_.fid, fid, Z, self._loop_info(k_), self.p.loop_huber))
+                    self.edges[node.segment].append((cand.fid, fid, S, self.p.loop_information, self.p.loop_huber))
                 if close is None and self._covers(cand, S):
                     close = cand
-                if self._agrees(node, cand, S) or (kind == "guided" and not self.p.guide_solve):
+                if self._agrees(node, cand, S):
                     # the map already agrees with the loop (no drift to speak of): keep the edge for
                     # later solves, but do not move the map for noise
                     self.loops_consistent += 1
@@ -478,13 +459,6 @@ class LoopCloser:
                 self.T_est.pop(c, None)
                 self._merged.append((segment, c, p, rel[c]))
 
-    def _loop_info(self, kind: str):
-        """Information of a loop edge measured by verification `kind`: a guided loop's scale, from
-        one keyframe pair's map-point depths, weighs `kp_loop_scale_information` (ω, u, log s order)."""
-        if kind != "guided" or (self.p.kp_loop_scale_information == 1.0 and self.p.guide_trans_information == 1.0):
-            return self.p.loop_information
-        return self.p.loop_information * np.r_[np.ones(3), np.full(3, self.p.guide_trans_information), self.p.kp_loop_scale_information]
-
     def _covers(self, cand: KeyframeNode, S: np.ndarray) -> bool:
         """Whether database keyframe `cand` sees the place from nearly the query's viewpoint
         (S: query camera frame → cand camera frame)."""
@@ -530,7 +504,7 @@ class LoopCloser:
         return (np.degrees(np.linalg.norm(r[:3])) < self.p.agree_deg
                 and np.linalg.norm(r[3:6]) < self.p.agree_trans * med and abs(r[6]) < self.p.agree_scale)
 
-    def _best_match(self, node, fids, ref, near: bool = False, corners: bool = False, guided: bool = False):
+    def _best_match(self, node, fids, ref, near: bool = False, corners: bool = False):
         """The verified candidate among keyframes `fids` with the most inliers: (node, inliers, S).
         Candidates: the best `n_candidates` by words (above the score ratio) and, with `near` (same
         segment, so the worker's poses share a world), the `near_candidates` older keyframes nearest
@@ -553,18 +527,14 @@ class LoopCloser:
             near_f = [f for f in self._near(node, fids) if f not in cands][: self.p.near_candidates]
         best = None
         failed = []
-        self._verified = []
         for f in cands + near_f:
             res = self._verify(node, self.nodes[f])
             if res is not None:
                 self.verified_descriptors += 1
-                kind = "descriptors"
             elif corners:
                 res = self._verify_keypoints(node, self.nodes[f])
-                kind = "corners"
                 self.verified_keypoints += res is not None
             if res is not None:
-                self._verified.append((self.nodes[f], res[1], res[0], kind))
                 if best is None or res[1] > best[1]:
                     best = (self.nodes[f], res[1], res[0])
             else:
@@ -579,28 +549,8 @@ class LoopCloser:
             for f in order[: self.p.flow_max_per_query]:
                 res = self._verify_flow(node, self.nodes[f])
                 self.verified_flow += res is not None
-                if res is not None:
-                    self._verified.append((self.nodes[f], res[1], res[0], "flow"))
                 if res is not None and (best is None or res[1] > best[1]):
                     best = (self.nodes[f], res[1], res[0])
-        if guided and (best is None or self.p.guide_first_frames < 10 ** 9):
-            # last: the corners, measured again on the map points (`_verify_guided`), for
-            # candidates beyond the tracker's local map
-            for f in failed:
-                if node.index - self.nodes[f].index < self.p.kp_loop_min_gap or node.fid - f < self.p.kp_loop_min_frames:
-                    continue
-                if f > self.p.guide_first_frames:
-                    continue
-                res = self._verify_keypoints(node, self.nodes[f])
-                if res is not None:
-                    res = self._verify_guided(node, self.nodes[f], res[0])
-                if res is not None and np.linalg.norm(sim3_split(res[0])[2]) > self.p.guide_max_baseline * self.nodes[f].med_depth:
-                    res = None
-                self.verified_keypoints += res is not None
-                if res is not None:
-                    self._verified.append((self.nodes[f], res[1], res[0], "guided"))
-                    if best is None:
-                        best = (self.nodes[f], res[1], res[0])
         return best
 
     def _near(self, node, fids) -> list:
@@ -641,8 +591,8 @@ class LoopCloser:
         new = {f: g.pose(i) for i, f in enumerate(fids)}
         if not self._plausible(g, edges, slot):
             # the loop bends the odometry more than drift can: a false match; forget its edge
-            with self._lock:   # (the query's loop edges: the only Huber edges ending at it)
-                self.edges[seg] = [e for e in self.edges[seg] if not (e[1] == node.fid and e[4] is not None)]
+            with self._lock:
+                self.edges[seg] = [e for e in self.edges[seg] if not (e[0] == cand.fid and e[1] == node.fid)]
             self.loops_rejected += 1
             return None
         C_last = new[fids[-1]] @ sim3_inverse(self.T_est[fids[-1]])
@@ -849,62 +799,6 @@ class LoopCloser:
         if ia.sum() < p.kp_min_inliers or ib.sum() < p.kp_min_back or idd.sum() < p.kp_min_depth_pairs:
             return None
         return S, int(ia.sum() + ib.sum())
-
-    def _verify_guided(self, q: KeyframeNode, c: KeyframeNode, S0: np.ndarray):
-        """The loop transform measured on the two keyframes' map points, from the corners' coarse
-        `S0` (whose interpolated depths scatter the scale too much to correct a segment with): each
-        candidate map point is projected into the query image by `S0` and matched to the query map
-        point with the nearest descriptor within `guide_px` (mutually, the other way too); the
-        matches then go through `_verify`'s Sim(3) refinement and two-way check, so the result
-        rests on triangulated points as a descriptor-verified loop does. Returns (S, inliers) or None."""
-        from scipy.spatial import cKDTree
-        p = self.p
-        if q.a_desc is None or c.a_desc is None or len(q.a_desc) < p.guide_min_inliers or len(c.a_desc) < p.guide_min_inliers:
-            return None
-        s, R, t = sim3_split(S0)
-        r = p.guide_px * self.px
-        qc = self._guided_side((c.a_P - t) @ R / s, c.a_desc, q.a_uv, q.a_desc, cKDTree(q.a_uv), r)
-        cq = self._guided_side(s * q.a_P @ R.T + t, q.a_desc, c.a_uv, c.a_desc, cKDTree(c.a_uv), r)
-        ci = np.flatnonzero(qc >= 0)
-        ci = ci[cq[qc[ci]] == ci]                  # mutual
-        if len(ci) < p.guide_min_inliers:
-            return None
-        qi = qc[ci]
-        Pq, Pc, uq, uc = q.a_P[qi], c.a_P[ci], q.a_uv[qi], c.a_uv[ci]
-        thr = p.reproj_px * self.px
-        S = S0
-        for gate in (r, 2.0 * thr):              # the coarse start's error, then the refined one's
-            inl = self._two_way(*sim3_split(S), Pq, Pc, uq, uc, gate)
-            if inl.sum() < p.guide_min_inliers:
-                return None
-            S = self._refine(S, Pq[inl], Pc[inl], uq[inl], uc[inl], thr)
-        inl = self._two_way(*sim3_split(S), Pq, Pc, uq, uc, thr)
-        if inl.sum() < p.guide_min_inliers:
-            return None
-        return S, int(inl.sum())
-
-    def _guided_side(self, X, desc, uv_dst, desc_dst, tree, r):
-        """For points X (camera frame of the destination keyframe) with descriptors `desc`: the
-        index of the destination map point within `r` pixels of X's projection with the nearest
-        descriptor (at most `guide_max_dist`), or -1."""
-        K = self.K
-        out = np.full(len(X), -1, np.int64)
-        front = X[:, 2] > 1e-6
-        if not front.any():
-            return out
-        z = X[front, 2]
-        u = np.stack([K[0, 0] * X[front, 0] / z + K[0, 2], K[1, 1] * X[front, 1] / z + K[1, 2]], 1)
-        d, j = tree.query(u, k=4, distance_upper_bound=r)
-        src = np.flatnonzero(front)
-        valid = np.isfinite(d)
-        jj = np.where(valid, j, 0)
-        ham = np.unpackbits(desc[src][:, None, :] ^ desc_dst[jj], axis=2).sum(2)
-        ham = np.where(valid, ham, 10 ** 6)
-        best = ham.argmin(1)
-        hb = ham[np.arange(len(src)), best]
-        ok = hb <= self.p.guide_max_dist
-        out[src[ok]] = jj[np.arange(len(src)), best][ok]
-        return out
 
     # --- image verification by optical flow -------------------------------------------------------
     def _verify_flow(self, q: KeyframeNode, c: KeyframeNode):
