@@ -12,7 +12,11 @@ map-point descriptors or by optical flow), then scores them against the ground t
   overlap (a verified match that does not is a false loop);
 - far revisits: the same for queries whose overlapping keyframes are `--far` frames older or more
   (the camera came back after a long way round), and whether any verified match reaches the first
-  keyframes (`--first` frames).
+  keyframes (`--first` frames), with every verification tried against them;
+- the verified loop transforms against the ground truth: rotation error, translation error (in
+  metres of the candidate's local map scale) and scale against the ratio of the two keyframes'
+  local map scales (produced poses over ground truth 5-25 frames around each; a rough reference
+  where scale drifts within that span), per verification kind.
 
 Usage: python benchmarks/loop_diagnostics.py SEQ [--frames N] [--no-flow] [--set KEY=VALUE ...]
 (docs/benchmarks_geometric.md, "Place recognition that finds real revisits")
@@ -57,9 +61,10 @@ def main():
     a = ap.parse_args()
     stats = collections.Counter()
     pairs_checked = []          # (query fid, candidate fid, kind, passed)
-    matches = {}                # query fid -> (matched fid, inliers) of _best_match
+    matches = {}                # query fid -> (matched fid, inliers, S, same segment) of _best_match
     best_match, verify, verify_flow, verify_kp = (loop_mod.LoopCloser._best_match, loop_mod.LoopCloser._verify,
                                                   loop_mod.LoopCloser._verify_flow, loop_mod.LoopCloser._verify_keypoints)
+    kind_of = {}                # (query fid, candidate fid) -> the verification that passed last
 
     def counted_best_match(self, node, fids, ref, **kw):
         res = best_match(self, node, fids, ref, **kw)
@@ -67,12 +72,14 @@ def main():
             stats["queries"] += 1
             stats["queries verified"] += res is not None
             if res is not None:
-                matches[node.fid] = (res[0].fid, res[1])
+                matches[node.fid] = (res[0].fid, res[1], res[2], kw.get("near", False))
         return res
 
     def counted_verify(self, q, c):
         res = verify(self, q, c)
         pairs_checked.append((q.fid, c.fid, "descriptors", res is not None))
+        if res is not None:
+            kind_of[(q.fid, c.fid)] = "descriptors"
         if q.a_desc is not None and c.a_desc is not None and len(q.a_desc) >= 2 and len(c.a_desc) >= 2:
             knn = cv2.BFMatcher(cv2.NORM_HAMMING).knnMatch(q.a_desc, c.a_desc, k=2)
             n = sum(1 for m in knn if len(m) == 2 and m[0].distance < 0.8 * m[1].distance and m[0].distance < 64)
@@ -82,11 +89,15 @@ def main():
     def counted_verify_flow(self, q, c):
         res = verify_flow(self, q, c)
         pairs_checked.append((q.fid, c.fid, "flow", res is not None))
+        if res is not None:
+            kind_of[(q.fid, c.fid)] = "flow"
         return res
 
     def counted_verify_kp(self, q, c):
         res = verify_kp(self, q, c)
         pairs_checked.append((q.fid, c.fid, "keypoints", res is not None))
+        if res is not None:
+            kind_of[(q.fid, c.fid)] = "keypoints"
         return res
 
     loop_mod.LoopCloser._verify_keypoints = counted_verify_kp
@@ -99,12 +110,15 @@ def main():
     s = open_session(cfg)
     files = sorted(f for f in glob.glob(f"{a.seq}/rgb/*") if f.lower().endswith((".jpg", ".jpeg", ".png")))[:a.frames]
     keyframes = []
+    produced = {}               # frame -> c2w as first produced (the loop transforms' local scale)
     for f in files:
         img = cv2.cvtColor(cv2.imread(f, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
         for r in s.push(img):
+            produced.setdefault(r.index, r.c2w)
             if r.is_keyframe:
                 keyframes.append(r.index)
     for r in s.flush():
+        produced.setdefault(r.index, r.c2w)
         if r.is_keyframe:
             keyframes.append(r.index)
     lc = s._loop
@@ -174,14 +188,59 @@ def main():
         "recall": round(found / n, 3) if n else None,
         "far recall": round(foundf / nf, 3) if nf else None,
         "matches to the first keyframes": sorted(first)[:20],
+        "checks against the first keyframes (query, candidate, verification, passed)": sorted(
+            (q, c, k, ok) for q, c, k, ok in pairs_checked if c < a.first and q - c >= a.far)[:40],
         "false matches": sorted((q, c) for q, c in verified if not is_true(q, c))[:20],
         "loops closed (query, match, inliers, scale; latest 20)": closed,
     })
+    detail, med = _transform_errors(matches, kind_of, produced, gt, is_true)
+    out["loop transform error (kind: median rot deg, trans cm, |log scale|, n)"] = med
+    out["loop transforms (query, match, kind, rot err deg, trans err cm, scale, local scale ratio, baseline cm)"] = detail
     for k, v in out.items():
         print(f"{k}: {v}")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
+
+
+def _local_scale(produced, gt, f, span=(5, 25)):
+    """Map units per metre around frame f: the produced poses' distances to frames 5-25 away
+    over the ground truth's (median; None where the camera hardly moved; within the loop answers'
+    lag, so mostly in one world)."""
+    r = []
+    for g in list(range(f - span[1], f - span[0] + 1)) + list(range(f + span[0], f + span[1] + 1)):
+        if g in produced and f in produced and 0 <= g < len(gt) and 0 <= f < len(gt):
+            dg = np.linalg.norm(gt[g][:3, 3] - gt[f][:3, 3])
+            if dg > 0.05:
+                r.append(np.linalg.norm(produced[g][:3, 3] - produced[f][:3, 3]) / dg)
+    return float(np.median(r)) if len(r) >= 5 else None
+
+
+def _transform_errors(matches, kind_of, produced, gt, is_true):
+    """Error of the verified loop transforms (query camera -> candidate camera, map units) against
+    the ground truth, with the map's local scale at both keyframes: rotation (deg), translation
+    (cm, in metres of the candidate's scale) and |log scale| (the loop's scale against the ratio of
+    the local scales), medians per verification kind and same-segment (near) or not, true matches only."""
+    from engine.align import sim3_split
+    rows = collections.defaultdict(list)
+    detail = []
+    for q, (c, _n, S, near) in sorted(matches.items()):
+        if not is_true(q, c):
+            continue
+        lq, lc = _local_scale(produced, gt, q), _local_scale(produced, gt, c)
+        if lq is None or lc is None:
+            continue
+        s, R, t = sim3_split(S)
+        Rg = gt[c][:3, :3].T @ gt[q][:3, :3]
+        tg = gt[c][:3, :3].T @ (gt[q][:3, 3] - gt[c][:3, 3])
+        rot = float(np.degrees(np.arccos(np.clip((np.trace(R.T @ Rg) - 1) / 2, -1, 1))))
+        trans = 100 * float(np.linalg.norm(t / lc - tg))
+        kind = kind_of.get((q, c), "?")
+        rows[(kind, bool(near))].append((rot, trans, abs(np.log(s / (lc / lq)))))
+        detail.append((q, c, kind, round(rot, 2), round(trans, 1), round(float(s), 3), round(lc / lq, 3),
+                       round(100 * float(np.linalg.norm(tg)), 1)))
+    return detail, {f"{k} {'loop' if nr else 'other segment'}": [round(float(x), 3) for x in np.median(v, 0)] + [len(v)]
+            for (k, nr), v in sorted(rows.items())}
 
 
 if __name__ == "__main__":
