@@ -45,7 +45,7 @@ def test_split_equals_sdpa_without_syncs(page, whole):
                     split = be._split is not None
                     splits += split
                     strict_next = split
-                    key_ = (S6 + page, step.num_kv_tokens if split and be._split[3] else
+                    key_ = (S6 + page, step.num_kv_tokens if split and be._split[4] else
                             be._split[1] if split else None)
                     if split and key_ in shapes:
                         torch.cuda.set_sync_debug_mode("error")
@@ -68,9 +68,9 @@ def test_split_equals_sdpa_without_syncs(page, whole):
     assert (be.calls["whole"] > 0) == whole
     # keyframe steps: scale + window pages from page 1; non-keyframes: + page 0 -> two shapes
     # (in this pattern the ring is full before a non-keyframe sees a full window)
-    kinds = {(S6 + page, 2 + 4), (S6 + page, 2 + 4 + 1)}
+    kinds = {(S6 + page, (2 + 4) * page), (S6 + page, (2 + 4 + 1) * page)}     # A in tokens
     if whole:
-        assert be.a_shapes == {(S6 + page, 2 + 4)}
+        assert be.a_shapes == {(S6 + page, (2 + 4) * page)}
         # once the special ring is full: one plain cuDNN call over the whole run, one length per kind
         n_kv = (2 + 4) * page + S6 * (KW["special_cap"] + 1)
         assert be.whole_shapes == {(S6 + page, n_kv), (S6 + page, n_kv + page)}
