@@ -131,6 +131,13 @@ class CuDNNSplitBackend(Backend):
         self._kernel_b_static = kernel_b_static or (torch_flash_varlen_lse if cuda else masked_lse)
         self._cu_q = self._cu_k = None      # int32 [2] device tensors [0, q tokens], [0, B tokens]
 
+    @staticmethod
+    def scratch_bytes(capacity_tokens: int, num_heads: int, head_dim: int, kind: str, attn_bytes: int = 2) -> int:
+        """Bytes of the 16-bit scratch pair a quantized store ("fp8" / "int8") is read into (the
+        pool's capacity for one layer, allocated at the first split step); 0 for a native store.
+        For memory accounting (engine/memory_plan.py)."""
+        return 0 if kind == "native" else 2 * capacity_tokens * num_heads * head_dim * attn_bytes
+
     def split_point(self, step: StepTable):
         """(A's first flat slot, A tokens, B's first flat slot, B tokens) when the step has the
         layout above, else None. A compressed window gives its two runs (`StepTable.token_runs`,

@@ -146,3 +146,46 @@ def test_auto_makes_the_split_backend():
         pytest.skip("needs flashinfer")
     cu = PagedKVCache(L, H, D, 130, special_tokens=S6, backend="auto", **KW)
     assert isinstance(cu._attn, CuDNNSplitBackend) and isinstance(cu._attn._fallback, FlashInferBackend)
+
+
+@needs_cuda
+@pytest.mark.parametrize("setting", ["token_partition", "token_merge", "random_subset", "fp8", "int8"])
+def test_compressed_and_quantized_stores_split_static_without_syncs(setting):
+    """Issue 26 item 2: compressed windows (their two token runs) and fp8 / int8 stores (read into
+    16-bit scratch) through the static split against SDPA over the same store, to bf16 tolerance;
+    a step whose static key was seen before (what a graph replays) makes no synchronising call."""
+    from engine.kv import make_compressor
+    page = 130
+    kw = dict(KW, dtype="bf16")
+    if setting in ("fp8", "int8"):
+        kw.update(dtype=setting, attn_dtype="bf16")
+    comp = (lambda: make_compressor(setting, 0.5, 32, 1)) if setting not in ("fp8", "int8") else (lambda: None)
+    cu = PagedKVCache(L, H, D, page, special_tokens=S6, backend="cudnn-split", compression=comp(), **kw)
+    sdpa = PagedKVCache(L, H, D, page, special_tokens=S6, backend="sdpa", compression=comp(), **kw)
+    be = cu.attention
+    assert isinstance(be, CuDNNSplitBackend) and cu.enable_static_steps()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    seen, static_steps = set(), 0
+    for nf, scale, key in [(2, True, True)] + [(1, False, c == "k") for c in PATTERN]:
+        k, v, q = (torch.randn(L, nf, S6 + page, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        outs = []
+        for c in (cu, sdpa):
+            c.begin_step(nf, scale=scale, keyframe=key)
+            skey = cu.static_key() if c is cu else None
+            strict = skey is not None and skey in seen
+            if strict:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                outs.append([(c.write(i, k[i], v[i]), c.attend(i, q[i]).clone())[1] for i in range(L)])
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            if c is cu and skey is not None:
+                seen.add(skey)
+                static_steps += 1
+            c.end_step()
+        for a, b in zip(*outs):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
+    assert be.error is None, be.error
+    assert static_steps >= 10 and be.calls["split"] > 0 and len(seen) <= 4     # kinds: (split|whole) x keyframe

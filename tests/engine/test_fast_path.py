@@ -18,7 +18,7 @@ from engine.kv.backends import SDPABackend
 from engine.kv.cudnn_kernels import masked_lse, torch_flash_lse
 from engine.kv.cudnn_split import CuDNNSplitBackend
 from engine.kv.page_table import PageTable
-from tests.engine.kv_pair import D, H, KW, L, P, S6, cache_pair, drive
+from tests.engine.kv_pair import D, H, KW, L, P, S6, cache_pair, drive, tiny_sessions_against_sdpa
 
 PATTERN = "kknkkknkknknnkkkknknkkkkk"      # fills, evicts, rolls back (interval 2), wraps the ring
 STORING = ["token_partition", "random_subset", "token_merge"]
@@ -177,3 +177,80 @@ def test_page_table_packs_after_every_eviction():
             assert a0 == 0 and na == (1 + 1) * 4 + len(used) * 2 and na + nb == st.num_kv_tokens
             assert sorted(st.slots.tolist()) == sorted(list(range(na)) + list(range(b0, b0 + nb)))
         t.end_step()
+
+
+@pytest.mark.parametrize("settings", [dict(kv_compression="token_merge", kv_keep_ratio=0.5),
+                                      dict(kv_compression="token_partition", kv_keep_ratio=0.25),
+                                      dict(kv_dtype="int8")])
+def test_session_takes_the_step_graph_path_with_the_setting(monkeypatch, settings):
+    """The tiny model through a split-backend session whose graph cache runs each captured step
+    (what a capture runs) against an SDPA session without graphs, both with the setting: equal
+    results (tests/engine/kv_pair.py), and streamed steps took the whole-step path once the
+    window was full."""
+    from tests.engine.test_step_graph import RecordingGraphs
+    graphs, seen = RecordingGraphs(), {}
+
+    def opened(s):
+        s.model.aggregator.graphs = graphs
+
+    be = tiny_sessions_against_sdpa(
+        monkeypatch, lambda cache: CuDNNSplitBackend(cache, kernel_a=torch_flash_lse, kernel_b_static=masked_lse,
+                                                      kernel_full=lambda q, k, v: torch_flash_lse(q, k, v)[0],
+                                                      fallback=SDPABackend.create(cache)),
+        frames=24, special_cap=9, seed=6, opened=opened, settings=settings,
+        closing=lambda s: seen.update(stats=s.stats()))
+    steps = [k for k in graphs.keys if isinstance(k, tuple) and k and k[0] == "step"]
+    assert be.error is None and be.calls["split"] > 0
+    assert steps and seen["stats"]["step_graph"]["error"] is None
+    assert seen["stats"]["step_graph"]["replays"] == len(steps) >= 10
+    assert len({k[1][1:] for k in steps}) <= 4                 # one graph per step kind
+    fp = seen["stats"]["fast_path"]
+    assert fp["attention"].startswith("cudnn") and "split" in fp["attention"]
+
+
+def test_fast_path_reasons():
+    """stats()["fast_path"]: whole-step once replays ran, else the reason in words."""
+    from types import SimpleNamespace
+
+    from engine import fast_path as fpm
+    from engine.kv import PagedKVCache
+
+    def session(kv, device="cuda", graphs=True, replays=5, error=None, weight_dtype=None, window=3):
+        agg = SimpleNamespace(graphs=object() if graphs else None)
+        model = SimpleNamespace(aggregator=agg, step_graph_replays=replays, step_graph_error=error,
+                                weight_dtype=weight_dtype)
+        return SimpleNamespace(kv=kv, model=model, config=SimpleNamespace(window=window),
+                               device=torch.device(device))
+
+    cu, sd = cache_pair()
+    be, _, _ = _static_split(cu)
+    for _ in drive(cu, sd, "kkkkk"):
+        pass
+    fp = fpm.lingbot_fast_path(session(cu))
+    assert fp["graphs"] == "whole-step" and fp["reason"] is None and fp["attention"].startswith("cudnn-split: split")
+    assert fpm.lingbot_fast_path(session(cu, device="cpu"))["reason"] == fpm.NOT_CUDA
+    assert fpm.lingbot_fast_path(session(cu, graphs=False, weight_dtype="int8"))["reason"] == fpm.QUANTIZED_WEIGHTS
+    assert fpm.lingbot_fast_path(session(cu, graphs=False))["reason"] == fpm.GRAPHS_OFF
+    per = fpm.lingbot_fast_path(session(cu, replays=0, error="capture failed"))
+    assert per["graphs"] == "per-part" and "capture failed" in per["reason"]
+    assert fpm.lingbot_fast_path(session(cu, window=64, replays=0))["reason"] == fpm.FILLING
+    bs, bs_ref = cache_pair(compression=make_compressor("block_sparse", keep_ratio=0.5, block_size=2))
+    _static_split(bs)
+    assert fpm.BLOCK_SPARSE in fpm.lingbot_fast_path(session(bs, replays=0))["reason"]
+    sdpa = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **KW)
+    assert "no fixed-shape steps" in fpm.lingbot_fast_path(session(sdpa, replays=0))["reason"]
+    w = fpm.windowed_fast_path(fp, 256)
+    assert w["graphs"] == "whole-step" and "restarts every 256 frames" in w["reason"]
+    assert fpm.vggt_fast_path(None, "cuda")["graphs"] == "none"
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "int8", "fp32"])
+def test_scratch_bytes_is_what_the_split_allocates(kv_dtype):
+    cu, sd = cache_pair(dtype=kv_dtype, attn_dtype="fp32")
+    be, _, _ = _static_split(cu)
+    for _ in drive(cu, sd, "kkkkk"):
+        pass
+    got = sum(x.numel() * x.element_size() for x in be._scratch) if be._scratch is not None else 0
+    kind = cu.pool.kind
+    assert got == CuDNNSplitBackend.scratch_bytes(cu.num_pages * P, H, D, kind, attn_bytes=4)
+    assert (got > 0) == (kind != "native")
