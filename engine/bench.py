@@ -441,14 +441,22 @@ def run_settings_table(cfg: BenchConfig, names: Optional[list] = None, log: Call
     unknown = [n for n in names if n not in table]
     if unknown:
         raise EngineError(f"bench: unknown settings {unknown}; choose from {list(table)}")
-    torch.manual_seed(cfg.seed)
-    model = build_bench_model(cfg)
-    rows, ref = [], None
+    import gc
+    cuda = torch.device(cfg.device).type == "cuda"
+    model, rows, ref = None, [], None
     for name in names:
         over = dict(table[name])
         settings = dict(cfg.settings, **over.pop("settings", {}))
         run_cfg = replace(cfg, keep_outputs=True, settings=settings, sweep=[], breakdown=False, **over)
         quantized = settings.get("weight_dtype") in ("int8", "fp8")
+        if quantized:
+            model = None               # its own model (same seed): the shared one would count in its peak
+        elif model is None:
+            torch.manual_seed(cfg.seed)
+            model = build_bench_model(cfg)
+        gc.collect()
+        if cuda:                       # the previous setting's cached blocks out of this one's reserved peak
+            torch.cuda.empty_cache()
         t0 = time.perf_counter()
         try:
             res = run_bench(run_cfg, model=None if quantized else model, log=lambda *_: None)

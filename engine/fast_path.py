@@ -43,10 +43,12 @@ def attention_name(kv_stats: Optional[dict]) -> Optional[str]:
     return name
 
 
-def lingbot_fast_path(session) -> dict:
-    """`fast_path` of a LingBot-Map session (engine/lingbot/session.py)."""
+def lingbot_fast_path(session, kv_stats: Optional[dict] = None) -> dict:
+    """`fast_path` of a LingBot-Map session (engine/lingbot/session.py); `kv_stats`: its KV
+    cache's stats() when the caller has them already."""
     kv = session.kv
-    kv_stats = kv.stats() if kv is not None else None
+    if kv_stats is None and kv is not None:
+        kv_stats = kv.stats()
     out = {"graphs": "none", "attention": attention_name(kv_stats), "reason": None}
     model, cfg = session.model, session.config
     graphs_on = model.aggregator.graphs is not None

@@ -190,13 +190,14 @@ class LingBotMapSession(SessionTiming):
         return []
 
     def stats(self) -> dict:
+        caches = self._cache_stats() if self.kv is not None else self._closed_cache_stats
         out = {
             "frames": self._frames,
             "keyframes": self._keyframes,
             **self._timing_stats(),
             **self._gpu_stats(),
             "segments": 1,
-            **(self._cache_stats() if self.kv is not None else self._closed_cache_stats),
+            **caches,
             "time_index": self._time,
             # streamed steps replayed as one CUDA graph, and why they stopped if they did
             "step_graph": {"replays": self.model.step_graph_replays, "error": self.model.step_graph_error},
@@ -207,7 +208,8 @@ class LingBotMapSession(SessionTiming):
             # the settings the memory budget allowed, with its accounting and reasons
             "memory_plan": self.memory_plan.as_dict() if self.memory_plan is not None else None,
             # graphs / attention path of these settings, or why they leave the fast path
-            "fast_path": self._closed_fast_path if self._closed_fast_path is not None else lingbot_fast_path(self),
+            "fast_path": (self._closed_fast_path if self._closed_fast_path is not None
+                          else lingbot_fast_path(self, caches["kv"])),
         }
         return out
 
