@@ -229,7 +229,10 @@ class PageTable:
             slots = np.concatenate(parts)
             num_tokens = len(slots)
             contiguous = None
-            token_runs = None if scale else self._token_runs(new_pages, end)
+            # only once the window is full: while it fills, A grows a frame a step (a new
+            # attention shape each; the split keeps a few shapes only, for the steady state)
+            full = len(self._window) + (F if keyframe else 0) >= self.window
+            token_runs = self._token_runs(new_pages, end) if (full and not scale) else None
         else:
             token_runs = None
             num_tokens = (len(pages) - 1) * P + last_len
@@ -269,7 +272,7 @@ class PageTable:
     def _token_runs(self, new_pages: list, special_end: int) -> Optional[tuple]:
         """The visible set of a compressed streamed step as two runs of flat slots (StepTable
         `token_runs`), or None when it is not laid out so (the scale frames not all in, a step of
-        fewer frames than the step pages)."""
+        fewer frames than the step pages). Called once the window is full."""
         P, M, K = self.page_size, self.max_step_frames, self.keep_tokens
         n_sp = math.ceil(special_end / P) if self.special_tokens else 0
         if (sorted(new_pages) != list(range(M)) or sorted(self._scale) != list(range(M, self._compact_first))

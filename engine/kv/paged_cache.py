@@ -231,7 +231,8 @@ class PagedKVCache:
         """For the step in progress: a key equal exactly when two steps launch the same kernels on
         the same buffers (every index the step writes or reads lives in a persistent device
         buffer), so one captured graph replays all of them; None when the step is not static
-        (the backend's fallback steps, compressed or block-sparse windows, another backend)."""
+        (the backend's fallback steps, block-sparse windows, a compressed window still filling,
+        another backend)."""
         step = self.table.step
         if (step is None or not self._attn.support.fixed_shapes or step.window_range is not None
                 or (step.slots_t is not None and step.token_runs is None)):

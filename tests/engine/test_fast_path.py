@@ -92,8 +92,12 @@ def test_compressed_window_is_static_on_the_split_and_equals_sdpa(method, keep):
     keys = _drive_static(cu, sd, PATTERN)
     K = cu.table.keep_tokens
     W, M, SF = KW["window"], 1, KW["scale_frames"]
-    full = [(key, split, kf) for key, split, kf in keys[6:]]      # the window is full from here on
+    # steps 1-3 fill the window (k, k, n): their A would grow a frame a step -> the fallback, so
+    # that the split's few shapes are the steady state's
+    assert [key for key, _, _ in keys[1:4]] == [None] * 3 and cu._attn.calls["fallback"] >= 3 * L
+    full = [(key, split, kf) for key, split, kf in keys[4:]]      # the window is full from here on
     assert all(key is not None for key, _, _ in full)             # every steady step is static
+    assert len(be.a_shapes) == 2                                  # keyframes, non-keyframes
     by_kind = {}
     for key, split, kf in full:
         by_kind.setdefault(kf, set()).add(key)
@@ -172,6 +176,7 @@ def test_page_table_packs_after_every_eviction():
         st = t.begin_step(1, keyframe=True)
         used = sorted(t._window)
         assert used == list(range(len(used)))                 # packed while attending
+        assert (st.token_runs is None) == (i < 2)             # runs once the window is full
         if st.token_runs is not None:
             (a0, na), (b0, nb) = st.token_runs
             assert a0 == 0 and na == (1 + 1) * 4 + len(used) * 2 and na + nb == st.num_kv_tokens
