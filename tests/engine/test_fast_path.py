@@ -70,7 +70,8 @@ def _drive_static(cu, sd, pattern, strict=True):
         for c in (cu, sd):
             c.begin_step(nf, scale=scale, keyframe=kf)
             key = cu.static_key() if c is cu else None
-            ctx = no_host_reads() if (c is cu and strict and key is not None and key in seen) else contextlib.nullcontext()
+            replay = c is cu and strict and key is not None and key in seen
+            ctx = no_host_reads() if replay else contextlib.nullcontext()
             with ctx:
                 outs.append([(c.write(i, k[i], v[i]), c.attend(i, q[i]))[1] for i in range(L)])
             if c is cu:
