@@ -5,6 +5,7 @@ Examples:
     reconstudio bench --device cuda --dtype bf16 --frames 300 --breakdown
     reconstudio bench --device cuda --sweep 64,1000,2000,5000,10000 --csv sweep.csv --json sweep.json
     reconstudio bench --model lingbot-map-tiny --device cpu --dtype fp32 --resolution 70x56 --frames 20
+    reconstudio bench --device cuda --frames 200 --warmup 70 --settings-table all --json settings.json
 """
 from __future__ import annotations
 
@@ -57,6 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", default=None, help="write the sweep rows here (default bench_sweep.csv with --sweep)")
     p.add_argument("--json", default=None, help="write every figure here as JSON")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--settings-table", default=None, metavar="all|NAME,NAME,...",
+                   help="stream once per setting of the fast-path table (KV compression, KV / weight dtypes, "
+                        "keyframe interval 2, a shorter window, windowed mode) over the same frames and "
+                        "report FPS, peak memory, graph mode / attention path and the deviation from the "
+                        "exact path (the first row); names as printed, comma-separated")
     # the engine's settings (window, dtype, kv_dtype, kv_compression, ...) from the SessionConfig metadata
     add_session_flags(p, only=BENCH_FIELDS, defaults={"dtype": "bf16", "device": "cuda when available"})
 
@@ -86,6 +92,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = BenchConfig(weights=args.weights, width=w, height=h, frames=args.frames, warmup=args.warmup,
                       device=device, breakdown=args.breakdown, sweep=args.sweep or [], seed=args.seed,
                       settings=given, **own)
+    if args.settings_table:
+        return _settings_table(cfg, args)
     rows = CsvRows(args.csv or "bench_sweep.csv") if args.sweep else None
     try:
         res = run_bench(cfg, on_row=rows)
@@ -101,4 +109,26 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         write_json(res, args.json)
         print(f"figures written to {args.json}")
+    return 0
+
+
+def _settings_table(cfg, args) -> int:
+    """`--settings-table`: engine.bench.run_settings_table, rows written to --json as they come."""
+    from engine.api import EngineError
+    from engine.bench import run_settings_table, write_json
+
+    names = None if args.settings_table == "all" else [n.strip() for n in args.settings_table.split(",") if n.strip()]
+    done: list = []
+
+    def keep(row):
+        done.append(row)
+        if args.json:                  # a run cut short keeps the rows measured so far
+            write_json({"config": cfg.__dict__, "rows": done}, args.json)
+    try:
+        run_settings_table(cfg, names, on_row=keep)
+    except EngineError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(f"rows written to {args.json}")
     return 0

@@ -123,13 +123,11 @@ def _split_parts(paths, step, q, reps: int) -> list:
             print(f"{name}: step not split ({be.error})")
             continue
         pool = be.cache.pool
-        first, n_a, b = be._split[:3]
+        a0, na, b0, b = be._split[:4]        # flat slots: A's start and length, B's
         P = pool.page_size
-        ka = pool.k[0, first:first + n_a].view(n_a * P, H, D)
-        va = pool.v[0, first:first + n_a].view(n_a * P, H, D)
-        m_b = -(-b // P)
-        kb = pool.k[0, first + n_a:first + n_a + m_b].view(m_b * P, H, D)[:b]
-        vb = pool.v[0, first + n_a:first + n_a + m_b].view(m_b * P, H, D)[:b]
+        first, n_a = a0 // P, na // P
+        ka, va = be._run(0, a0, na)
+        kb, vb = be._run(0, b0, b)
         oa, la = be._kernel_a(q, ka, va)
         ob, lb = torch_flash_lse(q, kb, vb)
         merged = torch.compile(merge_lse, dynamic=False, fullgraph=True)

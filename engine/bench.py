@@ -35,6 +35,7 @@ import torch
 
 from .api import EngineError, SessionConfig
 
+DEPTH_STRIDE = 4       # `keep_outputs`: every 4th depth pixel each way (deviations, not pictures)
 PARTS = ("patch_embed", "frame_blocks", "global_blocks", "global_attention", "camera_head", "depth_head")
 SWEEP_COLUMNS = ("frames", "seconds", "fps", "segment_fps", "latency_p50_ms", "latency_p95_ms",
                  "peak_allocated_gib", "peak_reserved_gib", "allocated_gib", "rss_gib",
@@ -64,6 +65,7 @@ class BenchConfig:
     distinct_frames: int = 16           # synthetic frames cycled through
     cuda_graphs: Optional[bool] = None  # None = the session's default
     settings: dict = field(default_factory=dict)  # further SessionConfig fields (kv_compression, ...)
+    keep_outputs: bool = False          # keep every frame's pose_enc and a strided depth (`outputs`)
 
 
 def height_for_width(width: int) -> int:
@@ -192,10 +194,16 @@ def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print,
     next_sweep = 0
     timed = _TimedSession(session, timer, cuda)
 
+    outputs: dict = {}             # index -> (pose_enc, depth[::DEPTH_STRIDE, ::DEPTH_STRIDE])
+
     def on_results(results):
         nonlocal done, t_steady, steady_frames, seg_start_t, seg_start_n, seg_lat, next_sweep
         dt = timed.dt
         done += len(results)
+        if cfg.keep_outputs:
+            for r in results:
+                d = r.depth[::DEPTH_STRIDE, ::DEPTH_STRIDE].copy() if r.depth is not None else None
+                outputs[r.index] = (None if r.pose_enc is None else np.array(r.pose_enc, np.float64), d)
         if len(results) == 1:
             lat.append(dt)
             seg_lat.append(dt)
@@ -234,7 +242,12 @@ def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print,
     from .run_driver import CallbackSink, RunDriver, SequenceSource
     RunDriver(SequenceSource(range(total), load=lambda i: frames[i % len(frames)]), timed,
               [CallbackSink(results=on_results)], stats_hz=0, flush=False).run()
-    done += len(session.flush())
+    last = session.flush()
+    if cfg.keep_outputs:               # counted below, not timed
+        n_done = done
+        on_results(last)
+        done = n_done
+    done += len(last)
     t_end = time.perf_counter()
     st = session.stats()
 
@@ -258,8 +271,15 @@ def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print,
         "rss_gib": _rss_gib(),
         "kv": st.get("kv"),
         "camera_cache": st.get("camera_cache"),
+        # graphs / attention path of the settings, or why they leave the fast path (engine/fast_path.py)
+        "fast_path": st.get("fast_path"),
+        "step_graph": st.get("step_graph"),
+        # the streamed frames while the window fills (after the first), timed per push
+        "fps_filling": (len(lat[1:cfg.window]) / sum(lat[1:cfg.window])) if len(lat) > 1 else None,
         "sweep": rows,
     }
+    if cfg.keep_outputs:
+        res["outputs"] = outputs
     if timer is not None and steady_frames:
         per = {k: 1e3 * v / steady_frames for k, v in timer.totals.items()}
         res["breakdown_ms_per_frame"] = {k: per.get(k) for k in PARTS if k in per}
@@ -355,3 +375,121 @@ def write_csv(rows: list, path: str) -> None:
 def write_json(res: dict, path: str) -> None:
     with open(path, "w") as f:
         json.dump(res, f, indent=1, default=str)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every setting on the fast path (issue 26 item 2; docs/benchmarks.md "Every setting on the fast
+# path"): each setting streamed over the same frames as the exact path, with its FPS, peak memory,
+# graph mode / attention path (engine/fast_path.py) and deviation from the exact path.
+
+def fast_path_settings(cfg: BenchConfig) -> dict:
+    """name -> BenchConfig overrides of the settings table (the first, "exact", is the reference).
+    Windowed mode restarts at half the stream so that one restart is inside it."""
+    out = {"exact": {}}
+    for method in ("token_partition", "random_subset", "token_merge", "block_sparse"):
+        for keep in (0.5, 0.25):
+            out[f"{method} {keep}"] = {"settings": {"kv_compression": method, "kv_keep_ratio": keep}}
+    out.update({
+        "kv fp8": {"kv_dtype": "fp8"},
+        "kv int8": {"kv_dtype": "int8"},
+        "keyframe interval 2": {"keyframe_interval": 2},
+        f"window {max(2, cfg.window // 4)}": {"window": max(2, cfg.window // 4)},
+        "windowed": {"settings": {"mode": "windowed", "window_size": max(cfg.scale_frames + 2, cfg.frames // 2),
+                                  "overlap": max(1, min(4, cfg.scale_frames - 1))}},
+        # quantized weights last: quantizing is in place (each gets a fresh model, same seed)
+        "weights int8": {"settings": {"weight_dtype": "int8"}},
+        "weights fp8": {"settings": {"weight_dtype": "fp8"}},
+    })
+    return out
+
+
+def output_deviation(ref: dict, out: dict) -> dict:
+    """Deviation of `out` from `ref` (run_bench `outputs`) over the frames both have: pose =
+    relative L2 of the stacked pose encodings; depth = median over frames of the median relative
+    depth difference where the reference depth is positive."""
+    common = sorted(set(ref) & set(out))
+    res = {"frames": len(common), "pose_rel": None, "depth_median_rel": None}
+    pairs = [(ref[i][0], out[i][0]) for i in common if ref[i][0] is not None and out[i][0] is not None]
+    if pairs:
+        r = np.stack([a for a, _ in pairs])
+        o = np.stack([b for _, b in pairs])
+        res["pose_rel"] = float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-12))
+    meds = []
+    for i in common:
+        a, b = ref[i][1], out[i][1]
+        if a is None or b is None or a.shape != b.shape:
+            continue
+        ok = a > 0
+        if ok.any():
+            meds.append(float(np.median(np.abs(b[ok] - a[ok]) / a[ok])))
+    if meds:
+        res["depth_median_rel"] = float(np.median(meds))
+    return res
+
+
+def run_settings_table(cfg: BenchConfig, names: Optional[list] = None, log: Callable[[str], None] = print,
+                       on_row: Optional[Callable[[dict], None]] = None) -> list:
+    """Stream `cfg` once per setting of `fast_path_settings` (or the `names` given; "exact" always
+    runs first), the same seed, frames and weights, and return a row per setting: steady FPS, FPS
+    while the window fills, latency, peak GiB, the graph mode / attention / reason from stats()
+    ("fast_path"), whole-step replays, and the deviation from the exact path. A setting that
+    fails (e.g. torchao missing for quantized weights) gets a row with its error; the rest run.
+    One model serves every setting but the quantized-weight ones (in-place quantization)."""
+    from dataclasses import replace
+    table = fast_path_settings(cfg)
+    names = list(table) if not names else ["exact"] + [n for n in names if n != "exact"]
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise EngineError(f"bench: unknown settings {unknown}; choose from {list(table)}")
+    import gc
+    cuda = torch.device(cfg.device).type == "cuda"
+    model, rows, ref = None, [], None
+    for name in names:
+        over = dict(table[name])
+        settings = dict(cfg.settings, **over.pop("settings", {}))
+        run_cfg = replace(cfg, keep_outputs=True, settings=settings, sweep=[], breakdown=False, **over)
+        quantized = settings.get("weight_dtype") in ("int8", "fp8")
+        if quantized:
+            model = None               # its own model (same seed): the shared one would count in its peak
+        elif model is None:
+            torch.manual_seed(cfg.seed)
+            model = build_bench_model(cfg)
+        gc.collect()
+        if cuda:                       # the previous setting's cached blocks out of this one's reserved peak
+            torch.cuda.empty_cache()
+        t0 = time.perf_counter()
+        try:
+            res = run_bench(run_cfg, model=None if quantized else model, log=lambda *_: None)
+        except Exception as exc:     # a setting that cannot run here: its row says why
+            row = {"setting": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        else:
+            outputs = res.pop("outputs")
+            if ref is None:
+                ref = outputs
+            kv = res.get("kv") or {}
+            row = {"setting": name, "fps_steady": res["fps_steady"], "fps_filling": res["fps_filling"],
+                   "latency_p50_ms": res["latency_p50_ms"], "latency_p95_ms": res["latency_p95_ms"],
+                   "peak_allocated_gib": res["peak_allocated_gib"], "peak_reserved_gib": res["peak_reserved_gib"],
+                   "kv_bytes": kv.get("bytes_allocated"), "backend": kv.get("backend"),
+                   "fast_path": res.get("fast_path"), "step_graph": res.get("step_graph"),
+                   "deviation": output_deviation(ref, outputs), "config": res["config"]}
+        row["wall_s"] = time.perf_counter() - t0
+        rows.append(row)
+        log(format_settings_row(row))
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+def format_settings_row(row: dict) -> str:
+    if "error" in row:
+        return f"{row['setting']:<24s} error: {row['error']}"
+    fp, dev = row.get("fast_path") or {}, row["deviation"]
+
+    def num(x, f):
+        return format(x, f) if x is not None else "-"
+    return (f"{row['setting']:<24s} {num(row['fps_steady'], '7.2f')} fps (filling {num(row['fps_filling'], '.1f')})  "
+            f"p95 {num(row['latency_p95_ms'], '.1f')} ms  peak {num(row['peak_allocated_gib'], '.2f')} GiB  "
+            f"graphs {fp.get('graphs')}  attention {fp.get('attention')}  "
+            f"pose {num(dev['pose_rel'], '.2e')} depth {num(dev['depth_median_rel'], '.2e')}"
+            + (f"\n{'':<24s} reason: {fp['reason']}" if fp.get("reason") else ""))

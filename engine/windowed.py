@@ -117,6 +117,8 @@ class WindowedSession(SessionTiming):
         st.update({"frames": self._frames,
                    "segments": self.window + 1, "window": self.window, "window_frames": self._in_window,
                    "last_alignment": self.alignments[-1] if self.alignments else None})
+        from .fast_path import windowed_fast_path
+        st["fast_path"] = windowed_fast_path(st.get("fast_path"), self.config.window_size)
         return st
 
     def poll_events(self) -> list[EngineEvent]:

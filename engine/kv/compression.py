@@ -29,6 +29,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..host_copy import upload
 from .page_table import KVCacheError
 
 METHODS = ("none", "token_partition", "random_subset", "token_merge", "block_sparse")
@@ -57,6 +58,13 @@ class Compressor:
 
     # storage compressors implement: kept(k [P,H,D], v [P,H,D], layer, frame) -> (k [K,H,D], v [K,H,D])
 
+    def kept_layers(self, k: torch.Tensor, v: torch.Tensor, frame: int):
+        """`kept` for every layer at once: k, v [L, P, H, D] -> [L, K, H, D] each (the same tokens
+        as `kept` layer by layer). The commit of a compressed frame uses it: a few launches per
+        frame instead of a few per layer, and no host synchronisation."""
+        outs = [self.kept(k[i], v[i], i, frame) for i in range(k.shape[0])]
+        return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+
 
 class _Storing(Compressor):
     stores_fewer = True
@@ -78,6 +86,14 @@ class TokenPartition(_Storing):
         idx = self.indices(k)
         return k[idx], v[idx]
 
+    def kept_layers(self, k, v, frame):
+        L, P, H, D = k.shape
+        kf = k.float()
+        score = (kf - kf.mean(dim=1, keepdim=True)).norm(dim=-1).mean(dim=-1)          # [L, P]
+        idx = torch.sort(torch.topk(score, self.keep_tokens(P), dim=1).indices, dim=1).values
+        idx = idx[:, :, None, None].expand(-1, -1, H, D)
+        return k.gather(1, idx), v.gather(1, idx)
+
 
 class RandomSubset(_Storing):
     name = "random_subset"
@@ -85,11 +101,16 @@ class RandomSubset(_Storing):
     def indices(self, page_size: int, frame: int, device) -> torch.Tensor:
         K = self.keep_tokens(page_size)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(frame))
-        return torch.sort(torch.randperm(page_size, generator=g)[:K]).values.to(device)
+        # drawn on the host (reproducible on any device), uploaded without a host sync
+        return upload(torch.sort(torch.randperm(page_size, generator=g)[:K]).values, device, torch.int64)
 
     def kept(self, k, v, layer, frame):
         idx = self.indices(k.shape[0], frame, k.device)
         return k[idx], v[idx]
+
+    def kept_layers(self, k, v, frame):
+        idx = self.indices(k.shape[1], frame, k.device)        # the same tokens in every layer
+        return k[:, idx], v[:, idx]
 
 
 class TokenMerge(_Storing):
@@ -100,16 +121,29 @@ class TokenMerge(_Storing):
         K = self.keep_tokens(page_size)
         return (np.arange(page_size) * K) // page_size
 
+    def _group_tensors(self, page_size: int, device):
+        """(group id per token, members per group as float32) on `device`, built once: no
+        per-frame upload, and no `bincount` on the device (which reads its result size back)."""
+        key = (page_size, str(device))
+        cached = getattr(self, "_groups_cache", None)
+        if cached is None or cached[0] != key:
+            g = self.groups(page_size)
+            count = np.bincount(g, minlength=self.keep_tokens(page_size)).astype(np.float32)
+            cached = self._groups_cache = (key, upload(g, device, torch.int64), upload(count, device))
+        return cached[1], cached[2]
+
     def kept(self, k, v, layer, frame):
-        P = k.shape[0]
-        K = self.keep_tokens(P)
-        g = torch.as_tensor(self.groups(P), device=k.device)
-        count = torch.bincount(g, minlength=K).to(torch.float32)[:, None, None]
+        out = self.kept_layers(k[None], v[None], frame)
+        return out[0][0], out[1][0]
+
+    def kept_layers(self, k, v, frame):
+        L, P = k.shape[:2]
+        g, count = self._group_tensors(P, k.device)
         out = []
         for x in (k, v):
-            acc = torch.zeros((K,) + tuple(x.shape[1:]), dtype=torch.float32, device=x.device)
-            acc.index_add_(0, g, x.float())
-            out.append((acc / count).to(x.dtype))
+            acc = torch.zeros((L, self.keep_tokens(P)) + tuple(x.shape[2:]), dtype=torch.float32, device=x.device)
+            acc.index_add_(1, g, x.float())
+            out.append((acc / count[:, None, None]).to(x.dtype))
         return out[0], out[1]
 
 

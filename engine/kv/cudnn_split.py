@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from ..models.layers import CUDNN_Q_TILE, cudnn_one_wave
-from .attention import LAYOUTS, Backend, Support, refusal
+from .attention import LAYOUTS, STORES, Backend, Support, refusal
 from .backends import FlashInferBackend, SDPABackend
 from .cudnn import CUDNN_HEAD_DIMS
 from .cudnn_kernels import (chunk_bounds, chunked_lse, even_chunks, masked_lse, merge_lse, tail_chunks,
@@ -51,10 +51,12 @@ class CuDNNSplitBackend(Backend):
     Measurements: docs/benchmarks.md "cuDNN split"."""
 
     name = "cudnn-split"
-    support = Support(devices=("cuda",), compute_dtypes=(torch.bfloat16, torch.float16), stores=("native", "fp8"),
-                      layouts=LAYOUTS, fixed_shapes=True, head_dims=CUDNN_HEAD_DIMS, auto_stores=("native",),
-                      note="token-slot steps and the window filling go to the fallback (FlashInfer, else "
-                           "SDPA); 'auto' takes it for native bf16/fp16 stores (fp8: FlashInfer)")
+    support = Support(devices=("cuda",), compute_dtypes=(torch.bfloat16, torch.float16), stores=STORES,
+                      layouts=LAYOUTS, fixed_shapes=True, head_dims=CUDNN_HEAD_DIMS, auto_stores=STORES,
+                      note="block-sparse steps and the window filling go to the fallback (FlashInfer, else "
+                           "SDPA); 'auto' takes it for every store attended in bf16/fp16 (fp8 / int8 read "
+                           "into 16-bit scratch; faster than FlashInfer's fp8-KV kernel: "
+                           "docs/benchmarks_kv.md)")
     mode = "split"
 
     # q rows per cuDNN work tile (its SM90 forward kernels): ceil(q / 128) x heads CTAs a call
@@ -102,17 +104,18 @@ class CuDNNSplitBackend(Backend):
         self.whole_shapes: set = set()             # (q tokens, K/V tokens) attended whole
         self.whole = bool(whole)
         self.fp8 = pool.kind == "fp8"              # read into 16-bit scratch (above)
-        self._scratch = None                       # (k, v) 16-bit scratch of an fp8 store
+        self._scratch = None                       # (k, v) 16-bit scratch of a quantized store
         attn16 = cache.attn_dtype in (torch.bfloat16, torch.float16)
-        self._ok = pool.kind in ("native", "fp8") and (kernel_a is not None or attn16)
+        self._ok = pool.kind in ("native", "fp8", "int8") and (kernel_a is not None or attn16)
         self._kernel_a = kernel_a or torch_cudnn_lse
         self._kernel_b = kernel_b or torch_flash_lse
         if kernel_full is None and not cuda:
             self.whole = False           # no cuDNN off the GPU (CPU tests pass a stand-in)
         self._kernel_full = kernel_full or torch_cudnn
         self.kernel = "cudnn-split (cuDNN + flash, merged by log-sum-exp)"
-        if self.fp8:
-            self.kernel = "cudnn-split fp8 store (cuDNN + flash on 16-bit scratch, merged by log-sum-exp)"
+        if pool.kind != "native":
+            self.kernel = (f"cudnn-split {pool.kind} store (cuDNN + flash on 16-bit scratch, merged by "
+                           f"log-sum-exp)")
         if fallback is None:
             # the fallback from the declarations too: FlashInfer where it can serve this cache
             fi = refusal(FlashInferBackend, cache.device, cache.precision, pool.head_dim)
@@ -128,8 +131,20 @@ class CuDNNSplitBackend(Backend):
         self._kernel_b_static = kernel_b_static or (torch_flash_varlen_lse if cuda else masked_lse)
         self._cu_q = self._cu_k = None      # int32 [2] device tensors [0, q tokens], [0, B tokens]
 
+    @staticmethod
+    def scratch_bytes(capacity_tokens: int, num_heads: int, head_dim: int, kind: str, attn_bytes: int = 2) -> int:
+        """Bytes of the 16-bit scratch pair a quantized store ("fp8" / "int8") is read into (the
+        pool's capacity for one layer, allocated at the first split step); 0 for a native store.
+        For memory accounting (engine/memory_plan.py)."""
+        return 0 if kind == "native" else 2 * capacity_tokens * num_heads * head_dim * attn_bytes
+
     def split_point(self, step: StepTable):
-        """(first page, A pages, B tokens) when the step has the layout above, else None."""
+        """(A's first flat slot, A tokens, B's first flat slot, B tokens) when the step has the
+        layout above, else None. A compressed window gives its two runs (`StepTable.token_runs`,
+        engine/kv/page_table.py): A = step, scale and packed window tokens, B = the specials."""
+        if step.token_runs is not None:
+            (a0, na), (b0, nb) = step.token_runs
+            return (a0, na, b0, nb) if na > 0 and na + nb == step.num_kv_tokens else None
         if step.contiguous is None or step.slots_t is not None:
             return None
         c = self.cache
@@ -143,7 +158,7 @@ class CuDNNSplitBackend(Backend):
         patch = step.pages[:n_a]                                 # scale -> window -> new
         if min(patch) != first or max(patch) != first + n_a - 1:
             return None                                          # specials not after the patch pages
-        return first, n_a, b
+        return first * P, n_a * P, (first + n_a) * P, b
 
     def path_stats(self) -> dict:
         """Layer calls per path, the distinct cuDNN shapes (a graph each), the steps declined for
@@ -180,7 +195,7 @@ class CuDNNSplitBackend(Backend):
                 split = None
                 self.wave_declined += 1
         if split is not None:
-            whole = self.whole and step.fixed_length
+            whole = self.whole and step.fixed_length and split[2] == split[0] + split[1]   # one run
             shapes, key = ((self.whole_shapes, (step.q_tokens, step.num_kv_tokens)) if whole
                            else (self.a_shapes, (step.q_tokens, split[1])))
             if key not in shapes:
@@ -193,12 +208,12 @@ class CuDNNSplitBackend(Backend):
         self._split = split
         if split is None:
             self._fallback.plan(step)
-        elif self.static and not split[3]:
+        elif self.static and not split[4]:
             if self._cu_q is None:
                 self._cu_q = torch.zeros(2, dtype=torch.int32, device=self.cache.device)
                 self._cu_k = torch.zeros(2, dtype=torch.int32, device=self.cache.device)
             self._cu_q[1:].fill_(step.q_tokens)      # kernels with the values as arguments:
-            self._cu_k[1:].fill_(split[2])           # no host sync, stream-ordered
+            self._cu_k[1:].fill_(split[3])           # no host sync, stream-ordered
 
     def static_key(self):
         """For a planned step attended with fixed shapes and pointers (`static`, split or whole):
@@ -207,10 +222,10 @@ class CuDNNSplitBackend(Backend):
         off, after an error)."""
         if not self.static or self._split is None or self.error is not None:
             return None
-        first, n_a, b, whole = self._split
+        a0, na, b0, nb, whole = self._split
         if whole:
-            return ("whole", first, n_a * self.cache.pool.page_size + b)
-        return ("split", first, n_a)
+            return ("whole", a0, na + nb)
+        return ("split", a0, na, b0)
 
     def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
         if self._split is not None and slots_t is None and self.error is None:
@@ -221,7 +236,7 @@ class CuDNNSplitBackend(Backend):
                 self._split = None
                 self._fallback.plan(step)
             else:
-                self.path = "whole" if self._split[3] else "split"
+                self.path = "whole" if self._split[4] else "split"
                 self.calls[self.path] += 1
                 return out
         self.path = "fallback"
@@ -230,31 +245,36 @@ class CuDNNSplitBackend(Backend):
 
     def _attend_split(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         pool = self.cache.pool
-        first, n_a, b, whole = self._split
-        P, H, D = pool.page_size, pool.num_heads, pool.head_dim
+        a0, na, b0, nb, whole = self._split
+        H = pool.num_heads
         q = q.contiguous()
-        n = n_a * P + b
-        m = -(-n // P)
         static_b = self.static and not whole
-        if static_b:                   # the run to the end of the pool: B's view is fixed
-            m = pool.num_pages - first
         full, part_a, part_b = self._kernel_full, self._kernel_a, self._kernel_b
-        kp, vp = self._run_views(layer, first, m)       # zero copy (e4m3 for an fp8 store)
-        if self.fp8:                   # the run as 16-bit scratch; key scales into q
-            kp, vp = self._converted(kp, vp)
-            ks, vs = pool.scales[layer, 0], pool.scales[layer, 1]
-            q = (q.float() * ks.view(1, H, 1)).to(q.dtype)
         if whole:                      # one fixed-length run: no statistics, no merge
-            out = self._wave_tail(q, kp[:n], vp[:n], lambda *a: (full(*a), None))[0]
+            ka, va = self._run(layer, a0, na + nb)
+            q = self._scaled_q(q, layer)
+            out = self._wave_tail(q, ka, va, lambda *a: (full(*a), None))[0]
         else:
-            out, lse_a = self._wave_tail(q, kp[:n_a * P], vp[:n_a * P], part_a)   # constant shape
-            if static_b or b:          # static: B's length from the device (cu_k), not the host
-                out_b, lse_b = (self._kernel_b_static(q, kp[n_a * P:], vp[n_a * P:], self._cu_q, self._cu_k)
-                                if static_b else part_b(q, kp[n_a * P:n], vp[n_a * P:n]))
+            # static: B is the run to the end of the pool (a fixed view), its length on the device
+            b_len = pool.num_pages * pool.page_size - b0 if static_b else nb
+            ka, va = self._run(layer, a0, na)                     # constant shape
+            kb, vb = self._run(layer, b0, b_len)
+            q = self._scaled_q(q, layer)
+            out, lse_a = self._wave_tail(q, ka, va, part_a)
+            if static_b or nb:
+                out_b, lse_b = (self._kernel_b_static(q, kb, vb, self._cu_q, self._cu_k)
+                                if static_b else part_b(q, kb, vb))
                 out = merge_lse(out, lse_a, out_b, lse_b)
         if self.fp8:                   # attention is linear in V: the value scales last
-            out = (out.float() * vs.view(1, H, 1)).to(q.dtype)
+            out = (out.float() * pool.scales[layer, 1].view(1, H, 1)).to(q.dtype)
         return out
+
+    def _scaled_q(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+        """fp8 store: the per-head key scales folded into q (else q as is)."""
+        if not self.fp8:
+            return q
+        H = self.cache.pool.num_heads
+        return (q.float() * self.cache.pool.scales[layer, 0].view(1, H, 1)).to(q.dtype)
 
     def _wave_tail(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel):
         """kernel(q, k, v) -> (out, lse) over all of q's rows, cuDNN (`kernel`) taking the rows that
@@ -280,27 +300,27 @@ class CuDNNSplitBackend(Backend):
         out = torch.cat([out_m, out_t])
         return out, (None if lse_m is None else torch.cat([lse_m, lse_t], dim=1))
 
-    def _run_views(self, layer: int, first: int, m: int):
-        """The layer's keys / values of pages first .. first + m - 1 as [m * page_size, H, D] views
-        of the pool (read as e4m3 for an fp8 store)."""
+    def _run(self, layer: int, start: int, n: int):
+        """The layer's keys / values of flat slots start .. start + n - 1 as [n, H, D]: zero-copy
+        views of a native store; for a quantized store read into the same rows of the 16-bit
+        scratch pair (fp8: as stored, e4m3 -> bf16/fp16 is exact, its per-head scales applied outside;
+        int8: times its per-token scales, the same arithmetic as `KVPool.dequantize`). The
+        scratch holds the pool's capacity and is allocated once (one layer at a time uses it);
+        A and B land in disjoint rows, at addresses that depend on their slots only."""
         pool = self.cache.pool
-        k, v = pool.k[layer, first:first + m], pool.v[layer, first:first + m]
-        if self.fp8:
-            k, v = k.view(FP8), v.view(FP8)
-        shape = (m * pool.page_size, pool.num_heads, pool.head_dim)
-        return k.view(shape), v.view(shape)
-
-    def _converted(self, k8: torch.Tensor, v8: torch.Tensor):
-        """e4m3 run views read into the 16-bit scratch pair as stored (e4m3 -> bf16/fp16 is
-        exact), same-shaped views. The scratch holds the pool's capacity and is allocated once
-        (one layer at a time uses it)."""
-        pool = self.cache.pool
+        N, P, H, D = pool.num_pages, pool.page_size, pool.num_heads, pool.head_dim
+        k = pool.k[layer].view(N * P, H, D)[start:start + n]
+        v = pool.v[layer].view(N * P, H, D)[start:start + n]
+        if pool.kind == "native":
+            return k, v
         if self._scratch is None:
-            shape = (pool.num_pages * pool.page_size, pool.num_heads, pool.head_dim)
-            self._scratch = tuple(torch.empty(shape, dtype=self.cache.attn_dtype, device=pool.device)
+            self._scratch = tuple(torch.empty((N * P, H, D), dtype=self.cache.attn_dtype, device=pool.device)
                                   for _ in range(2))
-        n = k8.shape[0]
-        sk, sv = (x[:n] for x in self._scratch)
-        sk.copy_(k8)
-        sv.copy_(v8)
+        sk, sv = (x[start:start + n] for x in self._scratch)
+        if self.fp8:
+            sk.copy_(k.view(FP8))
+            sv.copy_(v.view(FP8))
+        else:                          # int8: per-token scales of the same slots (a view)
+            sk.copy_(k).mul_(pool.scales[layer, 0, start:start + n, :, None])
+            sv.copy_(v).mul_(pool.scales[layer, 1, start:start + n, :, None])
         return sk, sv

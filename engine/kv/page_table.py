@@ -11,7 +11,13 @@ Compressed window (`keep_tokens` < page_size): every streamed frame is processed
 its own (the first `max_step_frames` pages); a committed keyframe keeps `keep_tokens` of its
 patch tokens in a frame slot of the compact window region (`CommitPlan.compress` says which page
 goes to which slots; the compressor picks the tokens). Visible sets are then token lists
-(`StepTable.slots`), not page runs.
+(`StepTable.slots`), not page runs. The window's frame slots are kept packed at the start of the
+compact region: when a keyframe evicts a slot that is not the last one in use, the last one's
+tokens move into it (`StepTable.slot_moves`, copied by the cache before anything attends; key
+order does not matter to the attention). So once the scale frames are in, a streamed step's
+visible set is two runs of flat slots -- the step pages, scale pages and the used compact slots
+from slot 0, then the special tokens -- whose lengths are constant once the window is full
+(`StepTable.token_runs`: what the cuDNN split attends with fixed shapes).
 """
 from __future__ import annotations
 
@@ -61,8 +67,14 @@ class StepTable:
     special_flat_t: Any = None          # int64 [F*special_tokens] on device
     pages_t: Any = None                 # int64 [len(pages)] on device (gather)
     slots_t: Any = None                 # int64 [num_kv_tokens] on device (compressed window)
+    int8_slots_t: Any = None            # int8 store, pages: the visible flat slots (token scales)
     window_range: Any = None            # block_sparse: (first, end) of the window in the visible set
     window_pages_t: Any = None          # block_sparse: the window's pages on device, oldest first
+    token_runs: Optional[tuple] = None  # compressed window: ((a start, a len), (b start, b len)) flat
+                                        # slots: [a, a + a len) = step, scale and window tokens,
+                                        # [b, b + b len) = the special tokens (module docstring)
+    slot_moves: Optional[tuple] = None  # compressed window: (src, dst) flat slots to copy before the
+                                        # step attends (packing the window slots after an eviction)
     written: list = field(default_factory=list)   # per layer: write() done this step
     plan: Any = None                    # backend-private per-step data (e.g. FlashInfer plan)
     borrowed: list = field(default_factory=list)  # kept for backends/tests (always empty now)
@@ -184,6 +196,7 @@ class PageTable:
                 else:
                     self._release(p)
             self._evictions += len(evicted)
+        slot_moves = self._pack_slots() if (masked and self.compact) else None
         if scale:
             lowest = self._step_pages
         else:       # see "Placement"; a compressed stream processes every frame on a step page
@@ -216,7 +229,12 @@ class PageTable:
             slots = np.concatenate(parts)
             num_tokens = len(slots)
             contiguous = None
+            # only once the window is full: while it fills, A grows a frame a step (a new
+            # attention shape each; the split keeps a few shapes only, for the steady state)
+            full = len(self._window) + (F if keyframe else 0) >= self.window
+            token_runs = self._token_runs(new_pages, end) if (full and not scale) else None
         else:
+            token_runs = None
             num_tokens = (len(pages) - 1) * P + last_len
             lo, hi = min(pages), max(pages)
             contiguous = None
@@ -226,11 +244,42 @@ class PageTable:
             num_frames=F, scale=bool(scale), keyframe=bool(keyframe), q_tokens=F * (S + P),
             new_pages=new_pages, evicted=evicted, masked=masked, pending_special_pages=pending,
             special_start=start, pages=pages, last_page_len=last_len, num_kv_tokens=num_tokens,
-            contiguous=contiguous, special_flat=special_flat, slots=slots,
+            contiguous=contiguous, special_flat=special_flat, slots=slots, token_runs=token_runs,
+            slot_moves=slot_moves,
             fixed_length=bool(S) and not scale and self._ring.count >= self._ring.ring_size
             and len(self._window) + (F if keyframe else 0) >= self.window)
         self._step = step
         return step
+
+    def _pack_slots(self) -> Optional[tuple]:
+        """Compressed window, after an eviction: move the window frames held in the highest slots
+        into the freed lower ones, so the used slots are 0 .. n-1 again; the (src, dst) flat
+        slots to copy (None: nothing moved). A move is final, like the eviction."""
+        n = len(self._window)
+        high = sorted((s for s in self._window if s >= n), reverse=True)
+        if not high:
+            return None
+        holes = [s for s in self._free_slots if s < n][:len(high)]
+        src, dst = [], []
+        where = {s: i for i, s in enumerate(self._window)}
+        for s, h in zip(high, holes):
+            self._window[where[s]] = h
+            src.append(self.slot_tokens(s))
+            dst.append(self.slot_tokens(h))
+        self._free_slots = list(range(n, self.window))
+        return np.concatenate(src), np.concatenate(dst)
+
+    def _token_runs(self, new_pages: list, special_end: int) -> Optional[tuple]:
+        """The visible set of a compressed streamed step as two runs of flat slots (StepTable
+        `token_runs`), or None when it is not laid out so (the scale frames not all in, a step of
+        fewer frames than the step pages). Called once the window is full."""
+        P, M, K = self.page_size, self.max_step_frames, self.keep_tokens
+        n_sp = math.ceil(special_end / P) if self.special_tokens else 0
+        if (sorted(new_pages) != list(range(M)) or sorted(self._scale) != list(range(M, self._compact_first))
+                or sorted(self._window) != list(range(len(self._window)))
+                or self._special_pages[:n_sp] != list(range(self._patch_zone, self._patch_zone + n_sp))):
+            return None
+        return (0, self._compact_first * P + len(self._window) * K), (self._patch_zone * P, special_end)
 
     def end_step(self) -> CommitPlan:
         """Keyframe: commit and return the byte moves for the pool. Non-keyframe: restore every

@@ -173,6 +173,8 @@ class PagedKVCache:
     def begin_step(self, num_frames: int, scale: bool = False, keyframe: bool = True) -> StepTable:
         """Reserve pages for `num_frames` new frames and build the visible table (all layers)."""
         step = self.table.begin_step(num_frames, scale=scale, keyframe=keyframe)
+        if step.slot_moves is not None:          # pack the compressed window (page_table docstring)
+            self.pool.copy_slots(*step.slot_moves)
         self.pool.attach(step)
         if self.compression.sparse_attention and not scale:
             P = self.page_size
@@ -183,7 +185,7 @@ class PagedKVCache:
                 pages = np.asarray(step.pages, dtype=np.int64)
                 step.slots_t = torch.as_tensor((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens]).to(self.device)
         self._last_visible_tokens = step.num_kv_tokens
-        self._last_zero_copy = step.contiguous is not None and step.slots_t is None
+        self._last_zero_copy = step.contiguous is not None and step.slots_t is None and self.pool.kind != "int8"
         self._attn.plan(step)
         return step
 
@@ -229,10 +231,11 @@ class PagedKVCache:
         """For the step in progress: a key equal exactly when two steps launch the same kernels on
         the same buffers (every index the step writes or reads lives in a persistent device
         buffer), so one captured graph replays all of them; None when the step is not static
-        (the backend's fallback steps, compressed or block-sparse windows, another backend)."""
+        (the backend's fallback steps, block-sparse windows, a compressed window still filling,
+        another backend)."""
         step = self.table.step
-        if (step is None or not self._attn.support.fixed_shapes or step.slots_t is not None
-                or step.window_range is not None):
+        if (step is None or not self._attn.support.fixed_shapes or step.window_range is not None
+                or (step.slots_t is not None and step.token_runs is None)):
             return None
         return self._attn.static_key()
 
@@ -261,12 +264,20 @@ class PagedKVCache:
     def _execute(self, plan: CommitPlan) -> None:
         self.pool.copy_slots(plan.special_src, plan.special_dst)
         if plan.compress:
+            # every layer at once where the store allows (a few launches a frame, no host sync);
+            # a quantized store re-quantizes layer by layer with that layer's scales
             K = self.table.keep_tokens
             for i, (page, first) in enumerate(plan.compress):
                 dst = torch.arange(first, first + K, device=self.device)
+                frame = self._frame_counter + i
+                if self.pool.kind == "native":
+                    k, v = self.pool.k[:, page], self.pool.v[:, page]          # [L, P, H, D]
+                    kk, vv = self.compression.kept_layers(k, v, frame)
+                    self.pool.write_slots_layers(dst, kk, vv)
+                    continue
                 for layer in range(self.num_layers):
                     k, v = self.pool.read_page(layer, page)
-                    kk, vv = self.compression.kept(k, v, layer, self._frame_counter + i)
+                    kk, vv = self.compression.kept(k, v, layer, frame)
                     self.pool.write_slots(layer, dst, kk, vv)
 
     def abort_step(self) -> None:

@@ -102,10 +102,11 @@ class KVPool:
         step.pages_t = upload(step.pages, dev, torch.int64)
         if step.slots is not None:
             step.slots_t = upload(step.slots, dev, torch.int64)
-        elif self.kind == "int8":     # token scales: gather by token
+        elif self.kind == "int8":     # token scales: a gather by token reads them (`visible`)
             P = self.page_size
             pages = np.asarray(step.pages, dtype=np.int64)
-            step.slots_t = upload((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens], dev, torch.int64)
+            step.int8_slots_t = upload((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens], dev,
+                                       torch.int64)
         step.written = [False] * self.num_layers
         return step
 
@@ -190,9 +191,15 @@ class KVPool:
             if s is not None:
                 self.scales[layer, which].index_copy_(0, slots_t, s)
 
+    def write_slots_layers(self, slots_t: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [L, n, H, D] (every layer) into flat slots of a native store, one copy each."""
+        L, N, P, H, D = self.k.shape
+        for pool, x in ((self.k, k), (self.v, v)):
+            pool.view(L, N * P, H, D).index_copy_(1, slots_t, x.to(pool.dtype))
+
     def copy_slots(self, src: list, dst: list) -> None:
         """Copy tokens (every layer, keys, values and their scales) between flat slots."""
-        if not src:
+        if len(src) == 0:
             return
         s = upload(src, self.device, torch.int64)
         d = upload(dst, self.device, torch.int64)
@@ -217,6 +224,8 @@ class KVPool:
         or by token when the window is compressed / the store is int8 / `slots_t` is given)."""
         P, H, D = self.page_size, self.num_heads, self.head_dim
         slots_t = step.slots_t if slots_t is None else slots_t
+        if slots_t is None and self.kind == "int8":
+            slots_t = step.int8_slots_t
         kp, vp = self.k[layer], self.v[layer]
         if slots_t is not None:
             n = slots_t.numel()

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig, check_settings
+from ..fast_path import lingbot_fast_path
 from ..pose import decode_pose
 from ..session_timing import SessionTiming, resolve_device
 from ..models.layers import kernel_errors
@@ -156,6 +157,7 @@ class LingBotMapSession(SessionTiming):
         self.kv_dtype = self.kv_precision.storage
         self.kv = None                  # PagedKVCache, built at the first step (needs the token count)
         self._closed_cache_stats = {"kv": None, "kv_page_map": None, "camera_cache": None}
+        self._closed_fast_path = None   # stats()["fast_path"] as it was at close()
         self.caches = None              # StreamCaches(kv, camera_cache)
         self.camera_cache = None
         self._hw: Optional[tuple[int, int]] = None
@@ -189,13 +191,14 @@ class LingBotMapSession(SessionTiming):
         return []
 
     def stats(self) -> dict:
+        caches = self._cache_stats() if self.kv is not None else self._closed_cache_stats
         out = {
             "frames": self._frames,
             "keyframes": self._keyframes,
             **self._timing_stats(),
             **self._gpu_stats(),
             "segments": 1,
-            **(self._cache_stats() if self.kv is not None else self._closed_cache_stats),
+            **caches,
             "time_index": self._time,
             # whole-step CUDA graphs: on, or why not (`_step_graph_stats`)
             "step_graph": self._step_graph_stats(),
@@ -205,6 +208,9 @@ class LingBotMapSession(SessionTiming):
             "resolution": (self._hw[1], self._hw[0]) if self._hw else None,
             # the settings the memory budget allowed, with its accounting and reasons
             "memory_plan": self.memory_plan.as_dict() if self.memory_plan is not None else None,
+            # graphs / attention path of these settings, or why they leave the fast path
+            "fast_path": (self._closed_fast_path if self._closed_fast_path is not None
+                          else lingbot_fast_path(self, caches["kv"])),
         }
         return out
 
@@ -255,6 +261,8 @@ class LingBotMapSession(SessionTiming):
         self._closed = True
         if self.kv is not None:     # what the caches held at the end stays visible (monitors, summaries)
             self._closed_cache_stats = self._cache_stats()
+        if self._closed_fast_path is None:
+            self._closed_fast_path = lingbot_fast_path(self)
         self.model.aggregator.graphs = None     # free the captured graphs' buffers
         self.kv = None
         self.camera_cache = None

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig, check_settings
+from ..fast_path import vggt_fast_path
 from ..pose import decode_pose
 from ..session_timing import SessionTiming
 
@@ -126,6 +127,7 @@ class VGGTChunkedSession(SessionTiming):
             "last_alignment": self._last_align,
             "pending_frames": len(self._pending),
             "resolution": (self._hw[1], self._hw[0]) if self._hw else None,
+            "fast_path": vggt_fast_path(self.kv.stats() if self.kv is not None else None, self.device.type),
         }
 
     def poll_events(self) -> list[EngineEvent]:

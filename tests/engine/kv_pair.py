@@ -48,14 +48,14 @@ def drive_paths(a, b, pattern, seed=0, dtype=torch.float32):
 
 
 def tiny_sessions_against_sdpa(monkeypatch, make_backend, frames: int = 14, special_cap: int = 5,
-                               seed: int = 4, opened=None, closing=None):
+                               seed: int = 4, opened=None, closing=None, settings=None):
     """The tiny LingBot-Map model (CPU, fp32) over the same `frames` random frames twice -- scale 2,
     window 3, special cap `special_cap`, keyframe interval 2 (eviction, rollback, ring wrap) -- with
     SDPA and with backend "cudnn" resolved to `make_backend(cache)` (a stand-in under test, declared
     to run on the CPU in float32 -- the resolver chooses from declarations); checks
     the two runs' results equal (1e-5 / 1e-4) and returns the backend made, for the caller's checks.
     `opened(session)` / `closing(session)`: called for the "cudnn" session after it opens and
-    before it closes."""
+    before it closes. `settings`: further SessionConfig fields of both sessions (kv_compression...)."""
     import dataclasses
 
     import numpy as np
@@ -70,7 +70,8 @@ def tiny_sessions_against_sdpa(monkeypatch, make_backend, frames: int = 14, spec
     made = {}
 
     class StandInCuDNN(CuDNNBackend):       # the cuDNN backend's store checks, the stand-in's instance
-        support = dataclasses.replace(CuDNNBackend.support, devices=("cpu",), compute_dtypes=(torch.float32,))
+        support = dataclasses.replace(CuDNNBackend.support, devices=("cpu",), compute_dtypes=(torch.float32,),
+                                      stores=("native", "fp8", "int8"))
 
         @classmethod
         def create(cls, cache):
@@ -84,7 +85,7 @@ def tiny_sessions_against_sdpa(monkeypatch, make_backend, frames: int = 14, spec
     for backend in ("sdpa", "cudnn"):
         s = open_session(SessionConfig(engine="lingbot-map", model="lingbot-map-tiny", image_width=70,
                                        scale_frames=2, window=3, special_cap=special_cap, keyframe_interval=2,
-                                       camera_iterations=2, backend=backend), model=model)
+                                       camera_iterations=2, backend=backend, **(settings or {})), model=model)
         if backend == "cudnn" and opened is not None:
             opened(s)
         outs[backend] = [r for f in frames for r in s.push(f)] + s.flush()

@@ -34,20 +34,27 @@ def test_auto_chooses_from_the_declarations_and_says_why_not(monkeypatch):
     monkeypatch.setattr(backends, "_import_flashinfer", lambda: (object(), None))
     c = resolve.choose_backend("auto", CUDA, kv_precision("bf16"))
     assert c.backend.name == "cudnn-split" and c.refused == {}
-    c = resolve.choose_backend("auto", CUDA, kv_precision("bf16", "fp8"))
-    assert c.backend.name == "flashinfer"
-    assert "'auto' takes cudnn-split for native stores only, not fp8" in c.refused["cudnn-split"]
+    for kv in ("fp8", "int8"):          # quantized stores attended in 16 bits: the split too
+        c = resolve.choose_backend("auto", CUDA, kv_precision("bf16", kv))
+        assert c.backend.name == "cudnn-split" and c.refused == {}
+    c = resolve.choose_backend("auto", CUDA, kv_precision("fp32", "fp8"))
+    assert c.backend.name == "sdpa" and "not fp32" in c.refused["cudnn-split"]
     monkeypatch.setattr(backends, "_import_flashinfer", lambda: (None, "ModuleNotFoundError: flashinfer"))
+    monkeypatch.setattr(resolve.BACKENDS["cudnn-split"], "support", dataclasses.replace(
+        resolve.BACKENDS["cudnn-split"].support, auto_stores=("native",)))
     c = resolve.choose_backend("auto", CUDA, kv_precision("bf16", "fp8"))
     assert c.backend.name == "sdpa" and "not available (ModuleNotFoundError: flashinfer" in c.refused["flashinfer"]
+    assert "'auto' takes cudnn-split for native stores only, not fp8" in c.refused["cudnn-split"]
     c = resolve.choose_backend("auto", "cpu", kv_precision("fp32"))
     assert c.stats() == {"requested": "auto", "chosen": "sdpa", "refused": {
         "cudnn-split": "the cudnn-split attention backend needs a CUDA device",
         "flashinfer": "the flashinfer attention backend needs a CUDA device"}}
     with pytest.raises(KVCacheError, match="flashinfer attention backend supports bf16, fp16 attention, not fp32"):
         resolve.choose_backend("flashinfer", CUDA, kv_precision("fp32"))
-    with pytest.raises(KVCacheError, match="cudnn-split attention backend reads native, fp8 KV stores, not int8"):
-        resolve.choose_backend("cudnn-split", CUDA, kv_precision("bf16", "int8"))
+    with pytest.raises(KVCacheError, match="cudnn-split attention backend supports bf16, fp16 attention, not fp32"):
+        resolve.choose_backend("cudnn-split", CUDA, kv_precision("fp32", "int8"))
+    with pytest.raises(KVCacheError, match="flashinfer attention backend reads native, fp8 KV stores, not int8"):
+        resolve.choose_backend("flashinfer", CUDA, kv_precision("bf16", "int8"))
 
 
 def test_a_changed_declaration_changes_the_choice(monkeypatch):

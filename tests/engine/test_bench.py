@@ -57,3 +57,37 @@ def test_bench_cli_reports_bad_resolution(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--resolution", "500x378"])
     assert "multiples of 14" in capsys.readouterr().err
+
+
+SOME = ("exact", "token_merge 0.5", "block_sparse 0.25", "kv int8", "keyframe interval 2", "windowed")
+
+
+def test_settings_table_runs_the_settings_on_the_tiny_model(tmp_path):
+    """`reconstudio bench --settings-table` (CPU, the tiny model, some of the settings: all of
+    them take minutes on a shared 2-core machine): a row per setting, the exact path first with
+    no deviation from itself, the lossy settings deviating from it, each row saying its graph
+    mode / attention path / reason (engine/fast_path.py), JSON written."""
+    from app.cli import main
+    from engine.bench import fast_path_settings
+    from engine.fast_path import NOT_CUDA
+    json_path = tmp_path / "settings.json"
+    rc = main(["bench", "--model", "lingbot-map-tiny", "--device", "cpu", "--dtype", "fp32",
+               "--resolution", "56x42", "--scale-frames", "2", "--window", "3", "--special-cap", "8",
+               "--camera-iterations", "1", "--warmup", "3", "--frames", "9",
+               "--settings-table", ",".join(SOME[1:]), "--json", str(json_path)])
+    assert rc == 0
+    rows = {r["setting"]: r for r in json.loads(json_path.read_text())["rows"]}
+    table = fast_path_settings(BenchConfig(window=3, frames=9, scale_frames=2))
+    assert list(rows) == list(SOME) and set(SOME) <= set(table) and list(table)[0] == "exact"
+    assert {"token_partition 0.5", "random_subset 0.25", "kv fp8", "weights int8", "weights fp8"} <= set(table)
+    for name, row in rows.items():
+        assert "error" not in row, (name, row.get("error"))
+        assert row["fps_steady"] > 0 and row["deviation"]["frames"] == 9, (name, row["deviation"])
+        assert row["fast_path"]["graphs"] == "none" and row["fast_path"]["reason"].startswith(NOT_CUDA)
+    exact = rows["exact"]["deviation"]
+    assert exact["pose_rel"] == 0.0 and exact["depth_median_rel"] == 0.0
+    # merging / selecting window tokens, quantizing the store, skipping keyframes change the outputs
+    for name in SOME[1:]:
+        assert rows[name]["deviation"]["pose_rel"] > 0, name
+    # int8 keys / values are close to the float32 store (a relative step of 1/254 per vector)
+    assert rows["kv int8"]["deviation"]["pose_rel"] < 5e-2 and rows["kv int8"]["backend"] == "sdpa"

@@ -45,7 +45,7 @@ def test_split_equals_sdpa_without_syncs(page, whole):
                     split = be._split is not None
                     splits += split
                     strict_next = split
-                    key_ = (S6 + page, step.num_kv_tokens if split and be._split[3] else
+                    key_ = (S6 + page, step.num_kv_tokens if split and be._split[4] else
                             be._split[1] if split else None)
                     if split and key_ in shapes:
                         torch.cuda.set_sync_debug_mode("error")
@@ -68,9 +68,9 @@ def test_split_equals_sdpa_without_syncs(page, whole):
     assert (be.calls["whole"] > 0) == whole
     # keyframe steps: scale + window pages from page 1; non-keyframes: + page 0 -> two shapes
     # (in this pattern the ring is full before a non-keyframe sees a full window)
-    kinds = {(S6 + page, 2 + 4), (S6 + page, 2 + 4 + 1)}
+    kinds = {(S6 + page, (2 + 4) * page), (S6 + page, (2 + 4 + 1) * page)}     # A in tokens
     if whole:
-        assert be.a_shapes == {(S6 + page, 2 + 4)}
+        assert be.a_shapes == {(S6 + page, (2 + 4) * page)}
         # once the special ring is full: one plain cuDNN call over the whole run, one length per kind
         n_kv = (2 + 4) * page + S6 * (KW["special_cap"] + 1)
         assert be.whole_shapes == {(S6 + page, n_kv), (S6 + page, n_kv + page)}
@@ -146,3 +146,46 @@ def test_auto_makes_the_split_backend():
         pytest.skip("needs flashinfer")
     cu = PagedKVCache(L, H, D, 130, special_tokens=S6, backend="auto", **KW)
     assert isinstance(cu._attn, CuDNNSplitBackend) and isinstance(cu._attn._fallback, FlashInferBackend)
+
+
+@needs_cuda
+@pytest.mark.parametrize("setting", ["token_partition", "token_merge", "random_subset", "fp8", "int8"])
+def test_compressed_and_quantized_stores_split_static_without_syncs(setting):
+    """Issue 26 item 2: compressed windows (their two token runs) and fp8 / int8 stores (read into
+    16-bit scratch) through the static split against SDPA over the same store, to bf16 tolerance;
+    a step whose static key was seen before (what a graph replays) makes no synchronising call."""
+    from engine.kv import make_compressor
+    page = 130
+    kw = dict(KW, dtype="bf16")
+    if setting in ("fp8", "int8"):
+        kw.update(dtype=setting, attn_dtype="bf16")
+    comp = (lambda: make_compressor(setting, 0.5, 32, 1)) if setting not in ("fp8", "int8") else (lambda: None)
+    cu = PagedKVCache(L, H, D, page, special_tokens=S6, backend="cudnn-split", compression=comp(), **kw)
+    sdpa = PagedKVCache(L, H, D, page, special_tokens=S6, backend="sdpa", compression=comp(), **kw)
+    be = cu.attention
+    assert isinstance(be, CuDNNSplitBackend) and cu.enable_static_steps()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    seen, static_steps = set(), 0
+    for nf, scale, key in [(2, True, True)] + [(1, False, c == "k") for c in PATTERN]:
+        k, v, q = (torch.randn(L, nf, S6 + page, H, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        outs = []
+        for c in (cu, sdpa):
+            c.begin_step(nf, scale=scale, keyframe=key)
+            skey = cu.static_key() if c is cu else None
+            strict = skey is not None and skey in seen
+            if strict:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                outs.append([(c.write(i, k[i], v[i]), c.attend(i, q[i]).clone())[1] for i in range(L)])
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            if c is cu and skey is not None:
+                seen.add(skey)
+                static_steps += 1
+            c.end_step()
+        for a, b in zip(*outs):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
+    assert be.error is None, be.error
+    assert static_steps >= 10 and be.calls["split"] > 0 and len(seen) <= 4     # kinds: (split|whole) x keyframe

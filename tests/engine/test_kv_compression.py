@@ -261,16 +261,21 @@ def test_bad_compression_and_dtype_settings_are_clear():
         PagedKVCache(1, 1, 4, 2, scale_frames=1, window=1, special_cap=2, dtype="int8", backend="flashinfer")
 
 
-def test_auto_backend_sends_an_fp8_store_attended_in_16_bit_to_flashinfer(monkeypatch):
-    """On CUDA with FlashInfer importable, `auto` picks FlashInfer for an fp8 store attended in
-    bf16/fp16 (its FA2 fp8-KV kernel) and SDPA when attention would run in fp32. (Only the choice: the kernels themselves run in tests/engine/test_kv_gpu.py.)"""
+def test_auto_backend_sends_an_fp8_store_attended_in_16_bit_to_the_split(monkeypatch):
+    """On CUDA (FlashInfer importable or not), `auto` picks the cuDNN split for an fp8 store
+    attended in bf16/fp16 (the run read into 16-bit scratch: fixed shapes, whole-step graphs) and
+    SDPA when attention would run in fp32. (Only the choice: the kernels themselves run in
+    tests/engine/test_cudnn_fp8_gpu.py.)"""
     from engine.kv import backends, kv_precision, resolve
+    from engine.kv.cudnn_split import CuDNNSplitBackend
     monkeypatch.setattr(backends, "_import_flashinfer", lambda: (object(), None))
     cuda = torch.device("cuda")
-    assert resolve.resolve_backend("auto", cuda, kv_precision("bf16", "fp8")) is backends.FlashInferBackend
-    assert resolve.resolve_backend("auto", cuda, kv_precision("fp16", "fp8")) is backends.FlashInferBackend
+    assert resolve.resolve_backend("auto", cuda, kv_precision("bf16", "fp8")) is CuDNNSplitBackend
+    assert resolve.resolve_backend("auto", cuda, kv_precision("fp16", "fp8")) is CuDNNSplitBackend
     assert resolve.resolve_backend("auto", cuda, kv_precision("fp32", "fp8")) is backends.SDPABackend
-    assert resolve.resolve_backend("auto", cuda, kv_precision("bf16", "int8")) is backends.SDPABackend
+    # int8 too (per-token scales applied in the scratch); attention in fp32 and the CPU: SDPA
+    assert resolve.resolve_backend("auto", cuda, kv_precision("bf16", "int8")) is CuDNNSplitBackend
+    assert resolve.resolve_backend("auto", cuda, kv_precision("fp32", "int8")) is backends.SDPABackend
     assert resolve.resolve_backend("auto", torch.device("cpu"), kv_precision("bf16", "fp8")) is backends.SDPABackend
 
 

@@ -177,9 +177,8 @@ def test_flashinfer_fp8_non_keyframes_roll_back_exactly():
     assert a.state() == b.state()
 
 
-@needs_fi
-def test_auto_picks_flashinfer_for_an_fp8_store_attended_in_bf16():
+def test_auto_picks_the_split_for_an_fp8_store_attended_in_bf16():
     kw = dict(scale_frames=1, window=2, special_cap=8, device="cuda", backend="auto", dtype="fp8")
     c = PagedKVCache(1, H, D, P, attn_dtype="bf16", **kw)
-    assert c.backend.name == "flashinfer" and c._attn.kernel == "fa2"
+    assert c.backend.name == "cudnn-split" and c._attn.fp8
     assert PagedKVCache(1, H, D, P, attn_dtype="fp32", **kw).backend.name == "sdpa"

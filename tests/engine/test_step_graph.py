@@ -88,7 +88,7 @@ def test_static_split_equals_sdpa_with_one_b_view_and_one_key_per_step_kind(whol
         split = be._split
         assert (key is None) == (split is None)           # the fallback's steps are not static
         if key is not None:
-            kind = ("whole" if split[3] else "split", step.keyframe)
+            kind = ("whole" if split[4] else "split", step.keyframe)
             assert key[0] == kind[0]
             keys.setdefault(kind, set()).add(key)
     assert all(len(v) == 1 for v in keys.values())         # one graph per step kind

@@ -147,6 +147,8 @@ def test_lingbot_windowed_segments_events_and_restart(lingbot):
     # each restart closed the previous window's session (its KV cache is gone) and shares the model
     assert first_inner.kv is None and s.inner is not first_inner and s.inner.model is lingbot
     assert s.stats()["kv"]["cached_frames"] <= 2 + 3
+    fp = s.stats()["fast_path"]          # the inner session's, plus why restarts cost (engine/fast_path.py)
+    assert fp["attention"] == "sdpa" and "restarts every 6 frames" in fp["reason"]
 
 
 def test_lingbot_windowed_through_the_reader_thread_equals_pushing_raw_frames(lingbot):

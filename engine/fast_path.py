@@ -1,0 +1,102 @@
+"""Whether a neural session's settings run on the fast path, and if not, why
+(`stats()["fast_path"]`, issue 26 item 2).
+
+The fast path on CUDA is fixed-shape global attention (the cuDNN split in its static mode:
+engine/kv/cudnn_split.py) with each streamed step replayed as ONE CUDA graph
+(engine/lingbot/model.py `_graphed_step`). A session reports:
+
+* ``graphs``: "whole-step" (streamed steps replayed as one graph), "per-part" (the fixed-shape
+  parts -- patch embed, frame blocks, depth head -- as graphs, the global attention and camera
+  head eager) or "none";
+* ``attention``: the backend and, for the split, how its layer calls went;
+* ``reason``: why the session is not (or not yet) wholly on the fast path, in words; None when
+  every streamed step after the window filled was replayed as one graph.
+
+Nothing here measures: it reads what the session and its KV cache recorded.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+# the reasons, one place (docs/benchmarks.md "Every setting on the fast path" quotes them)
+NOT_CUDA = "CUDA graphs and the cuDNN split are CUDA-only: every step runs eagerly on SDPA"
+GRAPHS_OFF = "cuda_graphs is off: every step runs eagerly"
+QUANTIZED_WEIGHTS = ("int8 / fp8 trunk weights (torchao) run eagerly: the session keeps torchao's "
+                     "weight-only linears out of CUDA graphs (capture not verified)")
+BLOCK_SPARSE = ("block_sparse picks, per layer and step, which window blocks to attend from the step's "
+                "queries (a data-dependent token list gathered per layer): no fixed-shape attention, so "
+                "no whole-step graph; attention runs on the fallback backend")
+FILLING = ("the window is filling: the patch run grows by a frame each step (a new attention shape per "
+           "frame), so these steps run per part until the window is full")
+FP32_ATTENTION = "attention in float32: the cuDNN split takes bf16 / fp16 only"
+
+
+def attention_name(kv_stats: Optional[dict]) -> Optional[str]:
+    """The backend and, for the split, its layer calls per path ("cudnn-split: split 2304, ...")."""
+    if not kv_stats:
+        return None
+    name = (kv_stats.get("attention") or {}).get("name") or kv_stats.get("backend")   # the instance's
+    paths = kv_stats.get("attention_paths")
+    if paths and paths.get("calls"):
+        calls = ", ".join(f"{k} {v}" for k, v in paths["calls"].items() if v)
+        return f"{name}: {calls}" if calls else name
+    return name
+
+
+def lingbot_fast_path(session, kv_stats: Optional[dict] = None) -> dict:
+    """`fast_path` of a LingBot-Map session (engine/lingbot/session.py); `kv_stats`: its KV
+    cache's stats() when the caller has them already."""
+    kv = session.kv
+    if kv_stats is None and kv is not None:
+        kv_stats = kv.stats()
+    out = {"graphs": "none", "attention": attention_name(kv_stats), "reason": None}
+    model, cfg = session.model, session.config
+    graphs_on = model.aggregator.graphs is not None
+    if session.device.type != "cuda":
+        out["reason"] = NOT_CUDA
+        return out
+    if not graphs_on:
+        out["reason"] = (QUANTIZED_WEIGHTS if getattr(model, "weight_dtype", None) else GRAPHS_OFF)
+        return out
+    replays, error = model.step_graph_replays, model.step_graph_error
+    out["graphs"] = "whole-step" if (replays and error is None) else "per-part"
+    reasons = []
+    if error is not None:
+        reasons.append(f"whole-step graphs stopped: {error}")
+    if kv is None:
+        reasons.append("no streamed step yet")
+    elif kv.compression.sparse_attention:
+        reasons.append(BLOCK_SPARSE)
+    elif not kv.attention.support.fixed_shapes:
+        why = (kv_stats.get("backend_choice") or {}).get("refused", {}).get("cudnn-split")
+        reasons.append(f"the {kv.backend.name} backend has no fixed-shape steps"
+                       + (f" (cudnn-split: {why})" if why else ""))
+    else:
+        be = kv.attention
+        if getattr(be, "error", None):
+            reasons.append(f"the split's kernel failed, its fallback attends from then on: {be.error}")
+        cached = kv_stats.get("cached_frames", 0) - kv_stats.get("scale_frames", 0)
+        if cached < cfg.window - 1:
+            reasons.append(FILLING)
+        elif not replays and error is None:
+            reasons.append("no streamed step was replayed as one graph yet")
+    out["reason"] = "; ".join(reasons) or None
+    return out
+
+
+def windowed_fast_path(inner_fast_path: dict, window_size: int) -> dict:
+    """A windowed session: its inner streaming session's, plus the restart's cost."""
+    out = dict(inner_fast_path or {})
+    note = (f"windowed: the cache restarts every {window_size} frames, so each window fills again "
+            f"(per-part steps) and captures its graphs again")
+    out["reason"] = "; ".join(r for r in (out.get("reason"), note) if r)
+    return out
+
+
+def vggt_fast_path(kv_stats: Optional[dict], device_type: str) -> dict:
+    """A VGGT-1B chunked session: chunks run eagerly (no CUDA graphs)."""
+    reason = ("VGGT runs a chunk of chunk_size frames per step, eagerly (no CUDA graphs): the launches "
+              "are spread over the chunk's frames, and a stream's last chunk is shorter")
+    if device_type != "cuda":
+        reason = NOT_CUDA
+    return {"graphs": "none", "attention": attention_name(kv_stats), "reason": reason}
