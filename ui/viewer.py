@@ -46,8 +46,8 @@ from vispy import gloo, scene
 
 from engine.scene import DEFAULT_CAMERA_BUDGET, DEFAULT_POINT_BUDGET, LOD_LEVELS, SceneModel, chase_view
 
-from .cloud_visual import (FRUSTUM_VERTICES, TRAJECTORY_VERTICES, FrameTransforms, LevelIndex,  # noqa: F401
-                           SegmentCloud, SegmentCloudVisual, pack_rgb)
+from .cloud_visual import (FRUSTUM_VERTICES, TRAJECTORY_VERTICES, FrameTransforms, IndexBlocks,  # noqa: F401
+                           LevelIndex, SegmentCloud, SegmentCloudVisual, pack_rgb)
 from .settings_schema import COLOR_MODES, default
 
 log = logging.getLogger(__name__)
@@ -219,9 +219,11 @@ class PointCloudViewer(QtWidgets.QWidget):
         self._layers = (self.cloud, self.trajectory, self.frustums, self.current)
         self.canvas.pre_draw = self.sync
         self.canvas.post_draw = self._measured
-        self.levels = LevelIndex()               # per draw-order level: its rows (index buffers)
-        self._spare_levels = LevelIndex()        # the other of a pair: the old lists during a catch-up
-        self._tail_levels = LevelIndex()         # during a catch-up: rows from _tail_from on
+        blocks = IndexBlocks()                   # the level lists' GPU index blocks (shared, reused)
+        self.index_blocks = blocks
+        self.levels = LevelIndex(pool=blocks)    # per draw-order level: its rows (index buffers)
+        self._spare_levels = LevelIndex(pool=blocks)   # the other of a pair: the old lists during a catch-up
+        self._tail_levels = LevelIndex(pool=blocks)    # during a catch-up: rows from _tail_from on
         self._stale: Optional[LevelIndex] = None
         self._catch = None                       # a catch-up in progress (uploads in pieces)
         self._w = self._tail_from = self._tail_hi = 0
@@ -233,6 +235,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.measure_cost = True                 # tests inject cost_per_point_ms and set this False
         self.drawn_points = 0                    # cloud points in the picture on screen
         self.paint_points = 0                    # cloud points drawn by the last draw
+        self.plan_level = LOD_LEVELS - 1         # levels 0..plan_level of the draw order drawn
         self.detail_fraction = 1.0
         self.full_render = False                 # offscreen renders draw everything (screenshot)
         self.refine_chunks = 0                   # refinement draws so far, and the largest one
@@ -274,7 +277,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         if hasattr(self, "levels"):
             self.levels.clear()
             if self._stale is not None:
-                self._spare_levels, self._stale = self._stale, None
+                self._retire_stale()
             self._catch = None
             self._w = self._tail_from = self._tail_hi = 0
             self.scene.hold_passes = False
@@ -421,7 +424,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         row = min(row, self._w)
         if not keep_old:                         # nothing of the old layout is left on the GPU
             if self._stale is not None:
-                self._spare_levels, self._stale = self._stale, None
+                self._retire_stale()
             self.levels.update(m, row, row)      # truncate
         elif self._catch is None:                # the lists of the old layout are drawn meanwhile
             self._stale, self.levels = self.levels, self._spare_levels
@@ -436,6 +439,11 @@ class PointCloudViewer(QtWidgets.QWidget):
         self._tail_from = self._tail_hi = min(max(row, live_from), m.count)
         self._tail_levels.clear()
         m.hold_passes = True
+
+    def _retire_stale(self) -> None:
+        """The old layout's lists are no longer drawn: they become the spare, their blocks freed."""
+        self._spare_levels, self._stale = self._stale, None
+        self._spare_levels.clear()
 
     def _upload_points(self) -> None:
         m = self.scene
@@ -471,7 +479,7 @@ class PointCloudViewer(QtWidgets.QWidget):
             self._w = self._tail_from = self._tail_hi = n
             self._catch = None
             if self._stale is not None:
-                self._spare_levels, self._stale = self._stale, None
+                self._retire_stale()
             m.hold_passes = False
             self.catch_ups += 1
         self.cloud.set_count(self._tail_hi)
@@ -534,12 +542,13 @@ class PointCloudViewer(QtWidgets.QWidget):
                 live_from = max(live_from, self._tail_from)
                 budget /= 2 if self._stale is not None else 1   # the old lists are drawn too
             level, drawn = m.choose_detail(budget, live_from)
+        self.plan_level = level                  # the draw order's levels in this draw (tests, tools)
         if self._catch is not None and m.count and not (offscreen and self.full_render):
-            views = [(self.levels.ibo[j], self.levels.count_before(j, self._w)) for j in range(level + 1)]
+            views = [v for j in range(level + 1) for v in self.levels.views(j, self.levels.count_before(j, self._w))]
             if self._stale is not None:
-                views += [(self._stale.ibo[j], self._stale.used[j]) for j in range(level + 1)]
-            views += [(self._tail_levels.ibo[j], self._tail_levels.count_before(j, live_from))
-                      for j in range(level + 1)]
+                views += [v for j in range(level + 1) for v in self._stale.views(j, self._stale.used[j])]
+            views += [v for j in range(level + 1)
+                      for v in self._tail_levels.views(j, self._tail_levels.count_before(j, live_from))]
             self.cloud.draw_plan = (views, (live_from, self._tail_hi - live_from))
             self.paint_points = sum(k for _, k in views) + self._tail_hi - live_from
             self._set_drawn(min(drawn, m.count - 1))
@@ -550,7 +559,7 @@ class PointCloudViewer(QtWidgets.QWidget):
             if not offscreen:
                 self._full_key = key
         else:
-            views = [(self.levels.ibo[j], self.levels.count_before(j, live_from)) for j in range(level + 1)]
+            views = [v for j in range(level + 1) for v in self.levels.views(j, self.levels.count_before(j, live_from))]
             self.cloud.draw_plan = (views, (live_from, m.count - live_from))
             if not offscreen:
                 self._base = {"key": key, "level": level, "live_from": live_from, "drawn": drawn}
