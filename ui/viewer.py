@@ -69,6 +69,8 @@ FRAME_TIME_TARGET_MS = default("display/frame_time_target_ms")
 LIVE_FRAMES = 2                 # newest frames drawn in full whatever the detail
 IDLE_REFINE_MS = 500            # camera and scene still this long: start adding what was left out
 REFINE_PAUSE_MS = 5             # between refinement chunks: the event loop runs in between
+REFINE_SHOW_MS = 400            # refinement chunks drawn unseen in between, shown at this interval
+FIT_INTERVAL_S = 0.5            # auto-framing follows the growing cloud at most this often
 REFINE_CHUNK_TARGETS = 2        # a refinement chunk: this many frame-time targets of points (the
                                 # view is still; larger chunks spend less on each paint's fixed cost)
 PROBE_POINTS = 200_000          # drawn at most before the cost per point has been measured
@@ -131,6 +133,22 @@ class ViewerCanvas(scene.SceneCanvas):
         """Request a draw now, past the redraw cap (refinement chunks: the view is still)."""
         self._deferred.stop()
         self._update_now()
+
+    def draw_unshown(self) -> bool:
+        """Draw into the widget's kept framebuffer now, without a paint: Qt composes the GL
+        widget into the window only on a paint, and on a software renderer that composition
+        costs as much as a refinement chunk (docs/benchmarks_gui.md). The next paint shows what
+        was drawn. False when the widget cannot be drawn to (not shown yet)."""
+        native = self.native
+        if not (native.isVisible() and native.isValid()):
+            return False
+        self._deferred.stop()
+        native.makeCurrent()
+        try:
+            self.events.draw(region=None)
+        finally:
+            native.doneCurrent()
+        return True
 
     def render(self, *a, **kw):
         self.offscreen = True
@@ -238,6 +256,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.plan_level = LOD_LEVELS - 1         # levels 0..plan_level of the draw order drawn
         self.detail_fraction = 1.0
         self.full_render = False                 # offscreen renders draw everything (screenshot)
+        self.unshown_chunks = 0                  # of those, drawn without a paint (shown by a later one)
         self.refine_chunks = 0                   # refinement draws so far, and the largest one
         self.max_chunk_points = 0
         self._look_gen = 0                       # bumped by changes the still-key cannot see
@@ -251,6 +270,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         self._step_timer = QtCore.QTimer(self, singleShot=True)
         self._step_timer.timeout.connect(self._refine_step)
         self.auto_fit = True
+        self._fitted = -1e9                      # when auto-framing last ran
         self.canvas.events.mouse_press.connect(self._on_mouse_press)
         self.canvas.events.mouse_wheel.connect(self._on_mouse_press)
         lay = QtWidgets.QVBoxLayout(self)
@@ -364,7 +384,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         self._dirty = True
         if self.follow:
             self._follow(last)
-        elif self.auto_fit:
+        elif self.auto_fit and time.perf_counter() - self._fitted >= FIT_INTERVAL_S:
             self._fit(keep_angles=True)
         self.canvas.update()
 
@@ -510,6 +530,16 @@ class PointCloudViewer(QtWidgets.QWidget):
                 tuple(sorted(self.cloud._uniforms.items())),
                 tuple((layer.visible, layer.count) for layer in self._layers[1:]))
 
+    def _live_from(self, budget: float) -> int:
+        """First row drawn in full: the newest LIVE_FRAMES frames', fewer frames when they would
+        take more than half the point budget (the newest frame is always drawn in full)."""
+        m = self.scene
+        for k in range(LIVE_FRAMES, 1, -1):
+            row = m.first_row_of_frame(max(0, m.frames_added - k))
+            if m.count - row <= budget / 2:
+                return row
+        return m.first_row_of_frame(max(0, m.frames_added - 1))
+
     def _point_budget_now(self) -> float:
         cost = self.cost_per_point_ms
         return PROBE_POINTS if cost is None else self.frame_time_target_ms / max(cost, 1e-9)
@@ -536,8 +566,8 @@ class PointCloudViewer(QtWidgets.QWidget):
         if m.count == 0 or (offscreen and self.full_render):
             level, drawn, live_from = LOD_LEVELS - 1, m.count, m.count
         else:
-            live_from = m.first_row_of_frame(max(0, m.frames_added - LIVE_FRAMES))
             budget = self._point_budget_now()
+            live_from = self._live_from(budget)
             if self._catch is not None:
                 live_from = max(live_from, self._tail_from)
                 budget /= 2 if self._stale is not None else 1   # the old lists are drawn too
@@ -586,19 +616,30 @@ class PointCloudViewer(QtWidgets.QWidget):
     def _begin_refine(self) -> None:
         base = self._base
         queue = [q for q in self._refine_queue(base) if len(q)]
-        self._refinement = {"key": base["key"], "queue": queue, "level": 0, "pos": 0, "drawn": base["drawn"]}
+        self._refinement = {"key": base["key"], "queue": queue, "level": 0, "pos": 0, "drawn": base["drawn"],
+                            "left": sum(len(q) for q in queue), "shown": time.perf_counter()}
         self._step_timer.start(0)
 
     def _refine_step(self) -> None:
-        if self._refinement is not None and self._refinement["key"] == self._still_key():
-            self._step_next = True
-            self.canvas.update_now()
+        """The next chunk: drawn unseen into the kept picture (no composition of the window),
+        shown by a paint every REFINE_SHOW_MS and at the last chunk."""
+        r = self._refinement
+        if r is None or r["key"] != self._still_key():
+            return
+        self._step_next = True
+        now = time.perf_counter()
+        last = self._refine_left() <= self._chunk_points()
+        if not last and now - r["shown"] < REFINE_SHOW_MS / 1000.0 and self.canvas.draw_unshown():
+            self.unshown_chunks += 1
+            return
+        r["shown"] = now
+        self.canvas.update_now()
 
     def _draw_chunk(self, key) -> None:
         """The next at most frame-time-target's worth of left-out points, in draw order, drawn
         on top of the picture (indices copied into one small index buffer)."""
         r = self._refinement
-        left = max(1, int(REFINE_CHUNK_TARGETS * self._point_budget_now()))
+        left = self._chunk_points()
         parts = []
         while left > 0 and r["level"] < len(r["queue"]):
             q = r["queue"][r["level"]]
@@ -617,12 +658,20 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.refine_chunks += 1
         self.max_chunk_points = max(self.max_chunk_points, len(idx))
         r["drawn"] += len(idx)
+        r["left"] -= len(idx)
         if r["level"] >= len(r["queue"]):             # complete: every point is on screen
             self._refinement = None
             self._full_key = key
             self._set_drawn(self.scene.count)
         else:
             self._set_drawn(r["drawn"])
+
+    def _chunk_points(self) -> int:
+        return max(1, int(REFINE_CHUNK_TARGETS * self._point_budget_now()))
+
+    def _refine_left(self) -> int:
+        """Points the refinement in progress has still to draw."""
+        return 0 if self._refinement is None else self._refinement["left"]
 
     def _measured(self, ms: float) -> None:
         """After every on-screen draw: the cloud's own draw time per point drawn feeds the
@@ -817,6 +866,7 @@ class PointCloudViewer(QtWidgets.QWidget):
     def _fit(self, keep_angles: bool) -> None:
         if self._last_frame is None:
             return
+        self._fitted = time.perf_counter()
         cam = self.view.camera
         fr = self.scene.framing()
         centre, extent = fr if fr is not None else (np.asarray(self._last_frame.look_at), 1.0)

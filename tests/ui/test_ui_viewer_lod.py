@@ -7,6 +7,7 @@ from PySide6 import QtGui
 
 from engine.scene import LOD_LEVELS
 from ui import cloud_visual
+from ui import viewer as viewer_module
 from ui.viewer import LIVE_FRAMES, REFINE_CHUNK_TARGETS, PointCloudViewer
 from tests.ui.test_ui_viewer import _frame, _lit
 
@@ -43,9 +44,12 @@ def test_reduced_draw_is_a_prefix_plus_the_newest_frames(viewer, qtbot):
     assert sig.args[0] < 1.0 and viewer.detail_reduced and viewer.detail_text
     assert viewer.drawn_points <= 0.3 * m.count
     views, (first, n) = viewer.cloud.draw_plan
-    # the newest LIVE_FRAMES frames in full, whatever the detail
-    assert first == m.first_row_of_frame(m.frames_added - LIVE_FRAMES) and first + n == m.count
-    assert set(np.unique(m.frame[first:m.count])) == set(range(m.frames_added - LIVE_FRAMES, m.frames_added))
+    # the newest frames in full, whatever the detail: LIVE_FRAMES of them while they take at
+    # most half the points that fit, else the newest alone
+    two = m.first_row_of_frame(m.frames_added - LIVE_FRAMES)
+    k = LIVE_FRAMES if m.count - two <= 0.3 * m.count / 2 else 1
+    assert first == m.first_row_of_frame(m.frames_added - k) and first + n == m.count
+    assert set(np.unique(m.frame[first:m.count])) == set(range(m.frames_added - k, m.frames_added))
     # before them: whole levels 0..j of the draw order, from the per-level index lists
     j = viewer.plan_level
     assert sum(cnt for _, cnt in views) == sum(viewer.levels.count_before(k, first) for k in range(j + 1))
@@ -121,9 +125,12 @@ def _screen(v):
     return np.frombuffer(buf, np.uint8).reshape(ph, pw, 4)[::-1].copy()
 
 
-def test_refinement_adds_up_to_the_full_picture(viewer, qtbot):
+@pytest.mark.parametrize("show_ms", [0, 600_000])
+def test_refinement_adds_up_to_the_full_picture(viewer, qtbot, monkeypatch, show_ms):
     """The chunks are drawn on top of the kept picture: once refined, the screen shows what one
-    draw of every point shows (and more than the reduced draw did)."""
+    draw of every point shows (and more than the reduced draw did) -- whether each chunk is
+    shown by a paint (show_ms 0) or drawn unseen and only the last one shown."""
+    monkeypatch.setattr(viewer_module, "REFINE_SHOW_MS", show_ms)
     _fill(viewer, frames=20)
     viewer.set_point_size(1.0)
     viewer.render_image()
@@ -135,9 +142,14 @@ def test_refinement_adds_up_to_the_full_picture(viewer, qtbot):
     assert not viewer.refining
     viewer._idle.setInterval(0)
     viewer._idle.start()
+    unshown = viewer.unshown_chunks
+    chunks = viewer.refine_chunks
     qtbot.waitUntil(lambda: viewer.drawn_points == viewer.point_count, timeout=20_000)
     qtbot.wait(50)
     refined = _screen(viewer)
+    chunks = viewer.refine_chunks - chunks
+    assert chunks >= 3                           # 85 % left out, 30 % a chunk
+    assert viewer.unshown_chunks - unshown == (0 if show_ms == 0 else chunks - 1)
     viewer.full_render = True
     full = viewer.render_image()
     viewer.full_render = False
