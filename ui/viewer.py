@@ -25,8 +25,12 @@ level keeps an index list of its rows (`LevelIndex`: append-only, truncated and 
 from the first row a thinning pass rewrote), so a reduced draw is one glDrawElements per level
 plus one glDrawArrays of the live rows: its cost is that of the points drawn, not of the scene.
 Nothing on the GUI thread is allowed to cost seconds: once the camera and the scene have stood
-still for IDLE_REFINE_MS the left-out points are added in chunks, one per paint, on top of the
-picture the widget keeps (no clear); the rows a thinning pass rewrote are uploaded a bounded
+still for IDLE_REFINE_MS the left-out points are added in chunks on top of the picture the widget
+keeps (no clear), drawn into its framebuffer without a paint and shown by a paint every
+REFINE_SHOW_MS (on a software renderer Qt's composition of the window costs as much as a chunk);
+the newest frames are drawn in full while they fit half the points of a frame-time target (the
+newest always); the level lists' GPU side is fixed-size index blocks from one pool, so a list
+never re-uploads its entries as it grows; the rows a thinning pass rewrote are uploaded a bounded
 piece per draw while the previous layout's lists keep the picture whole ("uploads in pieces").
 `detail_changed` tells the window when detail is reduced (`detail_text`).
 
@@ -507,13 +511,14 @@ class PointCloudViewer(QtWidgets.QWidget):
     @property
     def upload_rows_per_draw(self) -> int:
         """Rewritten rows uploaded per draw: half the frame-time target at the measured upload
-        cost per row (at least UPLOAD_CHUNK / 4)."""
+        cost per row, between UPLOAD_CHUNK / 4 and UPLOAD_CHUNK (a cost measured at a quiet
+        moment must not make a piece that blocks for long once the machine is busy)."""
         if self.max_upload_rows is not None:
             return self.max_upload_rows
         per_row = self._upload_s_per_row
         if per_row is None:
             return UPLOAD_CHUNK // 4
-        return max(UPLOAD_CHUNK // 4, int(0.5e-3 * self.frame_time_target_ms / max(per_row, 1e-12)))
+        return min(UPLOAD_CHUNK, max(UPLOAD_CHUNK // 4, int(0.5e-3 * self.frame_time_target_ms / max(per_row, 1e-12))))
 
     @property
     def catching_up(self) -> bool:
