@@ -275,6 +275,8 @@ class PointCloudViewer(QtWidgets.QWidget):
         self._step_timer.timeout.connect(self._refine_step)
         self.auto_fit = True
         self._fitted = -1e9                      # when auto-framing last ran
+        self._fit_timer = QtCore.QTimer(self, singleShot=True)
+        self._fit_timer.timeout.connect(self._deferred_fit)
         self.canvas.events.mouse_press.connect(self._on_mouse_press)
         self.canvas.events.mouse_wheel.connect(self._on_mouse_press)
         lay = QtWidgets.QVBoxLayout(self)
@@ -388,8 +390,12 @@ class PointCloudViewer(QtWidgets.QWidget):
         self._dirty = True
         if self.follow:
             self._follow(last)
-        elif self.auto_fit and time.perf_counter() - self._fitted >= FIT_INTERVAL_S:
-            self._fit(keep_angles=True)
+        elif self.auto_fit:
+            wait = self._fitted + FIT_INTERVAL_S - time.perf_counter()
+            if wait <= 0:
+                self._fit(keep_angles=True)
+            elif not self._fit_timer.isActive():  # the frames since: framed a moment later
+                self._fit_timer.start(int(1000 * wait) + 1)
         self.canvas.update()
 
     def sync(self) -> None:
@@ -867,6 +873,10 @@ class PointCloudViewer(QtWidgets.QWidget):
         to see it all; keep re-framing as the cloud grows until the user moves the view."""
         self.auto_fit = True
         self._fit(keep_angles=False)
+
+    def _deferred_fit(self) -> None:
+        if self.auto_fit and not self.follow:
+            self._fit(keep_angles=True)
 
     def _fit(self, keep_angles: bool) -> None:
         if self._last_frame is None:
