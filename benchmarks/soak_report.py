@@ -65,10 +65,12 @@ def main(argv=None) -> int:
         if len(pm):
             print(f"engine frames per minute: min {pm.min():.0f}, median {np.median(pm):.0f}, max {pm.max():.0f}; "
                   f"minutes with no progress {int((pm <= 0).sum())} of {len(pm)}; frames at the end {f[-1]:.0f}")
-        d = np.diff(f)
-        dt = np.diff(t[ok])
-        still = dt[d <= 0]
-        print(f"rows where the engine did not advance: {len(still)} ({still.sum():.0f} s)")
+        # the longest stretch without a new engine frame (a stall of the engine, e.g. on the GUI)
+        tf = t[ok]
+        adv = np.flatnonzero(np.diff(f) > 0) + 1           # rows where the frame count went up
+        marks = np.concatenate([[tf[0]], tf[adv], [tf[-1]]])
+        print(f"longest stretch without a new engine frame: {np.diff(marks).max():.1f} s; "
+              f"stretches over 5 s: {int((np.diff(marks) > 5).sum())}")
     r = ~np.isnan(rss)
     if r.any():
         tr, rr = t[r], rss[r]
