@@ -93,7 +93,7 @@ def main(argv=None) -> int:
         if m:
             print(f"stall probe: {m.group(3)} stalls over {m.group(1)} s in {m.group(2)} s, {m.group(4)} s in all, "
                   f"longest {m.group(5)} s")
-            lens = [float(x) for x in re.findall(r"^\s+at\s+[\d.]+ s:\s+([\d.]+) s", text, re.M)]
+            lens = [float(x) for x in re.findall(r"^\s+at\s+-?[\d.]+ s:\s+([\d.]+) s", text, re.M)]
             print(f"  of the longest listed: {sum(x > 1.0 for x in lens)} over 1 s")
         else:
             print("stall probe: no summary line (the run did not reach its end?)")
