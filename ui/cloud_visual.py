@@ -200,20 +200,82 @@ class FrameTransforms:
         self.uploads += 1
 
 
-class LevelIndex:
-    """Per draw-order level, the rows of that level in row order (host uint32 and a GPU index
-    buffer, grown by doubling). `update(model, start, stop)` keeps them equal to the model's
-    rows [0, stop): entries >= start are dropped and rows [start, stop) appended, so appends
-    cost O(new rows) and a thinning pass O(rows it rewrote)."""
+INDEX_BLOCK = 1 << 17       # entries per GPU index buffer of the level lists (512 KiB)
 
-    def __init__(self, levels: int = LOD_LEVELS, capacity: int = 1 << 14):
+
+class IndexBlocks:
+    """GPU index buffers of INDEX_BLOCK entries, each created once on first need and then reused
+    (a free list shared by the view's level lists): a list grows by taking a block, never by
+    re-creating a larger buffer and uploading every entry again (an O(entries) block of the GUI
+    thread at a few million points). The pool's size follows the entries held at the peak: about
+    two layouts' worth during a catch-up (ui/viewer.py), so it is bounded by the point budget."""
+
+    def __init__(self):
+        self.free: list = []
+        self.created = 0
+
+    def take(self):
+        if self.free:
+            return self.free.pop()
+        self.created += 1
+        return gloo.IndexBuffer(np.zeros(INDEX_BLOCK, np.uint32))
+
+    def give(self, blocks: list) -> None:
+        self.free.extend(blocks)
+        blocks.clear()
+
+    @property
+    def nbytes(self) -> int:
+        """GPU bytes of every block created."""
+        return self.created * INDEX_BLOCK * 4
+
+
+class LevelIndex:
+    """Per draw-order level, the rows of that level in row order: a host uint32 array (grown by
+    doubling: a host copy only) and on the GPU a list of fixed-size index blocks from a shared
+    `IndexBlocks` pool. `update(model, start, stop)` keeps them equal to the model's rows
+    [0, stop): entries >= start are dropped and rows [start, stop) appended, so appends cost
+    O(new rows) and a thinning pass O(rows it rewrote); `views(level, k)` are the (buffer,
+    count) pairs that draw a level's first k entries."""
+
+    def __init__(self, levels: int = LOD_LEVELS, capacity: int = 1 << 14, pool: Optional[IndexBlocks] = None):
         self.host = [np.zeros(capacity, np.uint32) for _ in range(levels)]
         self.used = [0] * levels
-        self.ibo = [gloo.IndexBuffer(np.zeros(capacity, np.uint32)) for _ in range(levels)]
+        self.pool = pool if pool is not None else IndexBlocks()
+        self.blocks: list = [[] for _ in range(levels)]
         self.uploaded_bytes = 0
 
     def clear(self) -> None:
         self.used = [0] * len(self.used)
+        for b in self.blocks:
+            self.pool.give(b)
+
+    def _put(self, j: int, n: int, rows: np.ndarray) -> None:
+        """Level j: entries [n, n + len(rows)) = rows (host, then the GPU blocks they fall in)."""
+        need = n + len(rows)
+        h = self.host[j]
+        if need > len(h):
+            cap = len(h)
+            while cap < need:
+                cap *= 2
+            grown = np.zeros(cap, np.uint32)
+            grown[:n] = h[:n]
+            self.host[j] = h = grown
+        h[n:need] = rows
+        blocks = self.blocks[j]
+        nb = -(-need // INDEX_BLOCK)
+        while len(blocks) > nb:                  # truncated: blocks past the end go back
+            self.pool.free.append(blocks.pop())
+        while len(blocks) < nb:
+            blocks.append(self.pool.take())
+        e = n
+        while e < need:                          # GLIR uploads later: copies
+            b, o = divmod(e, INDEX_BLOCK)
+            k = min(need - e, INDEX_BLOCK - o)
+            blocks[b].set_subdata(h[e:e + k].copy(), offset=o)
+            self.uploaded_bytes += 4 * k
+            e += k
+        self.used[j] = need
 
     def update(self, model: SceneModel, start: int, stop: Optional[int] = None) -> None:
         stop = model.count if stop is None else stop
@@ -221,45 +283,27 @@ class LevelIndex:
         order = np.argsort(lv, kind="stable")
         bounds = np.searchsorted(lv[order], np.arange(len(self.used) + 1))
         for j in range(len(self.used)):
-            h, n = self.host[j], self.used[j]
-            n = int(np.searchsorted(h[:n], start, "left"))
+            n = self.count_before(j, start)
             rows = (order[bounds[j]:bounds[j + 1]] + start).astype(np.uint32)
-            need = n + len(rows)
-            if need > len(h):
-                cap = len(h)
-                while cap < need:
-                    cap *= 2
-                grown = np.zeros(cap, np.uint32)
-                grown[:n] = h[:n]
-                self.host[j] = h = grown
-                self.ibo[j] = gloo.IndexBuffer(h)        # re-created at the new size
-                self.uploaded_bytes += h.nbytes
-            h[n:need] = rows
-            if len(rows):
-                self.ibo[j].set_subdata(rows.copy(), offset=n)   # GLIR uploads later
-                self.uploaded_bytes += rows.nbytes
-            self.used[j] = need
+            self._put(j, n, rows)
 
     def copy_prefix(self, other: "LevelIndex", row: int) -> None:
-        """Become `other`'s entries of rows < row (host copy and one upload per level)."""
+        """Become `other`'s entries of rows < row (host copy and uploads into this one's blocks)."""
         for j in range(len(self.used)):
-            n = other.count_before(j, row)
-            if n > len(self.host[j]):
-                cap = len(self.host[j])
-                while cap < n:
-                    cap *= 2
-                self.host[j] = np.zeros(cap, np.uint32)
-                self.ibo[j] = gloo.IndexBuffer(self.host[j])
-                self.uploaded_bytes += self.host[j].nbytes
-            self.host[j][:n] = other.host[j][:n]
-            if n:
-                self.ibo[j].set_subdata(self.host[j][:n].copy(), offset=0)
-                self.uploaded_bytes += 4 * n
-            self.used[j] = n
+            self._put(j, 0, other.host[j][: other.count_before(j, row)])
 
     def count_before(self, level: int, row: int) -> int:
         """Entries of `level` that are rows < `row`."""
-        return int(np.searchsorted(self.host[level][: self.used[level]], row, "left"))
+        # a uint32 needle: a Python int would make numpy cast the whole list first (O(entries))
+        return int(np.searchsorted(self.host[level][: self.used[level]], np.uint32(min(max(row, 0), 0xFFFFFFFF)),
+                                   "left"))
+
+    def views(self, level: int, k: int) -> list:
+        """(index buffer, count) pairs drawing the level's first k entries."""
+        out = []
+        for b in range(-(-k // INDEX_BLOCK)):
+            out.append((self.blocks[level][b], min(INDEX_BLOCK, k - b * INDEX_BLOCK)))
+        return out
 
     @property
     def nbytes(self) -> int:

@@ -27,6 +27,7 @@ PAGE_COLOURS = np.array([[60, 62, 70, 255], [230, 160, 40, 255], [60, 150, 240, 
                          [120, 210, 110, 255], [220, 80, 200, 255]], np.ubyte)
 PAGE_MAP_COLUMNS = 32
 REFRESH_HZ = 1.0
+REFRESH_STAGGER_MS = 150 # the plots of a tick repaint one at a time, this far apart
 LEGEND_COLUMNS = 2       # entries side by side: at 1280x720 a plot has room for two legend rows
 
 
@@ -164,9 +165,15 @@ class MonitorsPanel(QtWidgets.QWidget):
         # Samples are recorded as they come; the plots repaint with the stats tick, at most at
         # REFRESH_HZ (a single-shot timer started by a sample, never a free-running one) —
         # redrawing pyqtgraph axes is the GUI's largest CPU cost after the 3D view itself.
+        # A tick repaints one plot at a time (REFRESH_STAGGER_MS apart): a paint of all three
+        # plots' axes at once costs more than the viewer's frame-time target on a software
+        # renderer (benchmarks/monitors_bench.py), a third of it fits.
         self._pending_map = None
+        self._next_plot = 0
         self._timer = QtCore.QTimer(self, interval=int(1000 / REFRESH_HZ), singleShot=True,
-                                    timeout=self.refresh)
+                                    timeout=self._tick)
+        self._stagger = QtCore.QTimer(self, interval=REFRESH_STAGGER_MS, singleShot=True,
+                                      timeout=self._tick)
         self.reset()
 
     def _series(self):
@@ -174,16 +181,36 @@ class MonitorsPanel(QtWidgets.QWidget):
                 self.output, self.ram, self.gpu_alloc, self.gpu_reserved)
 
     def refresh(self) -> None:
-        """Push the recorded samples and the newest page map to the plots, and set each plot's
-        range by hand: pyqtgraph's auto-range is resolved during the paint and schedules further
-        repaints (range, then axes), several times the repaints of setting it here."""
-        for s in self._series():
+        """Push the recorded samples and the newest page map to every plot at once (explicit
+        requests, tests; the stats tick staggers them: `_tick`)."""
+        for i in range(len(self._plot_series())):
+            self.refresh_plot(i)
+        self._show_pending_map()
+
+    def refresh_plot(self, i: int) -> None:
+        """Push plot i's samples and set its range by hand: pyqtgraph's auto-range is resolved
+        during the paint and schedules further repaints (range, then axes), several times the
+        repaints of setting it here."""
+        plot, series = self._plot_series()[i]
+        for s in series:
             s.refresh()
-        for plot, series in self._plot_series():
-            _fit_range(plot, series)
+        _fit_range(plot, series)
+
+    def _show_pending_map(self) -> None:
         if self._pending_map is not None:
             self._show_page_map(self._pending_map)
             self._pending_map = None
+
+    def _tick(self) -> None:
+        """The stats tick's repaint: the page map and the first plot, then the next plots one
+        per REFRESH_STAGGER_MS (the event loop runs between their paints)."""
+        i = self._next_plot
+        if i == 0:
+            self._show_pending_map()
+        self.refresh_plot(i)
+        self._next_plot = (i + 1) % len(self._plot_series())
+        if self._next_plot:
+            self._stagger.start()
 
     def _plot_series(self):
         return ((self.fps_plot, (self.engine_fps, self.viewer_fps)),
@@ -196,6 +223,9 @@ class MonitorsPanel(QtWidgets.QWidget):
         for s in self._series():
             s.clear()
         self._pending_map = None
+        self._next_plot = 0
+        if hasattr(self, "_stagger"):
+            self._stagger.stop()
         self.kv_image.clear()
         self.page_map_shown = None
         self.kv_title.setText("KV cache pages")

@@ -25,8 +25,12 @@ level keeps an index list of its rows (`LevelIndex`: append-only, truncated and 
 from the first row a thinning pass rewrote), so a reduced draw is one glDrawElements per level
 plus one glDrawArrays of the live rows: its cost is that of the points drawn, not of the scene.
 Nothing on the GUI thread is allowed to cost seconds: once the camera and the scene have stood
-still for IDLE_REFINE_MS the left-out points are added in chunks, one per paint, on top of the
-picture the widget keeps (no clear); the rows a thinning pass rewrote are uploaded a bounded
+still for IDLE_REFINE_MS the left-out points are added in chunks on top of the picture the widget
+keeps (no clear), drawn into its framebuffer without a paint and shown by a paint every
+REFINE_SHOW_MS (on a software renderer Qt's composition of the window costs as much as a chunk);
+the newest frames are drawn in full while they fit half the points of a frame-time target (the
+newest always); the level lists' GPU side is fixed-size index blocks from one pool, so a list
+never re-uploads its entries as it grows; the rows a thinning pass rewrote are uploaded a bounded
 piece per draw while the previous layout's lists keep the picture whole ("uploads in pieces").
 `detail_changed` tells the window when detail is reduced (`detail_text`).
 
@@ -46,8 +50,8 @@ from vispy import gloo, scene
 
 from engine.scene import DEFAULT_CAMERA_BUDGET, DEFAULT_POINT_BUDGET, LOD_LEVELS, SceneModel, chase_view
 
-from .cloud_visual import (FRUSTUM_VERTICES, TRAJECTORY_VERTICES, FrameTransforms, LevelIndex,  # noqa: F401
-                           SegmentCloud, SegmentCloudVisual, pack_rgb)
+from .cloud_visual import (FRUSTUM_VERTICES, TRAJECTORY_VERTICES, FrameTransforms, IndexBlocks,  # noqa: F401
+                           LevelIndex, SegmentCloud, SegmentCloudVisual, pack_rgb)
 from .settings_schema import COLOR_MODES, default
 
 log = logging.getLogger(__name__)
@@ -69,6 +73,8 @@ FRAME_TIME_TARGET_MS = default("display/frame_time_target_ms")
 LIVE_FRAMES = 2                 # newest frames drawn in full whatever the detail
 IDLE_REFINE_MS = 500            # camera and scene still this long: start adding what was left out
 REFINE_PAUSE_MS = 5             # between refinement chunks: the event loop runs in between
+REFINE_SHOW_MS = 400            # refinement chunks drawn unseen in between, shown at this interval
+FIT_INTERVAL_S = 0.5            # auto-framing follows the growing cloud at most this often
 REFINE_CHUNK_TARGETS = 2        # a refinement chunk: this many frame-time targets of points (the
                                 # view is still; larger chunks spend less on each paint's fixed cost)
 PROBE_POINTS = 200_000          # drawn at most before the cost per point has been measured
@@ -131,6 +137,22 @@ class ViewerCanvas(scene.SceneCanvas):
         """Request a draw now, past the redraw cap (refinement chunks: the view is still)."""
         self._deferred.stop()
         self._update_now()
+
+    def draw_unshown(self) -> bool:
+        """Draw into the widget's kept framebuffer now, without a paint: Qt composes the GL
+        widget into the window only on a paint, and on a software renderer that composition
+        costs as much as a refinement chunk (docs/benchmarks_gui.md). The next paint shows what
+        was drawn. False when the widget cannot be drawn to (not shown yet)."""
+        native = self.native
+        if not (native.isVisible() and native.isValid()):
+            return False
+        self._deferred.stop()
+        native.makeCurrent()
+        try:
+            self.events.draw(region=None)
+        finally:
+            native.doneCurrent()
+        return True
 
     def render(self, *a, **kw):
         self.offscreen = True
@@ -219,9 +241,11 @@ class PointCloudViewer(QtWidgets.QWidget):
         self._layers = (self.cloud, self.trajectory, self.frustums, self.current)
         self.canvas.pre_draw = self.sync
         self.canvas.post_draw = self._measured
-        self.levels = LevelIndex()               # per draw-order level: its rows (index buffers)
-        self._spare_levels = LevelIndex()        # the other of a pair: the old lists during a catch-up
-        self._tail_levels = LevelIndex()         # during a catch-up: rows from _tail_from on
+        blocks = IndexBlocks()                   # the level lists' GPU index blocks (shared, reused)
+        self.index_blocks = blocks
+        self.levels = LevelIndex(pool=blocks)    # per draw-order level: its rows (index buffers)
+        self._spare_levels = LevelIndex(pool=blocks)   # the other of a pair: the old lists during a catch-up
+        self._tail_levels = LevelIndex(pool=blocks)    # during a catch-up: rows from _tail_from on
         self._stale: Optional[LevelIndex] = None
         self._catch = None                       # a catch-up in progress (uploads in pieces)
         self._w = self._tail_from = self._tail_hi = 0
@@ -233,8 +257,10 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.measure_cost = True                 # tests inject cost_per_point_ms and set this False
         self.drawn_points = 0                    # cloud points in the picture on screen
         self.paint_points = 0                    # cloud points drawn by the last draw
+        self.plan_level = LOD_LEVELS - 1         # levels 0..plan_level of the draw order drawn
         self.detail_fraction = 1.0
         self.full_render = False                 # offscreen renders draw everything (screenshot)
+        self.unshown_chunks = 0                  # of those, drawn without a paint (shown by a later one)
         self.refine_chunks = 0                   # refinement draws so far, and the largest one
         self.max_chunk_points = 0
         self._look_gen = 0                       # bumped by changes the still-key cannot see
@@ -248,6 +274,9 @@ class PointCloudViewer(QtWidgets.QWidget):
         self._step_timer = QtCore.QTimer(self, singleShot=True)
         self._step_timer.timeout.connect(self._refine_step)
         self.auto_fit = True
+        self._fitted = -1e9                      # when auto-framing last ran
+        self._fit_timer = QtCore.QTimer(self, singleShot=True)
+        self._fit_timer.timeout.connect(self._deferred_fit)
         self.canvas.events.mouse_press.connect(self._on_mouse_press)
         self.canvas.events.mouse_wheel.connect(self._on_mouse_press)
         lay = QtWidgets.QVBoxLayout(self)
@@ -274,7 +303,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         if hasattr(self, "levels"):
             self.levels.clear()
             if self._stale is not None:
-                self._spare_levels, self._stale = self._stale, None
+                self._retire_stale()
             self._catch = None
             self._w = self._tail_from = self._tail_hi = 0
             self.scene.hold_passes = False
@@ -362,7 +391,11 @@ class PointCloudViewer(QtWidgets.QWidget):
         if self.follow:
             self._follow(last)
         elif self.auto_fit:
-            self._fit(keep_angles=True)
+            wait = self._fitted + FIT_INTERVAL_S - time.perf_counter()
+            if wait <= 0:
+                self._fit(keep_angles=True)
+            elif not self._fit_timer.isActive():  # the frames since: framed a moment later
+                self._fit_timer.start(int(1000 * wait) + 1)
         self.canvas.update()
 
     def sync(self) -> None:
@@ -421,7 +454,7 @@ class PointCloudViewer(QtWidgets.QWidget):
         row = min(row, self._w)
         if not keep_old:                         # nothing of the old layout is left on the GPU
             if self._stale is not None:
-                self._spare_levels, self._stale = self._stale, None
+                self._retire_stale()
             self.levels.update(m, row, row)      # truncate
         elif self._catch is None:                # the lists of the old layout are drawn meanwhile
             self._stale, self.levels = self.levels, self._spare_levels
@@ -436,6 +469,11 @@ class PointCloudViewer(QtWidgets.QWidget):
         self._tail_from = self._tail_hi = min(max(row, live_from), m.count)
         self._tail_levels.clear()
         m.hold_passes = True
+
+    def _retire_stale(self) -> None:
+        """The old layout's lists are no longer drawn: they become the spare, their blocks freed."""
+        self._spare_levels, self._stale = self._stale, None
+        self._spare_levels.clear()
 
     def _upload_points(self) -> None:
         m = self.scene
@@ -471,7 +509,7 @@ class PointCloudViewer(QtWidgets.QWidget):
             self._w = self._tail_from = self._tail_hi = n
             self._catch = None
             if self._stale is not None:
-                self._spare_levels, self._stale = self._stale, None
+                self._retire_stale()
             m.hold_passes = False
             self.catch_ups += 1
         self.cloud.set_count(self._tail_hi)
@@ -479,13 +517,14 @@ class PointCloudViewer(QtWidgets.QWidget):
     @property
     def upload_rows_per_draw(self) -> int:
         """Rewritten rows uploaded per draw: half the frame-time target at the measured upload
-        cost per row (at least UPLOAD_CHUNK / 4)."""
+        cost per row, between UPLOAD_CHUNK / 4 and UPLOAD_CHUNK (a cost measured at a quiet
+        moment must not make a piece that blocks for long once the machine is busy)."""
         if self.max_upload_rows is not None:
             return self.max_upload_rows
         per_row = self._upload_s_per_row
         if per_row is None:
             return UPLOAD_CHUNK // 4
-        return max(UPLOAD_CHUNK // 4, int(0.5e-3 * self.frame_time_target_ms / max(per_row, 1e-12)))
+        return min(UPLOAD_CHUNK, max(UPLOAD_CHUNK // 4, int(0.5e-3 * self.frame_time_target_ms / max(per_row, 1e-12))))
 
     @property
     def catching_up(self) -> bool:
@@ -501,6 +540,16 @@ class PointCloudViewer(QtWidgets.QWidget):
                 len(m.events), m.events_dropped, tuple(self.canvas.size), self._look_gen,
                 tuple(sorted(self.cloud._uniforms.items())),
                 tuple((layer.visible, layer.count) for layer in self._layers[1:]))
+
+    def _live_from(self, budget: float) -> int:
+        """First row drawn in full: the newest LIVE_FRAMES frames', fewer frames when they would
+        take more than half the point budget (the newest frame is always drawn in full)."""
+        m = self.scene
+        for k in range(LIVE_FRAMES, 1, -1):
+            row = m.first_row_of_frame(max(0, m.frames_added - k))
+            if m.count - row <= budget / 2:
+                return row
+        return m.first_row_of_frame(max(0, m.frames_added - 1))
 
     def _point_budget_now(self) -> float:
         cost = self.cost_per_point_ms
@@ -528,18 +577,19 @@ class PointCloudViewer(QtWidgets.QWidget):
         if m.count == 0 or (offscreen and self.full_render):
             level, drawn, live_from = LOD_LEVELS - 1, m.count, m.count
         else:
-            live_from = m.first_row_of_frame(max(0, m.frames_added - LIVE_FRAMES))
             budget = self._point_budget_now()
+            live_from = self._live_from(budget)
             if self._catch is not None:
                 live_from = max(live_from, self._tail_from)
                 budget /= 2 if self._stale is not None else 1   # the old lists are drawn too
             level, drawn = m.choose_detail(budget, live_from)
+        self.plan_level = level                  # the draw order's levels in this draw (tests, tools)
         if self._catch is not None and m.count and not (offscreen and self.full_render):
-            views = [(self.levels.ibo[j], self.levels.count_before(j, self._w)) for j in range(level + 1)]
+            views = [v for j in range(level + 1) for v in self.levels.views(j, self.levels.count_before(j, self._w))]
             if self._stale is not None:
-                views += [(self._stale.ibo[j], self._stale.used[j]) for j in range(level + 1)]
-            views += [(self._tail_levels.ibo[j], self._tail_levels.count_before(j, live_from))
-                      for j in range(level + 1)]
+                views += [v for j in range(level + 1) for v in self._stale.views(j, self._stale.used[j])]
+            views += [v for j in range(level + 1)
+                      for v in self._tail_levels.views(j, self._tail_levels.count_before(j, live_from))]
             self.cloud.draw_plan = (views, (live_from, self._tail_hi - live_from))
             self.paint_points = sum(k for _, k in views) + self._tail_hi - live_from
             self._set_drawn(min(drawn, m.count - 1))
@@ -550,7 +600,7 @@ class PointCloudViewer(QtWidgets.QWidget):
             if not offscreen:
                 self._full_key = key
         else:
-            views = [(self.levels.ibo[j], self.levels.count_before(j, live_from)) for j in range(level + 1)]
+            views = [v for j in range(level + 1) for v in self.levels.views(j, self.levels.count_before(j, live_from))]
             self.cloud.draw_plan = (views, (live_from, m.count - live_from))
             if not offscreen:
                 self._base = {"key": key, "level": level, "live_from": live_from, "drawn": drawn}
@@ -577,19 +627,30 @@ class PointCloudViewer(QtWidgets.QWidget):
     def _begin_refine(self) -> None:
         base = self._base
         queue = [q for q in self._refine_queue(base) if len(q)]
-        self._refinement = {"key": base["key"], "queue": queue, "level": 0, "pos": 0, "drawn": base["drawn"]}
+        self._refinement = {"key": base["key"], "queue": queue, "level": 0, "pos": 0, "drawn": base["drawn"],
+                            "left": sum(len(q) for q in queue), "shown": time.perf_counter()}
         self._step_timer.start(0)
 
     def _refine_step(self) -> None:
-        if self._refinement is not None and self._refinement["key"] == self._still_key():
-            self._step_next = True
-            self.canvas.update_now()
+        """The next chunk: drawn unseen into the kept picture (no composition of the window),
+        shown by a paint every REFINE_SHOW_MS and at the last chunk."""
+        r = self._refinement
+        if r is None or r["key"] != self._still_key():
+            return
+        self._step_next = True
+        now = time.perf_counter()
+        last = self._refine_left() <= self._chunk_points()
+        if not last and now - r["shown"] < REFINE_SHOW_MS / 1000.0 and self.canvas.draw_unshown():
+            self.unshown_chunks += 1
+            return
+        r["shown"] = now
+        self.canvas.update_now()
 
     def _draw_chunk(self, key) -> None:
         """The next at most frame-time-target's worth of left-out points, in draw order, drawn
         on top of the picture (indices copied into one small index buffer)."""
         r = self._refinement
-        left = max(1, int(REFINE_CHUNK_TARGETS * self._point_budget_now()))
+        left = self._chunk_points()
         parts = []
         while left > 0 and r["level"] < len(r["queue"]):
             q = r["queue"][r["level"]]
@@ -608,12 +669,20 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.refine_chunks += 1
         self.max_chunk_points = max(self.max_chunk_points, len(idx))
         r["drawn"] += len(idx)
+        r["left"] -= len(idx)
         if r["level"] >= len(r["queue"]):             # complete: every point is on screen
             self._refinement = None
             self._full_key = key
             self._set_drawn(self.scene.count)
         else:
             self._set_drawn(r["drawn"])
+
+    def _chunk_points(self) -> int:
+        return max(1, int(REFINE_CHUNK_TARGETS * self._point_budget_now()))
+
+    def _refine_left(self) -> int:
+        """Points the refinement in progress has still to draw."""
+        return 0 if self._refinement is None else self._refinement["left"]
 
     def _measured(self, ms: float) -> None:
         """After every on-screen draw: the cloud's own draw time per point drawn feeds the
@@ -805,9 +874,14 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.auto_fit = True
         self._fit(keep_angles=False)
 
+    def _deferred_fit(self) -> None:
+        if self.auto_fit and not self.follow:
+            self._fit(keep_angles=True)
+
     def _fit(self, keep_angles: bool) -> None:
         if self._last_frame is None:
             return
+        self._fitted = time.perf_counter()
         cam = self.view.camera
         fr = self.scene.framing()
         centre, extent = fr if fr is not None else (np.asarray(self._last_frame.look_at), 1.0)

@@ -6,12 +6,16 @@ import pytest
 from PySide6 import QtGui
 
 from engine.scene import LOD_LEVELS
+from ui import cloud_visual
+from ui import viewer as viewer_module
 from ui.viewer import LIVE_FRAMES, REFINE_CHUNK_TARGETS, PointCloudViewer
 from tests.ui.test_ui_viewer import _frame, _lit
 
 
-@pytest.fixture
-def viewer(qtbot):
+@pytest.fixture(params=["blocks of the default size", "blocks of 256 entries"])
+def viewer(qtbot, request, monkeypatch):
+    if request.param.endswith("256 entries"):    # each level's list spans many GPU index blocks
+        monkeypatch.setattr(cloud_visual, "INDEX_BLOCK", 256)
     v = PointCloudViewer(capacity=1 << 14)
     qtbot.addWidget(v)
     v.resize(480, 360)
@@ -40,12 +44,17 @@ def test_reduced_draw_is_a_prefix_plus_the_newest_frames(viewer, qtbot):
     assert sig.args[0] < 1.0 and viewer.detail_reduced and viewer.detail_text
     assert viewer.drawn_points <= 0.3 * m.count
     views, (first, n) = viewer.cloud.draw_plan
-    # the newest LIVE_FRAMES frames in full, whatever the detail
-    assert first == m.first_row_of_frame(m.frames_added - LIVE_FRAMES) and first + n == m.count
-    assert set(np.unique(m.frame[first:m.count])) == set(range(m.frames_added - LIVE_FRAMES, m.frames_added))
+    # the newest frames in full, whatever the detail: LIVE_FRAMES of them while they take at
+    # most half the points that fit, else the newest alone
+    two = m.first_row_of_frame(m.frames_added - LIVE_FRAMES)
+    k = LIVE_FRAMES if m.count - two <= 0.3 * m.count / 2 else 1
+    assert first == m.first_row_of_frame(m.frames_added - k) and first + n == m.count
+    assert set(np.unique(m.frame[first:m.count])) == set(range(m.frames_added - k, m.frames_added))
     # before them: whole levels 0..j of the draw order, from the per-level index lists
-    j = len(views) - 1
-    rows = np.sort(np.concatenate([viewer.levels.host[k][:cnt] for k, (_, cnt) in enumerate(views)]))
+    j = viewer.plan_level
+    assert sum(cnt for _, cnt in views) == sum(viewer.levels.count_before(k, first) for k in range(j + 1))
+    rows = np.sort(np.concatenate([viewer.levels.host[k][:viewer.levels.count_before(k, first)]
+                                   for k in range(j + 1)]))
     assert np.array_equal(rows, m.draw_prefix(j, first))
     assert viewer.drawn_points == len(rows) + n
     # it is drawn (indexed draws reach the screen) and covers about the same area, not a corner
@@ -116,9 +125,12 @@ def _screen(v):
     return np.frombuffer(buf, np.uint8).reshape(ph, pw, 4)[::-1].copy()
 
 
-def test_refinement_adds_up_to_the_full_picture(viewer, qtbot):
+@pytest.mark.parametrize("show_ms", [0, 600_000])
+def test_refinement_adds_up_to_the_full_picture(viewer, qtbot, monkeypatch, show_ms):
     """The chunks are drawn on top of the kept picture: once refined, the screen shows what one
-    draw of every point shows (and more than the reduced draw did)."""
+    draw of every point shows (and more than the reduced draw did) -- whether each chunk is
+    shown by a paint (show_ms 0) or drawn unseen and only the last one shown."""
+    monkeypatch.setattr(viewer_module, "REFINE_SHOW_MS", show_ms)
     _fill(viewer, frames=20)
     viewer.set_point_size(1.0)
     viewer.render_image()
@@ -130,9 +142,14 @@ def test_refinement_adds_up_to_the_full_picture(viewer, qtbot):
     assert not viewer.refining
     viewer._idle.setInterval(0)
     viewer._idle.start()
+    unshown = viewer.unshown_chunks
+    chunks = viewer.refine_chunks
     qtbot.waitUntil(lambda: viewer.drawn_points == viewer.point_count, timeout=20_000)
     qtbot.wait(50)
     refined = _screen(viewer)
+    chunks = viewer.refine_chunks - chunks
+    assert chunks >= 3                           # 85 % left out, 30 % a chunk
+    assert viewer.unshown_chunks - unshown == (0 if show_ms == 0 else chunks - 1)
     viewer.full_render = True
     full = viewer.render_image()
     viewer.full_render = False
@@ -222,3 +239,28 @@ def test_large_batch_is_uploaded_in_pieces_newest_first(qtbot):
     assert v.cloud.uploaded_bytes - before == 28 * 48_000
     for k in range(LOD_LEVELS):
         assert np.array_equal(v.levels.host[k][: v.levels.used[k]], np.flatnonzero(m.level[: m.count] == k))
+
+
+def test_level_lists_grow_without_uploading_again(qtbot, monkeypatch):
+    """Growing a level's index list takes another fixed-size GPU block: every entry goes up
+    once (O(new rows)), never again when a list outgrows its buffer, and the blocks in use are
+    exactly those the entries need."""
+    monkeypatch.setattr(cloud_visual, "INDEX_BLOCK", 512)
+    v = PointCloudViewer(capacity=1 << 17, point_budget=1_000_000)
+    qtbot.addWidget(v)
+    v.resize(320, 240)
+    v.show()
+    qtbot.waitExposed(v)
+    v.measure_cost, v.cost_per_point_ms = False, 1e-9
+    for i in range(12):                          # 4,800 rows a frame, a draw after each
+        v.add_frames([_frame(i, x=0.03 * i)])
+        v.render_image()
+    m, lv = v.scene, v.levels
+    assert not v.catching_up and m.thinning_passes == 0
+    assert lv.uploaded_bytes == 4 * m.count               # each entry uploaded once
+    assert max(lv.used) > 4 * 512                         # lists outgrew several blocks
+    assert [len(b) for b in lv.blocks] == [-(-u // 512) for u in lv.used]
+    assert v.index_blocks.created == sum(len(b) for b in lv.blocks) + len(v.index_blocks.free)
+    for k in range(LOD_LEVELS):
+        assert np.array_equal(lv.host[k][: lv.used[k]], np.flatnonzero(m.level[: m.count] == k))
+        assert sum(c for _, c in lv.views(k, lv.used[k])) == lv.used[k]
