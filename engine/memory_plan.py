@@ -33,9 +33,11 @@ largest window):
 
 1. the configured settings (the exact path by default: compute-dtype KV, full window);
 2. a shorter window, compute-dtype KV, down to `FAST_MIN_WINDOW`: exact arithmetic and the
-   fixed-shape attention + whole-step CUDA graphs stay (fp8 KV and int8 weights leave them),
-   only the cached context shrinks;
-3. fp8 KV (half the pool), window from the configured one down to `MIN_WINDOW`;
+   fixed-shape attention + whole-step CUDA graphs stay (int8 weights leave them), only the cached
+   context shrinks;
+3. fp8 KV (half the pool; still fixed-shape and whole-step graphs, but each step reads the store
+   back into a compute-dtype scratch of one layer, `kv_scratch_bytes`: slower than a shorter
+   window of the exact path), window from the configured one down to `MIN_WINDOW`;
 4. int8 weights + fp8 KV (quantized weights run eagerly: no CUDA graphs);
 5. token_partition KV compression (keep 0.5, then 0.25) with int8 weights + fp8 KV.
 
@@ -171,6 +173,19 @@ def kv_pool_bytes(facts: ModelFacts, patch_tokens: int, *, scale_frames: int, wi
     return int(n)
 
 
+def kv_scratch_bytes(facts: ModelFacts, patch_tokens: int, kv_kind: str, *, scale_frames: int, window: int,
+                     special_cap: int, keep_tokens: Optional[int] = None) -> int:
+    """The compute-dtype scratch pair a quantized store ("fp8" / "int8") is read into by the
+    fixed-shape split attention (one layer's pool capacity: CuDNNSplitBackend.scratch_bytes); 0
+    for a native store."""
+    if kv_kind == "native":
+        return 0
+    one_layer_native = kv_pool_bytes(facts, patch_tokens, scale_frames=scale_frames, window=window,
+                                     special_cap=special_cap, kv_bytes=facts.compute_bytes,
+                                     keep_tokens=keep_tokens) // facts.num_layers
+    return int(one_layer_native)
+
+
 def camera_cache_bytes(facts: ModelFacts, iterations: int, scale_frames: int, special_cap: int) -> int:
     """float32 K/V of every camera-head iteration and block for scale + special_cap frames and
     the streamed one (engine/models/camera_head.py `CameraCache`)."""
@@ -279,6 +294,9 @@ def _predict(facts: ModelFacts, cfg: SessionConfig, patch_tokens: int, window: i
                                  keep_tokens=keep_tokens),
         "camera_cache": camera_cache_bytes(facts, cfg.camera_iterations, cfg.scale_frames, cfg.special_cap),
         "workspace": workspace_bytes(facts, patch_tokens, cfg.scale_frames),
+        "kv_scratch": kv_scratch_bytes(facts, patch_tokens, kind, scale_frames=cfg.scale_frames, window=window,
+                                       special_cap=max(cfg.special_cap, cfg.scale_frames + window),
+                                       keep_tokens=keep_tokens),
     }
 
 

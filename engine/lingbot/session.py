@@ -143,6 +143,7 @@ class LingBotMapSession(SessionTiming):
         self.model.aggregator.graphs = GraphCache() if use_graphs else None
         self.model.step_graph_error = None      # a fresh graph cache tries whole-step graphs again
         self.model.step_graph_pool_bytes = 0
+        self.model.step_graph_replays = 0      # counted per graph cache (a bench reuses one model)
         self.model._step_keys_run.clear()       # (keys hold cache ids, which a new session may reuse)
         # opt-in (setting compile_blocks): the blocks' norm/residual
         # halves under torch.compile (engine/models/compile.py; GPU-tested; off by default for its

@@ -260,3 +260,21 @@ def test_scratch_bytes_is_what_the_split_allocates(kv_dtype):
     kind = cu.pool.kind
     assert got == CuDNNSplitBackend.scratch_bytes(cu.num_pages * P, H, D, kind, attn_bytes=4)
     assert (got > 0) == (kind != "native")
+
+
+def test_a_new_session_counts_its_own_step_graph_replays():
+    """The model's replay count belongs to the session's fresh graph cache: a second session on
+    the same model (a benchmark's settings table, the GUI's next run) starts from 0, so its
+    `fast_path` / `step_graph` never report the previous session's whole-step replays."""
+    from engine import SessionConfig, open_session
+    from engine.model_zoo import build_model
+    model = build_model("lingbot-map-tiny")
+    cfg = SessionConfig(engine="lingbot-map", model="lingbot-map-tiny", image_width=70, device="cpu",
+                        dtype="fp32")
+    open_session(cfg, model=model).close()
+    model.step_graph_replays = 7                     # what the previous session left behind
+    s = open_session(cfg, model=model)
+    try:
+        assert s.stats()["step_graph"]["replays"] == 0
+    finally:
+        s.close()

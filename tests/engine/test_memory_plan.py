@@ -214,3 +214,19 @@ def test_the_step_graph_pool_is_counted_inside_the_streamed_workspace():
     plan = plan_memory(cfg, 8, facts)
     assert plan.as_dict()["step_graph_gib"] * GIB == step_graph_bytes(facts, plan.patch_tokens, plan.weight_dtype)
     assert plan_memory(dataclasses.replace(cfg, weight_dtype="int8"), 8, facts).as_dict()["step_graph_gib"] == 0
+
+
+@pytest.mark.parametrize("kv", ["fp8", "int8"])
+def test_quantized_store_scratch_is_what_the_split_allocates(kv):
+    """The plan counts the compute-dtype scratch a quantized store is read into: one layer of
+    the pool at the compute width, as CuDNNSplitBackend.scratch_bytes sizes it."""
+    from engine.kv.cudnn_split import CuDNNSplitBackend
+    from engine.memory_plan import kv_scratch_bytes
+    from engine.kv.page_table import PageTable
+    tiny = facts_for_name("lingbot-map-tiny", "bf16")
+    P, scale, window, cap = 30, 3, 5, 16
+    pages = PageTable(P, tiny.special_tokens, scale, window, cap).num_pages
+    want = CuDNNSplitBackend.scratch_bytes(pages * P, tiny.num_heads, tiny.head_dim, kv, tiny.compute_bytes)
+    got = kv_scratch_bytes(tiny, P, kv, scale_frames=scale, window=window, special_cap=cap)
+    assert got == want > 0
+    assert kv_scratch_bytes(tiny, P, "native", scale_frames=scale, window=window, special_cap=cap) == 0
