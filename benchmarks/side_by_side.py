@@ -451,6 +451,15 @@ def _upstream_compile(model) -> None:
         b.attn.proj = torch.compile(b.attn.proj, mode="reduce-overhead")
 
 
+def _upstream_kernel(model, fa3: bool) -> None:
+    """Upstream's FlashInfer kernel: fa3 (its fastest) or fa2 (its default). Its aggregator
+    reads `kv_cache_fa3` only when it creates its lazily built cache manager, so the manager is
+    dropped to take the new choice (without this, every run after the first keeps the first's
+    kernel: the stop-32 call measured fa2 twice)."""
+    model.aggregator.kv_cache_fa3 = fa3
+    model.aggregator.kv_cache_manager = None
+
+
 def cmd_upstream(args) -> None:
     import torch
     frames = to_tensor(load_frames(args.video, max(args.frames, args.fid_frames), args.height, args.width))
@@ -472,11 +481,11 @@ def cmd_upstream(args) -> None:
     m = _upstream_model(args, sd)
     m.aggregator = m.aggregator.to(torch.bfloat16)
     for kernel, fa3 in (("fa2_default", False), ("fa3_fastest", True)):
-        m.aggregator.kv_cache_fa3 = fa3
+        _upstream_kernel(m, fa3)
         got, *_ = _upstream_stream(m, fid, 1, torch.bfloat16, args.device, keep=True)
         result[f"fidelity_bf16_{kernel}"] = errors(got, ref)
         print(f"  upstream bf16 ({kernel}) vs fp32: {result[f'fidelity_bf16_{kernel}']}", flush=True)
-    m.aggregator.kv_cache_fa3 = True            # the speed runs: its fastest kernel
+    _upstream_kernel(m, True)                   # the speed runs: its fastest kernel
     modes = ([] if args.no_eager and not args.no_compile else [("eager", False)]) + \
         ([] if args.no_compile else [("compiled", True)])
     for label, comp in modes:
