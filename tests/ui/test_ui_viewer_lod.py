@@ -112,6 +112,17 @@ def test_level_index_follows_thinning(qtbot):
                               np.flatnonzero(m.level[: m.count] == k))
 
 
+def _small_shown_viewer(qtbot):
+    """A shown 320x240 viewer with room for 131,072 rows and a fixed (tiny) cost per point."""
+    v = PointCloudViewer(capacity=1 << 17, point_budget=1_000_000)
+    qtbot.addWidget(v)
+    v.resize(320, 240)
+    v.show()
+    qtbot.waitExposed(v)
+    v.measure_cost, v.cost_per_point_ms = False, 1e-9
+    return v
+
+
 def _screen(v):
     """What the widget shows now: its framebuffer, read back without drawing again."""
     from vispy.gloo import gl
@@ -212,12 +223,7 @@ def test_thinning_pass_is_uploaded_in_pieces(qtbot):
 def test_large_batch_is_uploaded_in_pieces_newest_first(qtbot):
     """Many frames at once (a slow GUI gets large batches): the newest frames are drawn at the
     first draw, the rest arrives a bounded piece per draw; appends stay O(new rows)."""
-    v = PointCloudViewer(capacity=1 << 17, point_budget=1_000_000)
-    qtbot.addWidget(v)
-    v.resize(320, 240)
-    v.show()
-    qtbot.waitExposed(v)
-    v.measure_cost, v.cost_per_point_ms = False, 1e-9
+    v = _small_shown_viewer(qtbot)
     v.add_frames([_frame(0)])
     v.render_image()
     before = v.cloud.uploaded_bytes
@@ -246,12 +252,7 @@ def test_level_lists_grow_without_uploading_again(qtbot, monkeypatch):
     once (O(new rows)), never again when a list outgrows its buffer, and the blocks in use are
     exactly those the entries need."""
     monkeypatch.setattr(cloud_visual, "INDEX_BLOCK", 512)
-    v = PointCloudViewer(capacity=1 << 17, point_budget=1_000_000)
-    qtbot.addWidget(v)
-    v.resize(320, 240)
-    v.show()
-    qtbot.waitExposed(v)
-    v.measure_cost, v.cost_per_point_ms = False, 1e-9
+    v = _small_shown_viewer(qtbot)
     for i in range(12):                          # 4,800 rows a frame, a draw after each
         v.add_frames([_frame(i, x=0.03 * i)])
         v.render_image()
