@@ -2,7 +2,8 @@
 maths of the viewer's click tools.
 
 `SessionTimeline(folder)` reads a session store lazily — the frame files present now (a live run
-keeps adding them; `refresh()` rescans), one result at a time with a small LRU cache, and the
+keeps adding them; `refresh()` rescans, `scan_in_background()` rescans on a worker thread so a
+viewer's live timeline never lists tens of thousands of files on its GUI thread), one result at a time with a small LRU cache, and the
 events — so scrubbing a long or still-running session never loads it whole. It holds the folder
 (engine/io/lease.py) until `close()` (or until it is garbage-collected, or its process ends):
 retention in any process leaves a session on screen alone.
@@ -22,6 +23,8 @@ of each camera, as the viewer draws them).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import os
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -31,6 +34,33 @@ from .io.lease import hold_session
 from .io.store import FRAME_DIGITS, StoreError, _result_from_npz, read_events
 
 MODES = ("accumulated", "current")
+
+
+def frame_indices(folder: Union[str, Path]) -> list[int]:
+    """Sorted indices of a session's frame files (names only: one directory listing, no Path
+    object per file); none when the folder is gone (a run that stored nothing is removed)."""
+    n = FRAME_DIGITS + len(".npz")
+    out = []
+    try:
+        with os.scandir(Path(folder) / "frames") as it:
+            for e in it:
+                name = e.name
+                if len(name) == n and name.endswith(".npz") and name[:FRAME_DIGITS].isdigit():
+                    out.append(int(name[:FRAME_DIGITS]))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out.sort()
+    return out
+
+
+_SCAN_POOL: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def _scan_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _SCAN_POOL
+    if _SCAN_POOL is None:
+        _SCAN_POOL = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="timeline-scan")
+    return _SCAN_POOL
 
 
 class SessionTimeline:
@@ -48,13 +78,14 @@ class SessionTimeline:
 
     def refresh(self) -> list[int]:
         """Rescan the frame files (a live run adds them); returns the sorted frame indices."""
-        out = []
-        for p in (self.folder / "frames").glob("*.npz"):
-            stem = p.stem
-            if len(stem) == FRAME_DIGITS and stem.isdigit():
-                out.append(int(stem))
-        self.indices = sorted(out)
+        self.indices = frame_indices(self.folder)
         return self.indices
+
+    def scan_in_background(self) -> "concurrent.futures.Future":
+        """The sorted frame indices, listed on the one scan thread; the caller applies them with
+        `self.indices = future.result()` on its own thread (the future raises what the scan
+        raised, e.g. OSError when the folder went away)."""
+        return _scan_pool().submit(frame_indices, self.folder)
 
     def __len__(self) -> int:
         return len(self.indices)

@@ -141,6 +141,7 @@ class ReviewBar(QtWidgets.QWidget):
         window.framesShown.connect(self._on_frames_shown)
         self._rescan_clock = QtCore.QElapsedTimer()
         self._rescan_clock.start()
+        self._scan = (None, None)                   # (future of the folder listing, its timeline)
         self._thumb_pool: list = []                      # vispy Image nodes, reused
         self._thumb_nodes: dict[int, object] = {}        # frame index -> its node in the pool
         self._thumb_images: dict[int, np.ndarray] = {}
@@ -215,7 +216,9 @@ class ReviewBar(QtWidgets.QWidget):
     def _update_range(self, follow_end: bool) -> None:
         if self.timeline is None:
             return
-        idx = self.timeline.refresh()
+        self._apply_range(self.timeline.refresh(), follow_end)
+
+    def _apply_range(self, idx: list, follow_end: bool) -> None:
         if not idx:
             return
         self.slider.setEnabled(True)
@@ -232,9 +235,27 @@ class ReviewBar(QtWidgets.QWidget):
             self._thumb_timer.start()
         if self.timeline is None and self.window.session_folder:
             self.set_session(self.window.session_folder)
-        elif not self.reviewing and self.timeline is not None and self._rescan_clock.elapsed() > 2000:
-            self._rescan_clock.restart()             # rescans the folder: at most every 2 s
-            self._update_range(follow_end=True)
+        elif self.timeline is not None:
+            self._follow_scan()
+
+    def _follow_scan(self) -> None:
+        """While the run goes on, the slider follows the stored frames: the folder is listed on
+        the engine's scan thread at most every 2 s (a long run holds tens of thousands of frame
+        files), and the list is applied here at a later frame, unless the user started scrubbing
+        or another session replaced this timeline meanwhile."""
+        scan, timeline = self._scan
+        if scan is not None and scan.done():
+            self._scan = (None, None)
+            try:
+                idx = scan.result()
+            except OSError:
+                return                               # the folder went away: the next scan says more
+            if timeline is self.timeline and not self.reviewing:
+                self.timeline.indices = idx
+                self._apply_range(idx, follow_end=True)
+        elif scan is None and not self.reviewing and self._rescan_clock.elapsed() > 2000:
+            self._rescan_clock.restart()
+            self._scan = (self.timeline.scan_in_background(), self.timeline)
 
     # -- timeline -----------------------------------------------------------------------------
     def _set_reviewing(self, on: bool) -> None:

@@ -23,6 +23,10 @@ def test_timeline_reads_a_growing_session_lazily(tmp_path):
     store.write(_r(3))
     store.write_event(EngineEvent("realign", 0, np.eye(4)))
     assert tl.refresh() == [0, 1, 2, 3]                  # a live run adds frames
+    store.write(_r(5))
+    (tmp_path / "s" / "frames" / "notes.npz").write_bytes(b"")      # not a frame file: ignored
+    assert tl.scan_in_background().result(timeout=30) == [0, 1, 2, 3, 5]
+    assert tl.indices == [0, 1, 2, 3]                    # applied by the caller, on its thread
     r = tl.result(3)
     assert r.index == 3 and r.depth[0, 0] == pytest.approx(4.0) and r.depth.dtype == np.float32
     assert tl.result(3) is r and tl.result(99) is None
@@ -30,6 +34,9 @@ def test_timeline_reads_a_growing_session_lazily(tmp_path):
     assert len(tl._cache) == 2                           # bounded cache
     assert [e.kind for e in tl.events()] == ["realign"]
     store.close()
+    import shutil
+    shutil.rmtree(tmp_path / "s" / "frames")
+    assert tl.refresh() == []                            # a removed session lists no frames
     with pytest.raises(StoreError):
         SessionTimeline(tmp_path / "nothing")
 
