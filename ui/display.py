@@ -37,6 +37,33 @@ class DisplayFrame:
     image: Optional[np.ndarray] = None      # h×w×3 uint8 preview (newest frame of a batch only)
     depth_map: Optional[np.ndarray] = None  # h×w float32 preview
     conf_map: Optional[np.ndarray] = None
+    depth_rgb: Optional[np.ndarray] = None  # h×w×3 uint8 colours of depth_map (depth_colours), when made
+
+
+_DEPTH_LUT: Optional[np.ndarray] = None
+
+
+def depth_colours(depth_map: np.ndarray) -> Optional[np.ndarray]:
+    """The preview colours of a depth map: turbo (near = blue) scaled to its 98th percentile,
+    black where there is no depth; None when no pixel has depth. The worker makes them for the
+    depth map a batch sends (off the GUI thread: a percentile and a lookup per pixel)."""
+    global _DEPTH_LUT
+    if _DEPTH_LUT is None:
+        import pyqtgraph as pg
+        try:
+            cmap = pg.colormap.get("turbo")
+        except Exception:  # older pyqtgraph without turbo
+            cmap = pg.colormap.get("viridis")
+        _DEPTH_LUT = np.asarray(cmap.getLookupTable(0.0, 1.0, 256, alpha=False), np.uint8)
+    d = np.asarray(depth_map, np.float32)
+    ok = np.isfinite(d) & (d > 0)
+    if not ok.any():
+        return None
+    hi = float(np.percentile(d[ok], 98))
+    idx = (np.clip(np.where(ok, d, 0.0) * (255.0 / max(hi, 1e-6)), 0, 255)).astype(np.uint8)
+    rgb = _DEPTH_LUT[idx]
+    rgb[~ok] = 0
+    return rgb
 
 
 def make_display_frame(r, stride: int = 2, frustum_depth: Optional[float] = None,

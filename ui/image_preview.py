@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import pyqtgraph as pg
 from PySide6 import QtCore, QtGui, QtWidgets
+
+from .display import depth_colours
 
 
 class _ImageLabel(QtWidgets.QLabel):
@@ -65,11 +66,6 @@ class ImagePreview(QtWidgets.QWidget):
         self.depth = _ImageLabel("depth")
         lay.addWidget(self.rgb, 1)
         lay.addWidget(self.depth, 1)
-        try:
-            self._cmap = pg.colormap.get("turbo")
-        except Exception:  # older pyqtgraph without turbo
-            self._cmap = pg.colormap.get("viridis")
-        self._lut = np.asarray(self._cmap.getLookupTable(0.0, 1.0, 256, alpha=False), np.uint8)
         self.shown_index = None
         self.depth_shown_index = None
 
@@ -82,14 +78,11 @@ class ImagePreview(QtWidgets.QWidget):
             self.shown_index = f.index
             self.rgb.set_caption(f"frame {f.index}" + (" · keyframe" if f.is_keyframe else "") + note)
         if f.depth_map is not None:
-            d = np.asarray(f.depth_map, np.float32)
-            ok = np.isfinite(d) & (d > 0)
-            if not ok.any():
+            rgb = getattr(f, "depth_rgb", None)
+            if rgb is None:
+                rgb = depth_colours(f.depth_map)
+            if rgb is None:
                 return                             # keep the last useful depth map on screen
-            hi = float(np.percentile(d[ok], 98)) if ok.any() else 1.0
-            idx = (np.clip(np.where(ok, d, 0.0) * (255.0 / max(hi, 1e-6)), 0, 255)).astype(np.uint8)
-            rgb = self._lut[idx]
-            rgb[~ok] = 0                           # no depth: black
             self.depth.set_rgb(rgb)
             self.depth_shown_index = f.index
         if self.depth_shown_index is not None:

@@ -317,7 +317,8 @@ class ReviewBar(QtWidgets.QWidget):
         d = self.edit_tools.display_filter(d)          # only what the session's edits keep
         if key not in self._display_cache:
             self._cached_points += len(d.points)
-        self._display_cache[key] = dataclasses.replace(d, image=None, depth_map=None, conf_map=None)
+        self._display_cache[key] = dataclasses.replace(d, image=None, depth_map=None, conf_map=None,
+                                                       depth_rgb=None)
         while self._cached_points > CACHE_POINTS and len(self._display_cache) > 1:
             _, old = self._display_cache.popitem(last=False)
             self._cached_points -= len(old.points)

@@ -26,7 +26,7 @@ from PySide6 import QtCore
 from engine.api import EngineError, SessionConfig
 from engine.run_driver import Controls, RunControl, RunDriver, Sink, StoreSink
 
-from .display import FRUSTUM_FRACTION, make_display_frame
+from .display import FRUSTUM_FRACTION, depth_colours, make_display_frame
 from .settings_schema import default as display_default
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class _DisplaySink(Sink):
                 prev.image = None
                 if d.depth_map is not None:
                     for p in self.pending:
-                        p.depth_map = p.conf_map = None
+                        p.depth_map = p.conf_map = p.depth_rgb = None
             self.pending.append(d)
         self.flush()
         if len(self.pending) >= o.max_pending and self.w.driver is not None:
@@ -122,6 +122,9 @@ class _DisplaySink(Sink):
         now = time.perf_counter()
         if force or (self.gui_ready() and now - self.last_emit >= 1.0 / self.w.options.display_hz):
             pending, self.pending = self.pending, []
+            for d in pending:                   # at most one depth map a batch: coloured here
+                if d.depth_map is not None and d.depth_rgb is None:
+                    d.depth_rgb = depth_colours(d.depth_map)
             self.last_emit = now
             self.w._emitted += 1
             self.w.frameResult.emit(pending)

@@ -193,3 +193,32 @@ def test_waiting_hint_says_when_the_focal_length_is_being_measured(make_window, 
     assert "focal length is being measured" in hint and "40 held" in hint and "intrinsics" in hint
     w.runs.last_stats = {"frames_in": 40, "self_calibrating_frames": 0}
     assert "sideways camera motion" in w.runs.waiting_hint()
+
+
+def test_live_depth_previews_are_coloured_off_the_gui_thread(qtbot, make_window, shared_data, monkeypatch):
+    """During a run the worker colours the depth map a batch sends (DisplayFrame.depth_rgb): the
+    preview pane shows those colours and never colours a depth map itself on the GUI thread;
+    the colours are depth_colours' (turbo to the 98th percentile, black without depth)."""
+    import threading
+
+    from ui import display, image_preview
+    gui = threading.get_ident()
+    calls = []
+    real = display.depth_colours
+
+    def recording(d):
+        calls.append(threading.get_ident())
+        return real(d)
+
+    monkeypatch.setattr(image_preview, "depth_colours", recording)
+    monkeypatch.setattr("ui.worker.depth_colours", recording)
+    w = make_window()
+    _run(qtbot, w, shared_data, frames=10)
+    assert calls and gui not in calls                      # coloured, and only off the GUI thread
+    assert w.preview.depth_shown_index is not None and _has_content(w.preview.depth.grab().toImage())
+    d = np.full((4, 5), 2.0, np.float32)
+    d[0, 0], d[1, 1] = 0.0, np.nan
+    rgb = real(d)
+    assert rgb.shape == (4, 5, 3) and rgb.dtype == np.uint8
+    assert not rgb[0, 0].any() and not rgb[1, 1].any() and rgb[2, 2].any()
+    assert real(np.zeros((3, 3), np.float32)) is None
