@@ -1,4 +1,7 @@
 """Live 3D viewer: a vispy SceneCanvas embedded in Qt drawing an `engine.scene.SceneModel`.
+Over 800 lines on purpose: what to draw and when (the detail chosen per draw, the refinement
+chunks, the catch-up uploads and the framing) share one timing state, the measured cost per
+point, and the tests tune its constants here; the GL side lives in ui/cloud_visual.py.
 
 The scene state (points under a point budget, their thinning, cameras, segment transforms) is
 the Qt-free `SceneModel`; this module only draws it. After each batch the viewer asks the model
