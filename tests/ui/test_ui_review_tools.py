@@ -92,6 +92,10 @@ def test_crop_box_and_metric_scale_round_trip(qtbot, make_window, tmp_path):
     w, rv, tools = _open(qtbot, make_window, folder)
     v = w.viewer
     n0 = v.point_count
+    # full detail in both pictures: under load the measured cost per point would draw a reduced
+    # prefix of the whole cloud and all of the cropped one (this test is about the crop)
+    v.measure_cost, v.cost_per_point_ms = False, 1e-9
+    qtbot.waitUntil(lambda: not v._fit_timer.isActive(), timeout=5_000)   # framing settled
     before = v.render_image()
     qtbot.mouseClick(tools.buttons["Crop box"], QtCore.Qt.MouseButton.LeftButton)
     assert tools.box is not None and tools.box_lines.visible and tools.options.isVisible()
@@ -102,6 +106,7 @@ def test_crop_box_and_metric_scale_round_trip(qtbot, make_window, tmp_path):
     assert (folder / EDITS_FILE).is_file() and len(load_edits(folder).crops) == 1
     kept = v.scene.world_positions()
     assert 0.3 * n0 < v.point_count < 0.7 * n0 and kept[:, 0].max() <= mid + 1e-5
+    qtbot.waitUntil(lambda: not v._fit_timer.isActive(), timeout=5_000)   # framing settled
     after = v.render_image()
     assert _cloud_pixels(after) < 0.85 * _cloud_pixels(before)       # the drawn cloud shrank
 
