@@ -177,6 +177,7 @@ def test_flashinfer_fp8_non_keyframes_roll_back_exactly():
     assert a.state() == b.state()
 
 
+@cuda
 def test_auto_picks_the_split_for_an_fp8_store_attended_in_bf16():
     kw = dict(scale_frames=1, window=2, special_cap=8, device="cuda", backend="auto", dtype="fp8")
     c = PagedKVCache(1, H, D, P, attn_dtype="bf16", **kw)
