@@ -99,7 +99,8 @@ def _engine_load(stop: threading.Event) -> None:
         a += 1.0
 
 
-def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: float, phases=None) -> dict:
+def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: float, phases=None,
+             feed_ms: int = 100) -> dict:
     from PySide6 import QtCore
 
     from ui.viewer import PointCloudViewer
@@ -130,11 +131,14 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
     drawn = []
     v.canvas.events.draw.connect(lambda e: drawn.append(v.paint_points), position="last")
 
+    added = [0]
+
     def add():
         nonlocal i
         v.add_frames([_terrain_frame(i, rng)])
         i += 1
-    feed = QtCore.QTimer(interval=100)
+        added[0] += 1
+    feed = QtCore.QTimer(interval=int(feed_ms))
     feed.timeout.connect(add)
     d0 = v.canvas.draws
     last[0] = time.perf_counter()
@@ -163,7 +167,7 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
         time.sleep(0.001)
     still_gaps = np.asarray(gaps[len(live_gaps) - 1:]) * 1e3
     hb.stop()
-    out = dict(points=v.point_count, draws_per_s=live_draws / live_wall,
+    out = dict(points=v.point_count, draws_per_s=live_draws / live_wall, frames_per_s=added[0] / live_wall,
                drawn_median=float(np.median(live_drawn)) if live_drawn else 0.0,
                gap_p50=float(np.percentile(live_gaps, 50)), gap_p99=float(np.percentile(live_gaps, 99)),
                gap_max=float(live_gaps.max()), cost_ns=1e6 * (v.cost_per_point_ms or 0.0),
@@ -182,6 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--still-max", type=float, default=20.0, help="give up waiting for full detail after this")
     ap.add_argument("--no-engine-load", action="store_true", help="no background numpy thread")
     ap.add_argument("--phases", action="store_true", help="also time the GUI thread's calls by phase (live part)")
+    ap.add_argument("--feed-ms", type=int, default=100,
+                    help="a frame arrives every this many ms (the app's worker sends batches at display_hz, 30 Hz: 33)")
     a = ap.parse_args(argv)
     from PySide6 import QtWidgets
     app = QtWidgets.QApplication.instance() or QtWidgets.QApplication([])
@@ -213,17 +219,18 @@ def main(argv=None) -> int:
     print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start; "
           f"GL renderer: {renderer}; QT_QPA_PLATFORM={os.environ.get('QT_QPA_PLATFORM', '')}; "
           f"LP_NUM_THREADS={os.environ.get('LP_NUM_THREADS', '')}{empty}")
-    print(f"frame-time target {a.target_ms:g} ms, frames of {FRAME_POINTS:,} points every 100 ms for "
+    print(f"frame-time target {a.target_ms:g} ms, frames of {FRAME_POINTS:,} points every {a.feed_ms} ms for "
           f"{a.live:g} s, engine load thread {'off' if a.no_engine_load else 'on'}, window 1280x800")
     print(f"{'points':>10} {'redraws/s':>9} {'per draw (med.)':>15} {'ns/point':>9} {'gap p50 ms':>10} "
-          f"{'gap p99 ms':>10} {'gap max ms':>10} {'full detail after s':>19} {'max gap still ms':>16}", flush=True)
+          f"{'gap p99 ms':>10} {'gap max ms':>10} {'full detail after s':>19} {'max gap still ms':>16} {'frames/s':>10}",
+          flush=True)
     for s in a.sizes.split(","):
         phases = PhaseTimer() if a.phases else None
-        r = run_size(app, int(float(s) * 1e6), a.live, a.target_ms, a.still_max, phases)
+        r = run_size(app, int(float(s) * 1e6), a.live, a.target_ms, a.still_max, phases, a.feed_ms)
         fa = f"{r['full_after']:.2f}" if r["full_after"] is not None else f"> {a.still_max:g}"
         print(f"{r['points']:>10,} {r['draws_per_s']:>9.1f} {r['drawn_median']:>15,.0f} {r['cost_ns']:>9.0f} "
               f"{r['gap_p50']:>10.0f} {r['gap_p99']:>10.0f} {r['gap_max']:>10.0f} {fa:>19} "
-              f"{r['still_gap_max']:>16.0f}", flush=True)
+              f"{r['still_gap_max']:>16.0f} {r['frames_per_s']:>10.1f}", flush=True)
         if phases is not None:
             phases.restore()
             phases.report(r["points"])
