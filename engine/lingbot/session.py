@@ -202,7 +202,7 @@ class LingBotMapSession(SessionTiming):
             **caches,
             "time_index": self._time,
             # whole-step CUDA graphs: on, or why not (`_step_graph_stats`)
-            "step_graph": self._step_graph_stats(),
+            "step_graph": self._step_graph_stats(caches["kv"]),
             # why a fast kernel was given up for the process (None: in use where it applies)
             "kernel_errors": kernel_errors(),
             "pending_scale_frames": len(self._pending),
@@ -215,11 +215,12 @@ class LingBotMapSession(SessionTiming):
         }
         return out
 
-    def _step_graph_stats(self) -> dict:
+    def _step_graph_stats(self, kv_stats: Optional[dict]) -> dict:
         """Whether streamed steps run as one CUDA graph each, the replays and graphs, what the
         step captures added to the reserved device memory (`pool_gib`; they share the part
         graphs' pool, whose segments they reuse; the plan's figure: engine/memory_plan.py
-        `step_graph_bytes`) and, when off, why (`why_not`)."""
+        `step_graph_bytes`) and, when off, why (`why_not`). `kv_stats`: the KV cache's stats()
+        that stats() already has."""
         m, agg = self.model, self.model.aggregator
         static = self.kv is not None and getattr(self.kv._attn, "static", False)
         if m.step_graph_error is not None:
@@ -232,7 +233,7 @@ class LingBotMapSession(SessionTiming):
         elif agg.graph_scope != "step":
             why = f"graph scope {agg.graph_scope!r} captures parts only"
         elif self.kv is not None and not static:
-            why = f"the attention backend {self.kv.stats().get('backend')!r} has no fixed-shape steps"
+            why = f"the attention backend {(kv_stats or {}).get('backend')!r} has no fixed-shape steps"
         elif m.step_graph_replays == 0:
             why = "no streamed step with a fixed-shape key has run yet (scale phase, or the window still filling)"
         else:
@@ -263,7 +264,7 @@ class LingBotMapSession(SessionTiming):
         if self.kv is not None:     # what the caches held at the end stays visible (monitors, summaries)
             self._closed_cache_stats = self._cache_stats()
         if self._closed_fast_path is None:
-            self._closed_fast_path = lingbot_fast_path(self)
+            self._closed_fast_path = lingbot_fast_path(self, self._closed_cache_stats["kv"])
         self.model.aggregator.graphs = None     # free the captured graphs' buffers
         self.kv = None
         self.camera_cache = None
