@@ -196,14 +196,17 @@ def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print,
 
     outputs: dict = {}             # index -> (pose_enc, depth[::DEPTH_STRIDE, ::DEPTH_STRIDE])
 
+    def keep(results):
+        for r in results:
+            d = r.depth[::DEPTH_STRIDE, ::DEPTH_STRIDE].copy() if r.depth is not None else None
+            outputs[r.index] = (None if r.pose_enc is None else np.array(r.pose_enc, np.float64), d)
+
     def on_results(results):
         nonlocal done, t_steady, steady_frames, seg_start_t, seg_start_n, seg_lat, next_sweep
         dt = timed.dt
         done += len(results)
         if cfg.keep_outputs:
-            for r in results:
-                d = r.depth[::DEPTH_STRIDE, ::DEPTH_STRIDE].copy() if r.depth is not None else None
-                outputs[r.index] = (None if r.pose_enc is None else np.array(r.pose_enc, np.float64), d)
+            keep(results)
         if len(results) == 1:
             lat.append(dt)
             seg_lat.append(dt)
@@ -243,10 +246,8 @@ def run_bench(cfg: BenchConfig, model=None, log: Callable[[str], None] = print,
     RunDriver(SequenceSource(range(total), load=lambda i: frames[i % len(frames)]), timed,
               [CallbackSink(results=on_results)], stats_hz=0, flush=False).run()
     last = session.flush()
-    if cfg.keep_outputs:               # counted below, not timed
-        n_done = done
-        on_results(last)
-        done = n_done
+    if cfg.keep_outputs:               # kept; counted below, not timed
+        keep(last)
     done += len(last)
     t_end = time.perf_counter()
     st = session.stats()
