@@ -156,14 +156,20 @@ def _facts(key: str, dtype: str) -> ModelFacts:
 
 
 # ------------------------------------------------------------------ the accounting
+def _pool_pages(facts: ModelFacts, patch_tokens: int, scale_frames: int, window: int, special_cap: int,
+                keep_tokens: Optional[int]) -> int:
+    """Pages (of `patch_tokens` slots) of one layer's pool: PageTable's own count."""
+    from .kv.page_table import PageTable
+    keep = keep_tokens if keep_tokens is not None and keep_tokens < patch_tokens else None
+    return PageTable(patch_tokens, facts.special_tokens, scale_frames, window, special_cap,
+                     keep_tokens=keep).num_pages
+
+
 def kv_pool_bytes(facts: ModelFacts, patch_tokens: int, *, scale_frames: int, window: int, special_cap: int,
                   kv_bytes: int, kv_kind: str = "native", keep_tokens: Optional[int] = None) -> int:
     """Bytes of the KV pools of a session (engine/kv/pool.py's formula over PageTable's pages).
     kv_kind: "native" | "fp8" | "int8"; kv_bytes: bytes per stored value."""
-    from .kv.page_table import PageTable
-    keep = keep_tokens if keep_tokens is not None and keep_tokens < patch_tokens else None
-    pages = PageTable(patch_tokens, facts.special_tokens, scale_frames, window, special_cap,
-                      keep_tokens=keep).num_pages
+    pages = _pool_pages(facts, patch_tokens, scale_frames, window, special_cap, keep_tokens)
     L, H, D = facts.num_layers, facts.num_heads, facts.head_dim
     n = 2 * L * pages * patch_tokens * H * D * kv_bytes
     if kv_kind == "fp8":
@@ -180,10 +186,10 @@ def kv_scratch_bytes(facts: ModelFacts, patch_tokens: int, kv_kind: str, *, scal
     for a native store."""
     if kv_kind == "native":
         return 0
-    one_layer_native = kv_pool_bytes(facts, patch_tokens, scale_frames=scale_frames, window=window,
-                                     special_cap=special_cap, kv_bytes=facts.compute_bytes,
-                                     keep_tokens=keep_tokens) // facts.num_layers
-    return int(one_layer_native)
+    from .kv.cudnn_split import CuDNNSplitBackend
+    pages = _pool_pages(facts, patch_tokens, scale_frames, window, special_cap, keep_tokens)
+    return CuDNNSplitBackend.scratch_bytes(pages * patch_tokens, facts.num_heads, facts.head_dim, kv_kind,
+                                           facts.compute_bytes)
 
 
 def camera_cache_bytes(facts: ModelFacts, iterations: int, scale_frames: int, special_cap: int) -> int:
