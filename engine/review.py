@@ -3,10 +3,10 @@ maths of the viewer's click tools.
 
 `SessionTimeline(folder)` reads a session store lazily — the frame files present now (a live run
 keeps adding them; `refresh()` rescans, `scan_in_background()` rescans on a worker thread so a
-viewer's live timeline never lists tens of thousands of files on its GUI thread), one result at a time with a small LRU cache, and the
-events — so scrubbing a long or still-running session never loads it whole. It holds the folder
-(engine/io/lease.py) until `close()` (or until it is garbage-collected, or its process ends):
-retention in any process leaves a session on screen alone.
+viewer's live timeline never lists tens of thousands of files on its GUI thread), one result at a
+time with a small LRU cache, and the events — so scrubbing a long or still-running session never
+loads it whole. It holds the folder (engine/io/lease.py) until `close()` (or until it is
+garbage-collected, or its process ends): retention in any process leaves a session on screen alone.
 
 `frames_up_to(indices, n, mode)` says which stored frames a timeline position shows:
 "accumulated" = every frame up to n; "current" = only frame n's points (the cameras up to n stay).
