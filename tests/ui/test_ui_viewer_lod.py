@@ -94,11 +94,7 @@ def test_cheap_points_draw_everything(viewer):
 
 
 def test_level_index_follows_thinning(qtbot):
-    v = PointCloudViewer(capacity=1 << 14, point_budget=100_000)
-    qtbot.addWidget(v)
-    v.resize(320, 240)
-    v.show()
-    qtbot.waitExposed(v)
+    v = _small_shown_viewer(qtbot, capacity=1 << 14, point_budget=100_000)
     m = v.scene
     for i in range(40):                          # 4800 points a frame: several thinning passes
         v.add_frames([_frame(i, x=0.05 * i)])
@@ -112,9 +108,9 @@ def test_level_index_follows_thinning(qtbot):
                               np.flatnonzero(m.level[: m.count] == k))
 
 
-def _small_shown_viewer(qtbot):
-    """A shown 320x240 viewer with room for 131,072 rows and a fixed (tiny) cost per point."""
-    v = PointCloudViewer(capacity=1 << 17, point_budget=1_000_000)
+def _small_shown_viewer(qtbot, capacity=1 << 17, point_budget=1_000_000):
+    """A shown 320x240 viewer with room for `capacity` rows and a fixed (tiny) cost per point."""
+    v = PointCloudViewer(capacity=capacity, point_budget=point_budget)
     qtbot.addWidget(v)
     v.resize(320, 240)
     v.show()
@@ -175,13 +171,7 @@ def test_thinning_pass_is_uploaded_in_pieces(qtbot):
     frames first; meanwhile the old layout's lists are drawn too (the picture does not lose
     what it showed) and the model holds back the next pass; afterwards the lists equal the
     model's."""
-    v = PointCloudViewer(capacity=1 << 17, point_budget=100_000)
-    qtbot.addWidget(v)
-    v.resize(320, 240)
-    v.show()
-    qtbot.waitExposed(v)
-    v.measure_cost = False
-    v.cost_per_point_ms = 1e-9                   # draw everything: the picture is comparable
+    v = _small_shown_viewer(qtbot, point_budget=100_000)   # draws everything: pictures comparable
     v.max_upload_rows = 7000
     spans = []
     upload = v._upload_rows
