@@ -22,6 +22,7 @@ the edits' similarity; a frame's dropped points have depth 0 (no depth).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -60,10 +61,19 @@ def _has_plane(files: Sequence[str], name: str) -> bool:
     return any(f == name or f.startswith(name + "_") for f in files)
 
 
+# numpy parses each member's .npy header with ast.literal_eval, and CPython 3.11's AST
+# constructor is not thread-safe: POSE_READERS threads parsing at once raised "SystemError: AST
+# constructor recursion depth mismatch" (seen once in a full test run). The pose members are a few
+# scalars and small matrices, so reading them one thread at a time costs little; opening the files
+# and reading their zip directories still overlap.
+_MEMBER_PARSE = threading.Lock()
+
+
 def read_pose(path: Path) -> FramePose:
     """The pose members of one frame file, without touching its image, depth or confidence."""
     with np.load(path, allow_pickle=False) as z:
-        v = {name: z[name] for name in _POSE_MEMBERS}
+        with _MEMBER_PARSE:
+            v = {name: z[name] for name in _POSE_MEMBERS}
         has_depth = _has_plane(z.files, "depth")
     return FramePose(index=int(v["index"]), timestamp=float(v["timestamp"]),
                      c2w=np.asarray(v["c2w"], np.float64).reshape(4, 4),
