@@ -13,8 +13,7 @@
 # Device: carry .whl .cache .upstream;  bash benchmarks/side_by_side.sh [FRAMES] [extra ours variants]
 # (FID_VARIANTS=a,b: those variants' bf16 outputs also compared with the fp32 reference;
 # NO_UPSTREAM=1: ours only; RES_H=392: frames at 518x392, a 640x480 camera's model size;
-# UP_FLAGS=--no-eager: upstream's compiled runs only -- its fastest; OURS_FLAGS / UP_FLAGS
-# --no-fidelity: speed runs only, no fp32 reference or bf16 error)
+# UP_FLAGS=--no-eager: upstream's compiled runs only -- its fastest)
 set -uo pipefail
 . benchmarks/gpu_env.sh
 N=${1:-300}; VARIANTS=${2:-}; FID=${FID:-48}
@@ -24,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__)"
 T_OURS=${T_OURS:-280}; T_UP=${T_UP:-420}   # upstream repeats its compiled kf1 run until two agree
 timeout 120 $SBS weights /tmp/recipe.pt; el
-timeout $T_OURS $SBS ours --weights /tmp/recipe.pt --video $VIDEO --height "${RES_H:-378}" --frames "$N" --fid-frames "$FID" --variants "$VARIANTS" --fid-variants "${FID_VARIANTS:-}" ${OURS_FLAGS:-} \
+timeout $T_OURS $SBS ours --weights /tmp/recipe.pt --video $VIDEO --height "${RES_H:-378}" --frames "$N" --fid-frames "$FID" --variants "$VARIANTS" --fid-variants "${FID_VARIANTS:-}" \
   --json "$OUT/ours.json" --npz /tmp/ours_fp32.npz 2>&1 | grep -v Warning | tee "$OUT/ours.log"; el
 [ -n "${NO_UPSTREAM:-}" ] && exit 0
 timeout $T_UP $SBS upstream --weights /tmp/recipe.pt --video $VIDEO --height "${RES_H:-378}" --frames "$N" --fid-frames "$FID" --upstream .upstream ${UP_FLAGS:-} \
