@@ -1,5 +1,6 @@
 # Sourced by the benchmarks/*.sh scripts on the GPU machine (repo root; carry .whl and .cache):
-# installs the carried FlashInfer wheels into /tmp/site, unpacks a carried FlashInfer JIT build,
+# installs the carried wheels into /tmp/site with --no-deps (FlashInfer and its needs; torchao
+# 0.18.0, built for torch 2.11, for weight_dtype int8 / fp8), unpacks a carried FlashInfer JIT build,
 # and sets OUT (results folder), FLASHINFER_WORKSPACE_BASE and unbuffered Python output.
 OUT=${OUT:-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then

@@ -59,12 +59,19 @@ def _pow2(v: int) -> bool:
     return v & (v - 1) == 0
 
 
+def plain_weight(w: torch.Tensor) -> bool:
+    """A dense weight, not a tensor subclass: torchao's quantized weights (weight_dtype int8 /
+    fp8, engine/weight_quant.py) report the compute dtype but implement only what `F.linear`
+    calls, not the raw matmul ops (`t`, `_addmm_activation`) of the fused epilogue."""
+    return type(w) in (torch.Tensor, torch.nn.Parameter)
+
+
 def gelu_epilogue_usable(x: torch.Tensor, fc1) -> bool:
-    """A CUDA bf16/fp16 MLP input with a biased fc1 of the same dtype takes cuBLASLt's fused
+    """A CUDA bf16/fp16 MLP input with a biased, dense fc1 of the same dtype takes cuBLASLt's fused
     matmul + bias + GELU epilogue (its GELU is the tanh form, which barely moves the bf16 pose
     error against fp32: docs/benchmarks.md). Float32 (the conformance path) keeps the exact GELU."""
     return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and fc1.bias is not None
-            and fc1.weight.dtype == x.dtype)
+            and fc1.weight.dtype == x.dtype and plain_weight(fc1.weight))
 
 
 def usable(x: torch.Tensor, block) -> bool:

@@ -21,6 +21,22 @@ def test_not_used_on_the_cpu():
     assert not fused.merge_usable(torch.randn(10, 4, 16), torch.randn(4, 10))
 
 
+def test_the_gelu_epilogue_takes_dense_weights_only():
+    """torchao's quantized weights (weight_dtype int8 / fp8) implement F.linear but not the raw
+    matmul ops of the fused epilogue: the MLP must take the plain path for them. The gate reads
+    only the input's device and dtype, so a CUDA input is stood in for on the CPU."""
+    from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+    cuda_bf16 = type("CudaInput", (), {"is_cuda": True, "dtype": torch.bfloat16})()
+    for cfg in (Int8WeightOnlyConfig(), Float8WeightOnlyConfig()):
+        blk = Block(64, 4).to(torch.bfloat16)
+        assert fused.plain_weight(blk.mlp.fc1.weight)
+        assert fused.gelu_epilogue_usable(cuda_bf16, blk.mlp.fc1)          # dense bf16: the epilogue
+        quantize_(blk, cfg, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear))
+        assert blk.mlp.fc1.weight.dtype == torch.bfloat16                  # still reports bf16 ...
+        assert not fused.plain_weight(blk.mlp.fc1.weight)
+        assert not fused.gelu_epilogue_usable(cuda_bf16, blk.mlp.fc1)      # ... but is not dense
+
+
 def test_layouts_the_qk_kernel_accepts():
     B, gh, gw, H, D = 2, 3, 4, 4, 16
     N = gh * gw + 6

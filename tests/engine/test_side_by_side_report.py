@@ -20,6 +20,14 @@ def test_agreement_needs_both_figures_within_tolerance():
     assert not agree(a, _row("d", 23.6, 58.6), 0.03)          # p50 not flat
 
 
+def test_agreement_of_numpy_figures_is_a_json_bool():
+    """The runs' figures are numpy floats; the flag is written to the upstream JSON after each run."""
+    import numpy as np
+    a, b = _row("a", np.float64(23.6), np.float64(42.4)), _row("b", np.float64(23.0), np.float64(43.0))
+    flag = agree(a, b, 0.03)
+    assert flag is True and json.loads(json.dumps({"agrees_with_previous": flag}))["agrees_with_previous"] is True
+
+
 def test_speed_summary_keeps_a_latency_trace():
     times = [0.04] * 100 + [0.07] * 100
     r = speed_summary(times, 8, 0, sum(times), "x")
