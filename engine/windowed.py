@@ -119,6 +119,8 @@ class WindowedSession(SessionTiming):
                    "last_alignment": self.alignments[-1] if self.alignments else None})
         from .fast_path import windowed_fast_path
         st["fast_path"] = windowed_fast_path(st.get("fast_path"), self.config.window_size)
+        if st.get("step_graph") is not None:    # one decision: why_not is fast_path's reason
+            st["step_graph"] = dict(st["step_graph"], why_not=st["fast_path"]["reason"])
         return st
 
     def poll_events(self) -> list[EngineEvent]:

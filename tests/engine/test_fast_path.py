@@ -215,37 +215,57 @@ def test_session_takes_the_step_graph_path_with_the_setting(monkeypatch, setting
 
 
 def test_fast_path_reasons():
-    """stats()["fast_path"]: whole-step once replays ran, else the reason in words."""
+    """stats()["fast_path"]: whole-step once replays ran, else the reason in words; and
+    stats()["step_graph"] reads the same decision (`on` = whole-step, `why_not` = the reason)."""
     from types import SimpleNamespace
 
     from engine import fast_path as fpm
     from engine.kv import PagedKVCache
 
-    def session(kv, device="cuda", graphs=True, replays=5, error=None, weight_dtype=None, window=3):
-        agg = SimpleNamespace(graphs=object() if graphs else None)
+    def session(kv, device="cuda", graphs=True, replays=5, error=None, weight_dtype=None, window=3,
+                cuda_graphs=True, scope="step"):
+        agg = SimpleNamespace(graphs=object() if graphs else None, graph_scope=scope)
         model = SimpleNamespace(aggregator=agg, step_graph_replays=replays, step_graph_error=error,
-                                weight_dtype=weight_dtype)
-        return SimpleNamespace(kv=kv, model=model, config=SimpleNamespace(window=window),
+                                weight_dtype=weight_dtype, step_graph_pool_bytes=0)
+        return SimpleNamespace(kv=kv, model=model, config=SimpleNamespace(window=window, cuda_graphs=cuda_graphs),
                                device=torch.device(device))
+
+    def both(s):
+        """fast_path and step_graph as the session builds them (one decision)."""
+        decision = fpm.lingbot_whole_step(s, s.kv.stats())
+        fp, sg = fpm.lingbot_fast_path(s, decision=decision), fpm.step_graph_stats(s.model, decision)
+        assert sg["why_not"] == fp["reason"] and sg["on"] == (fp["graphs"] == "whole-step")
+        assert sg["replays"] == s.model.step_graph_replays and sg["error"] == s.model.step_graph_error
+        assert fp == fpm.lingbot_fast_path(s)          # the decision made inside: the same
+        return fp, sg
 
     cu, sd = cache_pair()
     be, _, _ = _static_split(cu)
     for _ in drive(cu, sd, "kkkkk"):
         pass
-    fp = fpm.lingbot_fast_path(session(cu))
-    assert fp["graphs"] == "whole-step" and fp["reason"] is None and fp["attention"].startswith("cudnn-split: split")
-    assert fpm.lingbot_fast_path(session(cu, device="cpu"))["reason"] == fpm.NOT_CUDA
-    assert fpm.lingbot_fast_path(session(cu, graphs=False, weight_dtype="int8"))["reason"] == fpm.QUANTIZED_WEIGHTS
-    assert fpm.lingbot_fast_path(session(cu, graphs=False))["reason"] == fpm.GRAPHS_OFF
-    per = fpm.lingbot_fast_path(session(cu, replays=0, error="capture failed"))
-    assert per["graphs"] == "per-part" and "capture failed" in per["reason"]
-    assert fpm.lingbot_fast_path(session(cu, window=64, replays=0))["reason"] == fpm.FILLING
+    whole, sg = both(session(cu))
+    assert whole["graphs"] == "whole-step" and whole["reason"] is None
+    assert whole["attention"].startswith("cudnn-split: split")
+    assert sg["on"] and sg["why_not"] is None
+    fp, sg = both(session(cu, device="cpu"))
+    assert fp["reason"] == fpm.NOT_CUDA and fp["graphs"] == "none" and not sg["on"]
+    assert both(session(cu, graphs=False, weight_dtype="int8"))[0]["reason"] == fpm.QUANTIZED_WEIGHTS
+    assert both(session(cu, graphs=False, cuda_graphs=False))[0]["reason"] == fpm.GRAPHS_OFF
+    assert both(session(cu, graphs=False))[0]["reason"] == fpm.CLOSED     # graphs freed, cuda_graphs on
+    fp, sg = both(session(cu, scope="fixed", replays=0))
+    assert fp["graphs"] == "per-part" and fp["reason"] == fpm.GRAPH_SCOPE.format(scope="fixed") and not sg["on"]
+    per, sg = both(session(cu, replays=0, error="capture failed"))
+    assert per["graphs"] == "per-part" and "capture failed" in per["reason"] and sg["error"] == "capture failed"
+    # replays from before a capture failure do not make the session whole-step
+    assert both(session(cu, replays=9, error="capture failed"))[0]["graphs"] == "per-part"
+    assert both(session(cu, window=64, replays=0))[0]["reason"] == fpm.FILLING
+    assert both(session(cu, replays=0))[0]["reason"] == "no streamed step was replayed as one graph yet"
     bs, bs_ref = cache_pair(compression=make_compressor("block_sparse", keep_ratio=0.5, block_size=2))
     _static_split(bs)
-    assert fpm.BLOCK_SPARSE in fpm.lingbot_fast_path(session(bs, replays=0))["reason"]
+    assert fpm.BLOCK_SPARSE in both(session(bs, replays=0))[0]["reason"]
     sdpa = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **KW)
-    assert "no fixed-shape steps" in fpm.lingbot_fast_path(session(sdpa, replays=0))["reason"]
-    w = fpm.windowed_fast_path(fp, 256)
+    assert "no fixed-shape steps" in both(session(sdpa, replays=0))[0]["reason"]
+    w = fpm.windowed_fast_path(whole, 256)
     assert w["graphs"] == "whole-step" and "restarts every 256 frames" in w["reason"]
     assert fpm.vggt_fast_path(None, "cuda")["graphs"] == "none"
 

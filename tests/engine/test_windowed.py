@@ -149,6 +149,7 @@ def test_lingbot_windowed_segments_events_and_restart(lingbot):
     assert s.stats()["kv"]["cached_frames"] <= 2 + 3
     fp = s.stats()["fast_path"]          # the inner session's, plus why restarts cost (engine/fast_path.py)
     assert fp["attention"] == "sdpa" and "restarts every 6 frames" in fp["reason"]
+    assert s.stats()["step_graph"]["why_not"] == fp["reason"]      # one decision (engine/fast_path.py)
 
 
 def test_lingbot_windowed_through_the_reader_thread_equals_pushing_raw_frames(lingbot):
