@@ -25,9 +25,9 @@ NOT_CUDA = "CUDA graphs and the cuDNN split are CUDA-only: every step runs eager
 GRAPHS_OFF = "cuda_graphs is off: every step runs eagerly"
 QUANTIZED_WEIGHTS = ("int8 / fp8 trunk weights (torchao) run eagerly: the session keeps torchao's "
                      "weight-only linears out of CUDA graphs (capture not verified)")
-BLOCK_SPARSE = ("block_sparse picks, per layer and step, which window blocks to attend from the step's "
-                "queries (a data-dependent token list gathered per layer): no fixed-shape attention, so "
-                "no whole-step graph; attention runs on the fallback backend")
+BLOCK_SPARSE_QUANTIZED = ("block_sparse over a {kind} store: the split gathers the chosen window blocks from "
+                          "a native 16-bit store only, so these steps attend on its fallback (no fixed shapes, "
+                          "no whole-step graph)")
 FILLING = ("the window is filling: the patch run grows by a frame each step (a new attention shape per "
            "frame), so these steps run per part until the window is full")
 FP32_ATTENTION = "attention in float32: the cuDNN split takes bf16 / fp16 only"
@@ -71,8 +71,8 @@ def lingbot_whole_step(session, kv_stats: Optional[dict] = None) -> dict:
         reasons.append(f"whole-step graphs stopped: {error}")
     if kv is None:
         reasons.append("no streamed step yet")
-    elif kv.compression.sparse_attention:
-        reasons.append(BLOCK_SPARSE)
+    elif kv.compression.sparse_attention and kv.pool.kind != "native":
+        reasons.append(BLOCK_SPARSE_QUANTIZED.format(kind=kv.pool.kind))
     elif not kv.attention.support.fixed_shapes:
         why = ((kv_stats or {}).get("backend_choice") or {}).get("refused", {}).get("cudnn-split")
         reasons.append(f"the {kv.backend.name} backend has no fixed-shape steps"
