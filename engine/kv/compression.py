@@ -15,7 +15,10 @@ of its own tokens. What changes is what a *committed window frame* leaves in the
   layer attends to the ``keep_ratio`` share of window blocks (runs of ``block_size`` tokens of a
   frame) whose mean key best matches the step's mean query, plus all scale, own and special
   tokens. The block means are stored when a frame is written (engine/kv/pool.py), so choosing
-  reads ~1/block_size of the window's keys.
+  reads ~1/block_size of the window's keys. The number of blocks kept depends on the window's
+  block count only (`kept_blocks`), so once the window is full a step attends a fixed number of
+  blocks: the cuDNN split gathers them into a fixed-length scratch (`block_slots`: a page's
+  partial last block is packed away, the token count stays on the device) for whole-step graphs.
 
 The first three store ``keep_tokens`` per window frame (packed, engine/kv/page_table.py "compressed
 window"), so they save memory and attention time; block_sparse saves attention time only.

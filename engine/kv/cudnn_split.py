@@ -39,8 +39,12 @@ class CuDNNSplitBackend(Backend):
     statistics (`torch_cudnn`, `kernel_full`).
     Figures against FlashInfer and the split: docs/history/benchmarks_h200_issue11.md "Fixed-length
     steps".
+    A block_sparse step once the window is full (`StepTable.sparse_runs`, native stores) attends
+    in three parts (`_attend_sparse`): A = the scale pages (constant), the step's own page and the
+    window blocks chosen for the layer gathered into a scratch of fixed length with the token count
+    on the device (varlen flash), and B; static like a split step.
     Every other step -- the window filling (special pages apart from the patch pages), token slots
-    (compressed window, block-sparse layers), a run not laid out as above, an A length beyond
+    (compressed window still filling, block-sparse over a quantized store), a run not laid out as above, an A length beyond
     `max_shapes` distinct ones (a graph each) -- and every call after a kernel failure (`error`)
     go to the fallback backend: FlashInfer (dense / paged) where it runs, else SDPA.
     Native bf16/fp16 stores, and fp8 stores attended in bf16/fp16 (the run read into 16-bit
@@ -53,8 +57,8 @@ class CuDNNSplitBackend(Backend):
     name = "cudnn-split"
     support = Support(devices=("cuda",), compute_dtypes=(torch.bfloat16, torch.float16), stores=STORES,
                       layouts=LAYOUTS, fixed_shapes=True, head_dims=CUDNN_HEAD_DIMS, auto_stores=STORES,
-                      note="block-sparse steps and the window filling go to the fallback (FlashInfer, else "
-                           "SDPA); 'auto' takes it for every store attended in bf16/fp16 (fp8 / int8 read "
+                      note="the window filling and block-sparse over a quantized store go to the fallback "
+                           "(FlashInfer, else SDPA); 'auto' takes it for every store attended in bf16/fp16 (fp8 / int8 read "
                            "into 16-bit scratch; faster than FlashInfer's fp8-KV kernel: "
                            "docs/benchmarks_kv.md)")
     mode = "split"
