@@ -1,9 +1,12 @@
 """Windowed mode of the neural engines (`SessionConfig(mode="windowed", window_size=, overlap=)`).
 
 LingBot-Map's own recipe for very long videos, and the same for VGGT: run the engine's ordinary
-session (LingBot-Map streaming, VGGT chunked) on a window of `window_size` frames, then close it
-(its KV cache and graphs are freed) and start a fresh one that first re-reads the last `overlap`
-frames of the previous window. Each window is a **segment** in its own coordinates:
+session (LingBot-Map streaming, VGGT chunked) on a window of `window_size` frames, then start a
+new stream that first re-reads the last `overlap` frames of the previous window: LingBot-Map's
+session restarts in place (`LingBotMapSession.restart`: its caches reset, nothing reallocated, its
+whole-step CUDA graphs kept and replayed in every window -- results equal a new session's); VGGT's
+is closed (its KV cache freed) and a fresh one opened. Each window is a **segment** in its own
+coordinates:
 
 - results of window w carry `segment=w` and are the engine's raw output for that window (the
   overlap frames are reconstructed again but reported only once, by the window that saw them
