@@ -44,9 +44,10 @@ class CuDNNSplitBackend(Backend):
     window blocks chosen for the layer gathered into a scratch of fixed length with the token count
     on the device (varlen flash), and B; static like a split step.
     Every other step -- the window filling (special pages apart from the patch pages), token slots
-    (compressed window still filling, block-sparse over a quantized store), a run not laid out as above, an A length beyond
-    `max_shapes` distinct ones (a graph each) -- and every call after a kernel failure (`error`)
-    go to the fallback backend: FlashInfer (dense / paged) where it runs, else SDPA.
+    (compressed window still filling, block-sparse over a quantized store), a run not laid out as
+    above, an A length beyond `max_shapes` distinct ones (a graph each) -- and every call after a
+    kernel failure (`error`) go to the fallback backend: FlashInfer (dense / paged) where it runs,
+    else SDPA.
     Native bf16/fp16 stores, and fp8 stores attended in bf16/fp16 (the run read into 16-bit
     scratch: e4m3 -> bf16 is exact); int8 always falls back.
     `static` (set for whole-step CUDA graphs): part B attends the fixed special zone with its
@@ -58,8 +59,8 @@ class CuDNNSplitBackend(Backend):
     support = Support(devices=("cuda",), compute_dtypes=(torch.bfloat16, torch.float16), stores=STORES,
                       layouts=LAYOUTS, fixed_shapes=True, head_dims=CUDNN_HEAD_DIMS, auto_stores=STORES,
                       note="the window filling and block-sparse over a quantized store go to the fallback "
-                           "(FlashInfer, else SDPA); 'auto' takes it for every store attended in bf16/fp16 (fp8 / int8 read "
-                           "into 16-bit scratch; faster than FlashInfer's fp8-KV kernel: "
+                           "(FlashInfer, else SDPA); 'auto' takes it for every store attended in bf16/fp16 "
+                           "(fp8 / int8 read into 16-bit scratch; faster than FlashInfer's fp8-KV kernel: "
                            "docs/benchmarks_kv.md)")
     mode = "split"
 

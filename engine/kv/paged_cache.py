@@ -238,7 +238,7 @@ class PagedKVCache:
         """For the step in progress: a key equal exactly when two steps launch the same kernels on
         the same buffers (every index the step writes or reads lives in a persistent device
         buffer), so one captured graph replays all of them; None when the step is not static
-        (the backend's fallback steps, block-sparse windows, a compressed window still filling,
+        (the backend's fallback steps, a block-sparse or compressed window still filling,
         another backend)."""
         step = self.table.step
         if step is None or not self._attn.support.fixed_shapes:
