@@ -12,6 +12,8 @@ engine/kv/cudnn_split.py) with each streamed step replayed as ONE CUDA graph
 * ``reason``: why the session is not (or not yet) wholly on the fast path, in words; None when
   every streamed step after the window filled was replayed as one graph.
 
+The decision is made once, by `lingbot_whole_step`; `stats()["step_graph"]` (`on`, `why_not`)
+reads the same decision beside the model's graph counters (`step_graph_stats`).
 Nothing here measures: it reads what the session and its KV cache recorded.
 """
 from __future__ import annotations
@@ -23,12 +25,14 @@ NOT_CUDA = "CUDA graphs and the cuDNN split are CUDA-only: every step runs eager
 GRAPHS_OFF = "cuda_graphs is off: every step runs eagerly"
 QUANTIZED_WEIGHTS = ("int8 / fp8 trunk weights (torchao) run eagerly: the session keeps torchao's "
                      "weight-only linears out of CUDA graphs (capture not verified)")
-BLOCK_SPARSE = ("block_sparse picks, per layer and step, which window blocks to attend from the step's "
-                "queries (a data-dependent token list gathered per layer): no fixed-shape attention, so "
-                "no whole-step graph; attention runs on the fallback backend")
+BLOCK_SPARSE_QUANTIZED = ("block_sparse over a {kind} store: the split gathers the chosen window blocks from "
+                          "a native 16-bit store only, so these steps attend on its fallback (no fixed shapes, "
+                          "no whole-step graph)")
 FILLING = ("the window is filling: the patch run grows by a frame each step (a new attention shape per "
            "frame), so these steps run per part until the window is full")
 FP32_ATTENTION = "attention in float32: the cuDNN split takes bf16 / fp16 only"
+CLOSED = "the session is closed: its graphs were freed"
+GRAPH_SCOPE = "graph scope {scope!r} captures parts only (the global attention and camera head run eagerly)"
 
 
 def attention_name(kv_stats: Optional[dict]) -> Optional[str]:
@@ -43,60 +47,98 @@ def attention_name(kv_stats: Optional[dict]) -> Optional[str]:
     return name
 
 
-def lingbot_fast_path(session, kv_stats: Optional[dict] = None) -> dict:
-    """`fast_path` of a LingBot-Map session (engine/lingbot/session.py); `kv_stats`: its KV
-    cache's stats() when the caller has them already."""
+def lingbot_whole_step(session, kv_stats: Optional[dict] = None) -> dict:
+    """THE decision for a LingBot-Map session (engine/lingbot/session.py): {"graphs", "reason"} --
+    whether its streamed steps run as whole-step graphs and, when not (or not wholly), why.
+    `stats()["fast_path"]` and `stats()["step_graph"]` (`on`, `why_not`) are both built from it
+    (`lingbot_fast_path`, `step_graph_stats`), so they cannot disagree. `kv_stats`: its KV cache's
+    stats() (the caller has them already)."""
     kv = session.kv
-    if kv_stats is None and kv is not None:
-        kv_stats = kv.stats()
-    out = {"graphs": "none", "attention": attention_name(kv_stats), "reason": None}
     model, cfg = session.model, session.config
-    graphs_on = model.aggregator.graphs is not None
+    agg = model.aggregator
     if session.device.type != "cuda":
-        out["reason"] = NOT_CUDA
-        return out
-    if not graphs_on:
-        out["reason"] = (QUANTIZED_WEIGHTS if getattr(model, "weight_dtype", None) else GRAPHS_OFF)
-        return out
+        return {"graphs": "none", "reason": NOT_CUDA}
+    if agg.graphs is None:
+        reason = (QUANTIZED_WEIGHTS if getattr(model, "weight_dtype", None)
+                  else GRAPHS_OFF if not getattr(cfg, "cuda_graphs", True) else CLOSED)
+        return {"graphs": "none", "reason": reason}
+    scope = getattr(agg, "graph_scope", "step")
+    if scope != "step":
+        return {"graphs": "per-part", "reason": GRAPH_SCOPE.format(scope=scope)}
     replays, error = model.step_graph_replays, model.step_graph_error
-    out["graphs"] = "whole-step" if (replays and error is None) else "per-part"
     reasons = []
     if error is not None:
         reasons.append(f"whole-step graphs stopped: {error}")
     if kv is None:
         reasons.append("no streamed step yet")
-    elif kv.compression.sparse_attention:
-        reasons.append(BLOCK_SPARSE)
+    elif kv.compression.sparse_attention and kv.pool.kind != "native":
+        reasons.append(BLOCK_SPARSE_QUANTIZED.format(kind=kv.pool.kind))
     elif not kv.attention.support.fixed_shapes:
-        why = (kv_stats.get("backend_choice") or {}).get("refused", {}).get("cudnn-split")
+        why = ((kv_stats or {}).get("backend_choice") or {}).get("refused", {}).get("cudnn-split")
         reasons.append(f"the {kv.backend.name} backend has no fixed-shape steps"
                        + (f" (cudnn-split: {why})" if why else ""))
     else:
         be = kv.attention
         if getattr(be, "error", None):
             reasons.append(f"the split's kernel failed, its fallback attends from then on: {be.error}")
-        cached = kv_stats.get("cached_frames", 0) - kv_stats.get("scale_frames", 0)
+        st = kv_stats or {}
+        cached = st.get("cached_frames", 0) - st.get("scale_frames", 0)
         if cached < cfg.window - 1:
             reasons.append(FILLING)
         elif not replays and error is None:
             reasons.append("no streamed step was replayed as one graph yet")
-    out["reason"] = "; ".join(reasons) or None
-    return out
+    return {"graphs": "whole-step" if (replays and error is None) else "per-part",
+            "reason": "; ".join(reasons) or None}
 
 
-def windowed_fast_path(inner_fast_path: dict, window_size: int) -> dict:
-    """A windowed session: its inner streaming session's, plus the restart's cost."""
+def lingbot_fast_path(session, kv_stats: Optional[dict] = None, decision: Optional[dict] = None) -> dict:
+    """`fast_path` of a LingBot-Map session: {graphs, attention, reason}, from `decision`
+    (`lingbot_whole_step`'s, computed here when not given)."""
+    if kv_stats is None and session.kv is not None:
+        kv_stats = session.kv.stats()
+    decision = decision or lingbot_whole_step(session, kv_stats)
+    return {"graphs": decision["graphs"], "attention": attention_name(kv_stats), "reason": decision["reason"]}
+
+
+def step_graph_stats(model, decision: dict) -> dict:
+    """`step_graph` of a LingBot-Map session: `on` (its streamed steps replay as whole-step
+    graphs) and `why_not` read from `decision` (`lingbot_whole_step`: the same words as
+    fast_path's `reason`), beside the model's counters: replays, step graphs held, what their
+    captures added to the reserved memory (`pool_gib`; the plan's figure: engine/memory_plan.py
+    `step_graph_bytes`) and the capture error."""
+    graphs = model.aggregator.graphs
+    n = graphs.step_graphs() if hasattr(graphs, "step_graphs") else 0
+    return {"on": decision["graphs"] == "whole-step", "replays": model.step_graph_replays, "graphs": n,
+            "pool_gib": model.step_graph_pool_bytes / 2**30, "error": model.step_graph_error,
+            "why_not": decision["reason"]}
+
+
+def windowed_fast_path(inner_fast_path: dict, window_size: int, in_place: bool = False) -> dict:
+    """A windowed session: its inner streaming session's, plus the restart's cost. `in_place`:
+    windows restart the inner session on its own caches (LingBotMapSession.restart), so the
+    graphs captured once replay in every window; else each window is a new session."""
     out = dict(inner_fast_path or {})
-    note = (f"windowed: the cache restarts every {window_size} frames, so each window fills again "
-            f"(per-part steps) and captures its graphs again")
+    if in_place:
+        note = (f"windowed: the stream restarts every {window_size} frames on the same caches, so each "
+                f"window's scale phase and window filling run per part; its whole-step graphs, captured "
+                f"once, replay in every window")
+    else:
+        note = (f"windowed: the cache restarts every {window_size} frames in a new session, so each window "
+                f"fills again (per-part steps) and captures its graphs again")
     out["reason"] = "; ".join(r for r in (out.get("reason"), note) if r)
     return out
 
 
-def vggt_fast_path(kv_stats: Optional[dict], device_type: str) -> dict:
-    """A VGGT-1B chunked session: chunks run eagerly (no CUDA graphs)."""
-    reason = ("VGGT runs a chunk of chunk_size frames per step, eagerly (no CUDA graphs): the launches "
-              "are spread over the chunk's frames, and a stream's last chunk is shorter")
+def vggt_fast_path(kv_stats: Optional[dict], device_type: str, chunk_size: Optional[int] = None,
+                   window_chunks: Optional[int] = None) -> dict:
+    """A VGGT-1B chunked session: chunks run eagerly (no CUDA graphs), and why."""
+    c = "chunk_size" if chunk_size is None else str(chunk_size)
+    n = "sliding_window_num" if window_chunks is None else str(window_chunks)
+    reason = (f"VGGT runs one chunk of {c} frames a step, eagerly: engine/vggt has no CUDA-graph path (no "
+              f"part or whole-step graphs; each launch covers the chunk's {c} frames). Its shapes are "
+              f"fixed only in part: a chunk's queries are always {c} frames, but its visible keys grow by a "
+              f"chunk a step until {n} chunks are cached, a stream's last chunk is shorter, and attention "
+              f"goes through the cache's backend without the split's static mode")
     if device_type != "cuda":
         reason = NOT_CUDA
     return {"graphs": "none", "attention": attention_name(kv_stats), "reason": reason}

@@ -9,7 +9,8 @@ cannot serve them (None when it can); nothing else decides by a backend's name o
 
 Interface of a backend (engine/kv/backends.py, cudnn.py, cudnn_split.py): `create(cache)`,
 `plan(step)` once per step, `attend(step, q, layer, slots_t=None)` with q [n, H, D] already in
-the attention dtype; `slots_t` = explicit visible flat slots of this layer (block-sparse).
+the attention dtype; `slots_t` = explicit visible flat slots of this layer (block-sparse), unless
+the backend picks the blocks itself (`selects_blocks`, the cuDNN split's fixed-shape steps).
 """
 from __future__ import annotations
 
@@ -112,6 +113,12 @@ class Backend:
     @classmethod
     def create(cls, cache):
         return cls(cache)
+
+    def selects_blocks(self) -> bool:
+        """Whether this backend picks a block_sparse step's window blocks itself (from
+        `cache.sparse_block_slots`) for the step planned last; else the cache hands every layer
+        its token list (`attend(..., slots_t=)`)."""
+        return False
 
     def describe(self) -> dict:
         """What this instance runs and how its steps went (stats; benchmarks)."""

@@ -15,7 +15,10 @@ of its own tokens. What changes is what a *committed window frame* leaves in the
   layer attends to the ``keep_ratio`` share of window blocks (runs of ``block_size`` tokens of a
   frame) whose mean key best matches the step's mean query, plus all scale, own and special
   tokens. The block means are stored when a frame is written (engine/kv/pool.py), so choosing
-  reads ~1/block_size of the window's keys.
+  reads ~1/block_size of the window's keys. The number of blocks kept depends on the window's
+  block count only (`kept_blocks`), so once the window is full a step attends a fixed number of
+  blocks: the cuDNN split gathers them into a fixed-length scratch (`block_slots`: a page's
+  partial last block is packed away, the token count stays on the device) for whole-step graphs.
 
 The first three store ``keep_tokens`` per window frame (packed, engine/kv/page_table.py "compressed
 window"), so they save memory and attention time; block_sparse saves attention time only.
@@ -154,15 +157,44 @@ class BlockSparse(Compressor):
     def blocks_per_page(self, page_size: int) -> int:
         return math.ceil(page_size / self.block_size)
 
-    def select_blocks(self, q: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
-        """Flat ids (page_index * blocks_per_page + block) of the kept window blocks, ascending:
-        q [n, H, D] the step's queries, means [W, nb, H, D] the mean keys of the window's blocks;
-        score = mean query . mean key summed over heads; the top keep_ratio share is kept."""
+    def kept_blocks(self, num_blocks: int) -> int:
+        """How many of `num_blocks` window blocks a step attends: fixed by the block count, so a
+        full window keeps the same number every step (the fixed-shape path relies on it)."""
+        return min(num_blocks, max(1, int(math.ceil(self.keep_ratio * num_blocks))))
+
+    def top_blocks(self, q: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+        """Flat ids (page_index * blocks_per_page + block) of the kept window blocks, in no
+        particular order: q [n, H, D] the step's queries, means [W, nb, H, D] the mean keys of the
+        window's blocks; score = mean query . mean key summed over heads; the top keep_ratio share
+        (`kept_blocks`) is kept. Device ops only, of shapes fixed by W (no host read)."""
         score = (means.float() * q.float().mean(dim=0)[None, None]).sum(dim=(-1, -2)).reshape(-1)
-        keep = max(1, int(math.ceil(self.keep_ratio * score.numel())))
+        keep = self.kept_blocks(score.numel())
         if keep >= score.numel():
             return torch.arange(score.numel(), device=score.device)
-        return torch.sort(torch.topk(score, keep).indices).values
+        return torch.topk(score, keep, sorted=False).indices
+
+    def select_blocks(self, q: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+        """`top_blocks`, ascending."""
+        return torch.sort(self.top_blocks(q, means)).values
+
+    def block_slots(self, chosen: torch.Tensor, pages_t: torch.Tensor, page_size: int):
+        """The pool's flat slots of the chosen blocks with a FIXED length: (slots int64
+        [len(chosen) * block_size], valid int64 scalar on the device). The first `valid` slots are
+        the blocks' tokens (a page's last block may be partial: page_size need not be a multiple
+        of block_size), packed; the rest are slot 0, to be masked by the length. `pages_t`: the
+        window's pages, oldest first (`chosen` indexes them). Device ops only: what a static step
+        attends (engine/kv/cudnn_split.py), with no host read of how many tokens were chosen."""
+        nb, B, P = self.blocks_per_page(page_size), self.block_size, page_size
+        page, blk = pages_t[chosen // nb], chosen % nb
+        length = torch.clamp(P - blk * B, max=B)                          # tokens of each block
+        start = torch.cumsum(length, 0) - length                          # packed offsets
+        t = torch.arange(B, device=chosen.device)
+        n = chosen.numel() * B
+        dst = torch.where(t[None] < length[:, None], start[:, None] + t[None], n)   # n: a discard slot
+        src = page[:, None] * P + blk[:, None] * B + t[None]
+        slots = torch.zeros(n + 1, dtype=torch.int64, device=chosen.device)
+        slots.scatter_(0, dst.reshape(-1), src.reshape(-1))
+        return slots[:n], length.sum()
 
     def block_tokens(self, chosen: torch.Tensor, page_size: int) -> torch.Tensor:
         """Token offsets (page_index * page_size + offset) of the chosen flat block ids."""

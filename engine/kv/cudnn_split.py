@@ -39,10 +39,15 @@ class CuDNNSplitBackend(Backend):
     statistics (`torch_cudnn`, `kernel_full`).
     Figures against FlashInfer and the split: docs/history/benchmarks_h200_issue11.md "Fixed-length
     steps".
+    A block_sparse step once the window is full (`StepTable.sparse_runs`, native stores) attends
+    in three parts (`_attend_sparse`): A = the scale pages (constant), the step's own page and the
+    window blocks chosen for the layer gathered into a scratch of fixed length with the token count
+    on the device (varlen flash), and B; static like a split step.
     Every other step -- the window filling (special pages apart from the patch pages), token slots
-    (compressed window, block-sparse layers), a run not laid out as above, an A length beyond
-    `max_shapes` distinct ones (a graph each) -- and every call after a kernel failure (`error`)
-    go to the fallback backend: FlashInfer (dense / paged) where it runs, else SDPA.
+    (compressed window still filling, block-sparse over a quantized store), a run not laid out as
+    above, an A length beyond `max_shapes` distinct ones (a graph each) -- and every call after a
+    kernel failure (`error`) go to the fallback backend: FlashInfer (dense / paged) where it runs,
+    else SDPA.
     Native bf16/fp16 stores, and fp8 stores attended in bf16/fp16 (the run read into 16-bit
     scratch: e4m3 -> bf16 is exact); int8 always falls back.
     `static` (set for whole-step CUDA graphs): part B attends the fixed special zone with its
@@ -53,9 +58,9 @@ class CuDNNSplitBackend(Backend):
     name = "cudnn-split"
     support = Support(devices=("cuda",), compute_dtypes=(torch.bfloat16, torch.float16), stores=STORES,
                       layouts=LAYOUTS, fixed_shapes=True, head_dims=CUDNN_HEAD_DIMS, auto_stores=STORES,
-                      note="block-sparse steps and the window filling go to the fallback (FlashInfer, else "
-                           "SDPA); 'auto' takes it for every store attended in bf16/fp16 (fp8 / int8 read "
-                           "into 16-bit scratch; faster than FlashInfer's fp8-KV kernel: "
+                      note="the window filling and block-sparse over a quantized store go to the fallback "
+                           "(FlashInfer, else SDPA); 'auto' takes it for every store attended in bf16/fp16 "
+                           "(fp8 / int8 read into 16-bit scratch; faster than FlashInfer's fp8-KV kernel: "
                            "docs/benchmarks_kv.md)")
     mode = "split"
 
@@ -99,7 +104,7 @@ class CuDNNSplitBackend(Backend):
         self.max_shapes = int(max_shapes)
         self.error = None
         self.path = None                           # "split" | "whole" | "fallback": the last attend's
-        self.calls = {"split": 0, "whole": 0, "fallback": 0}
+        self.calls = {"split": 0, "whole": 0, "fallback": 0, "sparse": 0}
         self.a_shapes: set = set()                 # (q tokens, A pages) handed to the fixed kernel
         self.whole_shapes: set = set()             # (q tokens, K/V tokens) attended whole
         self.whole = bool(whole)
@@ -123,6 +128,10 @@ class CuDNNSplitBackend(Backend):
             self.fallback_refused = fi
         self._fallback = fallback
         self._split = None          # (first page, A pages, B tokens, whole) of the step, or None
+        # block_sparse steps with fixed runs (`StepTable.sparse_runs`): the gathered part's length
+        # (the step's own tokens + the chosen blocks' slots), else None; its gather scratch
+        self._sparse = None
+        self._sparse_kv = None
         # Static steps (set by the session for whole-step CUDA graphs, engine/lingbot/model.py):
         # part B attends a FIXED view -- the special zone, from the end of the patch run to the
         # end of the pool -- whose visible length is an int32 device tensor written in `plan`, so
@@ -141,7 +150,15 @@ class CuDNNSplitBackend(Backend):
     def split_point(self, step: StepTable):
         """(A's first flat slot, A tokens, B's first flat slot, B tokens) when the step has the
         layout above, else None. A compressed window gives its two runs (`StepTable.token_runs`,
-        engine/kv/page_table.py): A = step, scale and packed window tokens, B = the specials."""
+        engine/kv/page_table.py): A = step, scale and packed window tokens, B = the specials. A
+        block_sparse step with a full window gives the scale pages as A and the specials as B
+        (`StepTable.sparse_runs`); its own page and chosen window blocks are gathered per layer
+        (`_attend_sparse`; native stores only)."""
+        if step.window_range is not None:
+            if step.sparse_runs is None or self.cache.pool.kind != "native":
+                return None
+            (a0, na), (b0, nb) = step.sparse_runs
+            return (a0, na, b0, nb) if na > 0 else None
         if step.token_runs is not None:
             (a0, na), (b0, nb) = step.token_runs
             return (a0, na, b0, nb) if na > 0 and na + nb == step.num_kv_tokens else None
@@ -194,8 +211,10 @@ class CuDNNSplitBackend(Backend):
             else:
                 split = None
                 self.wave_declined += 1
+        sparse = split is not None and step.window_range is not None
         if split is not None:
-            whole = self.whole and step.fixed_length and split[2] == split[0] + split[1]   # one run
+            whole = (not sparse and self.whole and step.fixed_length
+                     and split[2] == split[0] + split[1])                       # one run
             shapes, key = ((self.whole_shapes, (step.q_tokens, step.num_kv_tokens)) if whole
                            else (self.a_shapes, (step.q_tokens, split[1])))
             if key not in shapes:
@@ -206,9 +225,16 @@ class CuDNNSplitBackend(Backend):
             if split is not None:
                 split = (*split, whole)
         self._split = split
+        self._sparse = None
+        if split is not None and sparse:       # own tokens + the chosen blocks (fixed per step kind)
+            c = self.cache
+            windowed = (step.window_range[1] - step.window_range[0]) // c.page_size
+            comp = c.compression
+            self._sparse = (step.num_frames * c.page_size
+                            + comp.kept_blocks(windowed * comp.blocks_per_page(c.page_size)) * comp.block_size)
         if split is None:
             self._fallback.plan(step)
-        elif self.static and not split[4]:
+        elif (self.static and not split[4]) or sparse:
             if self._cu_q is None:
                 self._cu_q = torch.zeros(2, dtype=torch.int32, device=self.cache.device)
                 self._cu_k = torch.zeros(2, dtype=torch.int32, device=self.cache.device)
@@ -223,20 +249,31 @@ class CuDNNSplitBackend(Backend):
         if not self.static or self._split is None or self.error is not None:
             return None
         a0, na, b0, nb, whole = self._split
+        if self._sparse is not None:
+            return ("sparse", a0, na, self._sparse, b0)
         if whole:
             return ("whole", a0, na + nb)
         return ("split", a0, na, b0)
 
+    def selects_blocks(self) -> bool:
+        """A block_sparse step planned on the split picks its blocks here (`_attend_sparse`)."""
+        return self._sparse is not None and self._split is not None and self.error is None
+
     def attend(self, step: StepTable, q: torch.Tensor, layer: int, slots_t=None):
         if self._split is not None and slots_t is None and self.error is None:
             try:
-                out = self._attend_split(q, layer)
+                out = (self._attend_sparse(step, q, layer) if self._sparse is not None
+                       else self._attend_split(q, layer))
             except Exception as exc:   # a kernel rejected the call: the fallback from now on
                 self.error = f"{type(exc).__name__}: {exc}"[:500]
                 self._split = None
+                sparse, self._sparse = self._sparse, None
                 self._fallback.plan(step)
+                if sparse is not None:     # this layer's token list, as the cache makes it
+                    slots_t = self.cache._sparse_slots(layer, step, q)
             else:
-                self.path = "whole" if self._split[4] else "split"
+                self.path = ("sparse" if self._sparse is not None else "whole" if self._split[4]
+                             else "split")
                 self.calls[self.path] += 1
                 return out
         self.path = "fallback"
@@ -267,6 +304,42 @@ class CuDNNSplitBackend(Backend):
                 out = merge_lse(out, lse_a, out_b, lse_b)
         if self.fp8:                   # attention is linear in V: the value scales last
             out = (out.float() * pool.scales[layer, 1].view(1, H, 1)).to(q.dtype)
+        return out
+
+    def _attend_sparse(self, step: StepTable, q: torch.Tensor, layer: int) -> torch.Tensor:
+        """A block_sparse step with fixed runs, in three parts merged by log-sum-exp: A = the scale
+        pages (a view, constant length: the cuDNN kernel); C = the step's own page and the window
+        blocks the compressor picks for this layer (`PagedKVCache.sparse_block_slots`, the same
+        choice the fallback's token list makes), gathered into a scratch of fixed length, the
+        number of tokens read on the device (varlen flash); B = the special tokens as in a split
+        step. Shapes depend on the step kind only (a keyframe sees one window frame fewer), and
+        nothing is read back to the host: a whole-step graph replays it."""
+        c, pool = self.cache, self.cache.pool
+        a0, na, b0, nb, _ = self._split
+        N, P, H, D = pool.num_pages, pool.page_size, pool.num_heads, pool.head_dim
+        q = q.contiguous()
+        ka, va = self._run(layer, a0, na)
+        out, lse = self._wave_tail(q, ka, va, self._kernel_a)
+        slots, valid = c.sparse_block_slots(layer, q)
+        own = (step.new_pages_t[:, None] * P + torch.arange(P, device=q.device)).reshape(-1)
+        idx = torch.cat([own, slots])
+        if self._sparse_kv is None:    # once, for the largest step (allocated outside any capture)
+            n = c.max_step_frames * P + c.sparse_gather_tokens()
+            self._sparse_kv = tuple(torch.empty((n, H, D), dtype=pool.k.dtype, device=pool.device)
+                                    for _ in range(2))
+        kc = torch.index_select(pool.k[layer].view(N * P, H, D), 0, idx, out=self._sparse_kv[0][:idx.numel()])
+        vc = torch.index_select(pool.v[layer].view(N * P, H, D), 0, idx, out=self._sparse_kv[1][:idx.numel()])
+        cu_c = torch.stack([torch.zeros_like(valid), valid + own.numel()]).to(torch.int32)
+        out_c, lse_c = self._kernel_b_static(q, kc, vc, self._cu_q, cu_c)
+        out, lse = merge_lse(out, lse, out_c, lse_c), torch.logaddexp(lse, lse_c)
+        if nb:
+            if self.static:            # the fixed special zone, its length on the device
+                kb, vb = self._run(layer, b0, N * P - b0)
+                out_b, lse_b = self._kernel_b_static(q, kb, vb, self._cu_q, self._cu_k)
+            else:
+                kb, vb = self._run(layer, b0, nb)
+                out_b, lse_b = self._kernel_b(q, kb, vb)
+            out = merge_lse(out, lse, out_b, lse_b)
         return out
 
     def _scaled_q(self, q: torch.Tensor, layer: int) -> torch.Tensor:

@@ -73,6 +73,10 @@ class StepTable:
     token_runs: Optional[tuple] = None  # compressed window: ((a start, a len), (b start, b len)) flat
                                         # slots: [a, a + a len) = step, scale and window tokens,
                                         # [b, b + b len) = the special tokens (module docstring)
+    sparse_runs: Optional[tuple] = None  # block_sparse, window full: ((a start, a len), (b start, b len))
+                                        # flat slots of the scale pages and of the special tokens
+                                        # (`PageTable.scale_special_runs`); the window's blocks and
+                                        # the step's own page are chosen / gathered per layer
     slot_moves: Optional[tuple] = None  # compressed window: (src, dst) flat slots to copy before the
                                         # step attends (packing the window slots after an eviction)
     written: list = field(default_factory=list)   # per layer: write() done this step
@@ -280,6 +284,26 @@ class PageTable:
                 or self._special_pages[:n_sp] != list(range(self._patch_zone, self._patch_zone + n_sp))):
             return None
         return (0, self._compact_first * P + len(self._window) * K), (self._patch_zone * P, special_end)
+
+    def scale_special_runs(self, step: StepTable) -> Optional[tuple]:
+        """For a streamed step of an uncompressed window that is full: ((a start, a len), (b start,
+        b len)) flat slots of the scale pages (one run) and of the visible special tokens (one run
+        from the special zone's start) -- what stays fixed from step to step when each layer
+        attends only some window blocks (block_sparse, StepTable `sparse_runs`); None when the
+        step is not laid out so (the window filling or empty, the scale frames not all in)."""
+        P, S = self.page_size, self.special_tokens
+        if step.scale or self.compact or not S or not self._window:
+            return None
+        if len(self._window) + (step.num_frames if step.keyframe else 0) < self.window:
+            return None
+        first = min(self._scale) if self._scale else 0
+        end = step.special_start + S * step.num_frames
+        n_sp = math.ceil(end / P)
+        if (len(self._scale) != self.scale_frames or not self._scale
+                or sorted(self._scale) != list(range(first, first + len(self._scale)))
+                or self._special_pages[:n_sp] != list(range(self._patch_zone, self._patch_zone + n_sp))):
+            return None
+        return (first * P, len(self._scale) * P), (self._patch_zone * P, end)
 
     def end_step(self) -> CommitPlan:
         """Keyframe: commit and return the byte moves for the pool. Non-keyframe: restore every

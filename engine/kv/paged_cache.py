@@ -64,6 +64,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from ..host_copy import upload
 from ..models.sections import section
 from . import resolve as _resolve
 from .attention import store_refusal
@@ -180,10 +181,13 @@ class PagedKVCache:
             P = self.page_size
             a = len(self.table._scale) * P
             step.window_range = (a, a + len(self.table._window) * P)
-            step.window_pages_t = torch.tensor(self.table._window, dtype=torch.int64, device=self.device)
+            # a persistent buffer per length: a whole-step graph reads the current step's pages
+            step.window_pages_t = self.pool._index("window_pages", self.table._window)
+            step.sparse_runs = self.table.scale_special_runs(step)
             if step.slots_t is None:
                 pages = np.asarray(step.pages, dtype=np.int64)
-                step.slots_t = torch.as_tensor((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens]).to(self.device)
+                step.slots_t = upload((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens],
+                                      self.device, torch.int64)
         self._last_visible_tokens = step.num_kv_tokens
         self._last_zero_copy = step.contiguous is not None and step.slots_t is None and self.pool.kind != "int8"
         self._attn.plan(step)
@@ -214,7 +218,10 @@ class PagedKVCache:
             raise KVCacheError(f"KV cache attend: layer {layer} was not written in this step")
         qf = q.reshape(F * T, self.num_heads, self.head_dim)
         qa = qf if qf.dtype == self.attn_dtype else qf.to(self.attn_dtype)
-        slots_t = self._sparse_slots(layer, step, qa) if step.window_range is not None else None
+        # block_sparse: this layer's token list, unless the backend selects the blocks itself
+        # (the split's fixed-shape steps: `sparse_block_slots`)
+        sparse = step.window_range is not None and not self._attn.selects_blocks()
+        slots_t = self._sparse_slots(layer, step, qa) if sparse else None
         with section("global_attention"):       # a profiler range / a benchmark's timer
             out = self._attn.attend(step, qa, layer, slots_t=slots_t)
         return out.reshape(want).to(q.dtype)
@@ -231,11 +238,15 @@ class PagedKVCache:
         """For the step in progress: a key equal exactly when two steps launch the same kernels on
         the same buffers (every index the step writes or reads lives in a persistent device
         buffer), so one captured graph replays all of them; None when the step is not static
-        (the backend's fallback steps, block-sparse windows, a compressed window still filling,
+        (the backend's fallback steps, a block-sparse or compressed window still filling,
         another backend)."""
         step = self.table.step
-        if (step is None or not self._attn.support.fixed_shapes or step.window_range is not None
-                or (step.slots_t is not None and step.token_runs is None)):
+        if step is None or not self._attn.support.fixed_shapes:
+            return None
+        if step.window_range is not None:        # block_sparse: fixed runs, blocks picked on the device
+            if step.sparse_runs is None:
+                return None
+        elif step.slots_t is not None and step.token_runs is None:
             return None
         return self._attn.static_key()
 
@@ -250,6 +261,22 @@ class PagedKVCache:
         dev = step.slots_t.device
         idx = torch.cat([torch.arange(a, device=dev), a + sel, torch.arange(b, step.slots_t.numel(), device=dev)])
         return step.slots_t.index_select(0, idx)
+
+    def sparse_block_slots(self, layer: int, q: torch.Tensor):
+        """block_sparse, for a backend that attends the window's chosen blocks itself: (slots, valid)
+        = the pool's flat slots of the blocks the compressor picks for this layer from the stored
+        block means (the same choice as `_sparse_slots`), a fixed-length list whose first `valid`
+        (a device scalar) are the tokens (BlockSparse.block_slots); no host read."""
+        step = self._require_step()
+        means = self.pool.block_means[layer].index_select(0, step.window_pages_t)
+        chosen = self.compression.top_blocks(q, means)
+        return self.compression.block_slots(chosen, step.window_pages_t, self.page_size)
+
+    def sparse_gather_tokens(self) -> int:
+        """The most tokens `sparse_block_slots` hands out (a full window, every frame a keyframe
+        or not): what a backend's gather scratch for the chosen blocks holds."""
+        c = self.compression
+        return c.kept_blocks(self.window * c.blocks_per_page(self.page_size)) * c.block_size
 
     def end_step(self) -> None:
         """Keyframe: commit (evictions already done, special cap applied, compressed copies made).

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from ..api import EngineError, EngineEvent, FrameResult, SessionConfig, check_settings
-from ..fast_path import lingbot_fast_path
+from ..fast_path import lingbot_fast_path, lingbot_whole_step, step_graph_stats
 from ..pose import decode_pose
 from ..session_timing import SessionTiming, resolve_device
 from ..models.layers import kernel_errors
@@ -158,7 +158,7 @@ class LingBotMapSession(SessionTiming):
         self.kv_dtype = self.kv_precision.storage
         self.kv = None                  # PagedKVCache, built at the first step (needs the token count)
         self._closed_cache_stats = {"kv": None, "kv_page_map": None, "camera_cache": None}
-        self._closed_fast_path = None   # stats()["fast_path"] as it was at close()
+        self._closed_paths = None       # stats()'s "step_graph" and "fast_path" as they were at close()
         self.caches = None              # StreamCaches(kv, camera_cache)
         self.camera_cache = None
         self._hw: Optional[tuple[int, int]] = None
@@ -193,6 +193,7 @@ class LingBotMapSession(SessionTiming):
 
     def stats(self) -> dict:
         caches = self._cache_stats() if self.kv is not None else self._closed_cache_stats
+        paths = self._closed_paths or self._paths(caches["kv"])
         out = {
             "frames": self._frames,
             "keyframes": self._keyframes,
@@ -201,8 +202,8 @@ class LingBotMapSession(SessionTiming):
             "segments": 1,
             **caches,
             "time_index": self._time,
-            # whole-step CUDA graphs: on, or why not (`_step_graph_stats`)
-            "step_graph": self._step_graph_stats(caches["kv"]),
+            # whole-step CUDA graphs: on, or why not (the same decision as fast_path's reason)
+            "step_graph": paths["step_graph"],
             # why a fast kernel was given up for the process (None: in use where it applies)
             "kernel_errors": kernel_errors(),
             "pending_scale_frames": len(self._pending),
@@ -210,37 +211,16 @@ class LingBotMapSession(SessionTiming):
             # the settings the memory budget allowed, with its accounting and reasons
             "memory_plan": self.memory_plan.as_dict() if self.memory_plan is not None else None,
             # graphs / attention path of these settings, or why they leave the fast path
-            "fast_path": (self._closed_fast_path if self._closed_fast_path is not None
-                          else lingbot_fast_path(self, caches["kv"])),
+            "fast_path": paths["fast_path"],
         }
         return out
 
-    def _step_graph_stats(self, kv_stats: Optional[dict]) -> dict:
-        """Whether streamed steps run as one CUDA graph each, the replays and graphs, what the
-        step captures added to the reserved device memory (`pool_gib`; they share the part
-        graphs' pool, whose segments they reuse; the plan's figure: engine/memory_plan.py
-        `step_graph_bytes`) and, when off, why (`why_not`). `kv_stats`: the KV cache's stats()
-        that stats() already has."""
-        m, agg = self.model, self.model.aggregator
-        static = self.kv is not None and getattr(self.kv._attn, "static", False)
-        if m.step_graph_error is not None:
-            why = f"the capture failed, steps run with per-part graphs: {m.step_graph_error}"
-        elif self.device.type != "cuda":
-            why = "CUDA graphs need a CUDA device"
-        elif agg.graphs is None:
-            why = ("quantized trunk weights run eagerly" if getattr(m, "weight_dtype", None)
-                   else "cuda_graphs is off" if not self.config.cuda_graphs else "the session is closed")
-        elif agg.graph_scope != "step":
-            why = f"graph scope {agg.graph_scope!r} captures parts only"
-        elif self.kv is not None and not static:
-            why = f"the attention backend {(kv_stats or {}).get('backend')!r} has no fixed-shape steps"
-        elif m.step_graph_replays == 0:
-            why = "no streamed step with a fixed-shape key has run yet (scale phase, or the window still filling)"
-        else:
-            why = None
-        n = agg.graphs.step_graphs() if hasattr(agg.graphs, "step_graphs") else 0
-        return {"on": why is None, "replays": m.step_graph_replays, "graphs": n,
-                "pool_gib": m.step_graph_pool_bytes / 2**30, "error": m.step_graph_error, "why_not": why}
+    def _paths(self, kv_stats: Optional[dict]) -> dict:
+        """stats()'s "step_graph" and "fast_path", both from ONE decision (engine/fast_path.py
+        `lingbot_whole_step`). `kv_stats`: the KV cache's stats() that stats() already has."""
+        decision = lingbot_whole_step(self, kv_stats)
+        return {"step_graph": step_graph_stats(self.model, decision),
+                "fast_path": lingbot_fast_path(self, kv_stats, decision)}
 
     def _cache_stats(self) -> dict:
         return {"kv": self.kv.stats(), "kv_page_map": self.kv.page_map(),
@@ -257,14 +237,32 @@ class LingBotMapSession(SessionTiming):
         self._check_open()
         return self._deliver(keep=0) if len(self._host) else []
 
+    def restart(self) -> None:
+        """Start a new stream on the same caches and graphs (windowed mode, engine/windowed.py):
+        the KV and camera caches are reset in place (nothing freed or allocated: no allocator
+        churn between windows), and the captured whole-step graphs stay -- they point at these
+        caches' buffers, so the new stream replays them once its window is full again instead of
+        capturing them again. Frames still in flight are dropped (`flush()` first to keep them);
+        settings, model, memory plan and the frame size stay. Results equal a new session's."""
+        self._check_open()
+        if self.kv is not None:
+            if self.kv.step is not None:
+                self.caches.abort_step()
+            self.kv.reset()
+            self.camera_cache.reset()
+        self._pending.clear()
+        self._host.clear()
+        self._num_scale = self._next_index = self._time = 0
+        self._frames = self._keyframes = 0
+
     def close(self) -> None:
         """Frees the session's GPU memory at once (KV pools, camera cache, CUDA graphs): nothing
         else holds them and they are in no reference cycle, so refcounting alone releases them."""
         self._closed = True
         if self.kv is not None:     # what the caches held at the end stays visible (monitors, summaries)
             self._closed_cache_stats = self._cache_stats()
-        if self._closed_fast_path is None:
-            self._closed_fast_path = lingbot_fast_path(self, self._closed_cache_stats["kv"])
+        if self._closed_paths is None:
+            self._closed_paths = self._paths(self._closed_cache_stats["kv"])
         self.model.aggregator.graphs = None     # free the captured graphs' buffers
         self.kv = None
         self.camera_cache = None

@@ -149,11 +149,14 @@ def test_auto_makes_the_split_backend():
 
 
 @needs_cuda
-@pytest.mark.parametrize("setting", ["token_partition", "token_merge", "random_subset", "fp8", "int8"])
+@pytest.mark.parametrize("setting", ["token_partition", "token_merge", "random_subset", "block_sparse", "fp8",
+                                     "int8"])
 def test_compressed_and_quantized_stores_split_static_without_syncs(setting):
-    """Issue 26 item 2: compressed windows (their two token runs) and fp8 / int8 stores (read into
-    16-bit scratch) through the static split against SDPA over the same store, to bf16 tolerance;
-    a step whose static key was seen before (what a graph replays) makes no synchronising call."""
+    """Issue 26 item 2: compressed windows (their two token runs), block_sparse (the chosen blocks
+    gathered into a fixed-length scratch, blocks of 32 leaving a partial last block of each
+    130-token page) and fp8 / int8 stores (read into 16-bit scratch) through the static split
+    against SDPA over the same store, to bf16 tolerance; a step whose static key was seen before
+    (what a graph replays) makes no synchronising call."""
     from engine.kv import make_compressor
     page = 130
     kw = dict(KW, dtype="bf16")
@@ -188,4 +191,5 @@ def test_compressed_and_quantized_stores_split_static_without_syncs(setting):
             assert torch.isfinite(a).all()
             torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
     assert be.error is None, be.error
-    assert static_steps >= 10 and be.calls["split"] > 0 and len(seen) <= 4     # kinds: (split|whole) x keyframe
+    path = "sparse" if setting == "block_sparse" else "split"
+    assert static_steps >= 10 and be.calls[path] > 0 and len(seen) <= 4     # kinds: (split|whole|sparse) x keyframe

@@ -1,5 +1,6 @@
 """Settings on the fast path (issue 26 item 2), on the CPU in float32: compressed windows
-(token_partition / random_subset / token_merge at keep 0.5 and 0.25) and fp8 / int8 stores
+(token_partition / random_subset / token_merge at keep 0.5 and 0.25), block_sparse (its chosen
+window blocks gathered into a fixed-length scratch, the token count on the device) and fp8 / int8 stores
 attended by the cuDNN split in its static mode (fixed shapes and pointers: whole-step CUDA graphs)
 must give the SDPA backend's outputs through window filling, eviction, keyframe-interval-2
 rollbacks and the special ring's wrap; the packing of the compressed window's slots must not
@@ -59,15 +60,17 @@ def _static_split(cache):
     return be, a, b
 
 
-def _drive_static(cu, sd, pattern, strict=True):
+def _drive_static(cu, sd, pattern, strict=True, dense=None, diffs=None):
     """Drive both caches; per step: (static key, split). Outputs must agree (1e-5). `strict`:
-    steps whose key was seen before (a graph replay on the GPU) run with no host reads."""
+    steps whose key was seen before (a graph replay on the GPU) run with no host reads.
+    `dense`: a third cache driven alike; `diffs` gets the largest difference of cu's outputs from
+    its outputs, per step."""
     keys, seen = [], set()
     g = torch.Generator().manual_seed(3)
     for nf, scale, kf in [(2, True, True)] + [(1, False, c == "k") for c in pattern]:
         k, v, q = (torch.randn(L, nf, S6 + P, H, D, generator=g) for _ in range(3))
         outs = []
-        for c in (cu, sd):
+        for c in (cu, sd) + ((dense,) if dense is not None else ()):
             c.begin_step(nf, scale=scale, keyframe=kf)
             key = cu.static_key() if c is cu else None
             replay = c is cu and strict and key is not None and key in seen
@@ -78,8 +81,10 @@ def _drive_static(cu, sd, pattern, strict=True):
                 keys.append((key, cu._attn._split, kf))
                 seen.add(key)
             c.end_step()
-        for x, y in zip(*outs):
+        for x, y in zip(outs[0], outs[1]):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+        if dense is not None:
+            diffs.append(max(float((x - y).abs().max()) for x, y in zip(outs[0], outs[2])))
     return keys
 
 
@@ -112,6 +117,63 @@ def test_compressed_window_is_static_on_the_split_and_equals_sdpa(method, keep):
     assert len({shape for shape, _ in b.seen}) == 1
     assert be.calls["split"] >= L * len(full) and be.error is None
     assert cu.state()["window"] == sd.state()["window"]
+
+
+@pytest.mark.parametrize("keep,block", [(0.5, 2), (0.25, 2), (0.5, 3), (0.5, 5)])
+def test_block_sparse_is_static_on_the_split_and_equals_the_fallback(keep, block):
+    """block_sparse on the split's fixed shapes (scale pages by the fixed kernel, the own page and
+    the chosen window blocks gathered into a fixed-length scratch with the token count on the
+    device, the specials over the fixed zone) gives the fallback's outputs (SDPA over the token
+    list the cache makes) through filling, eviction, rollbacks and the ring's wrap; steady steps
+    are static (one key per step kind) and read nothing back to the host. Blocks of 2 and 3
+    leave each 5-token page a partial last block; 5 is one block a page."""
+    comp = dict(keep_ratio=keep, block_size=block)
+    cu, sd = cache_pair(compression=make_compressor("block_sparse", **comp))
+    sd.compression = make_compressor("block_sparse", **comp)
+    dense, _ = cache_pair()
+    be, a, b = _static_split(cu)
+    diffs = []
+    keys = _drive_static(cu, sd, PATTERN, dense=dense, diffs=diffs)
+    # the window fills in steps 1-3 (its block count grows: the fallback), full from step 4 on
+    assert [key for key, _, _ in keys[1:4]] == [None] * 3
+    steady = keys[4:]
+    assert all(key is not None and key[0] == "sparse" for key, _, _ in steady)
+    by_kind = {}
+    for key, split, kf in steady:
+        by_kind.setdefault(kf, set()).add(key)
+        a0, na, b0, nb, whole = split
+        assert (a0, na) == (cu.table.max_step_frames * P, KW["scale_frames"] * P) and not whole
+    assert set(by_kind) == {True, False} and all(len(v) == 1 for v in by_kind.values())
+    W, nbk = KW["window"], -(-P // block)
+    comp_ = cu.compression
+    # a keyframe sees one window frame fewer: its fixed gather is shorter
+    assert {k[3] for v in by_kind.values() for k in v} == {P + comp_.kept_blocks(w * nbk) * block for w in (W - 1, W)}
+    assert be.calls["sparse"] == L * len(steady) and be.error is None and len(be.a_shapes) == 1
+    gathered = {(k[3], H, D) for v in by_kind.values() for k in v}
+    assert len({shape for shape, _ in b.seen} - gathered) == 1                 # the specials' fixed view
+    assert len({ptr for shape, ptr in b.seen if shape in gathered}) == 1      # one gather scratch
+    # the selection really drops keys: the outputs differ from attending the whole window
+    assert max(diffs[4:]) > 1e-3
+
+
+def test_block_slots_are_the_fallbacks_tokens_packed():
+    """BlockSparse.block_slots (fixed length, the count on the device) holds exactly the pool
+    slots of the token list the fallback builds (`block_tokens`), packed at the front."""
+    g = torch.Generator().manual_seed(1)
+    for block in (2, 3, 5, 8):
+        comp = make_compressor("block_sparse", keep_ratio=0.4, block_size=block)
+        nb = comp.blocks_per_page(P)
+        pages = torch.tensor([7, 2, 9, 4])
+        means, q = torch.randn(4, nb, H, D, generator=g), torch.randn(6, H, D, generator=g)
+        chosen = comp.top_blocks(q, means)
+        with no_host_reads():
+            slots, valid = comp.block_slots(chosen, pages, P)
+        assert slots.numel() == comp.kept_blocks(4 * nb) * block
+        tok = comp.block_tokens(comp.select_blocks(q, means), P)      # offsets in the window's pages
+        want = pages[tok // P] * P + tok % P
+        assert int(valid) == want.numel()
+        assert sorted(slots[:int(valid)].tolist()) == sorted(want.tolist())
+        assert torch.equal(torch.sort(chosen).values, comp.select_blocks(q, means))
 
 
 @pytest.mark.parametrize("method", STORING)
@@ -187,6 +249,7 @@ def test_page_table_packs_after_every_eviction():
 
 @pytest.mark.parametrize("settings", [dict(kv_compression="token_merge", kv_keep_ratio=0.5),
                                       dict(kv_compression="token_partition", kv_keep_ratio=0.25),
+                                      dict(kv_compression="block_sparse", kv_keep_ratio=0.5, kv_block_size=8),
                                       dict(kv_dtype="int8")])
 def test_session_takes_the_step_graph_path_with_the_setting(monkeypatch, settings):
     """The tiny model through a split-backend session whose graph cache runs each captured step
@@ -206,46 +269,77 @@ def test_session_takes_the_step_graph_path_with_the_setting(monkeypatch, setting
         frames=24, special_cap=9, seed=6, opened=opened, settings=settings,
         closing=lambda s: seen.update(stats=s.stats()))
     steps = [k for k in graphs.keys if isinstance(k, tuple) and k and k[0] == "step"]
-    assert be.error is None and be.calls["split"] > 0
+    path = "sparse" if settings.get("kv_compression") == "block_sparse" else "split"
+    assert be.error is None and be.calls[path] > 0
     assert steps and seen["stats"]["step_graph"]["error"] is None
     assert seen["stats"]["step_graph"]["replays"] == len(steps) >= 10
     assert len({k[1][1:] for k in steps}) <= 4                 # one graph per step kind
+    assert {k[1][1] for k in steps} <= ({"sparse"} if path == "sparse" else {"split", "whole"})
     fp = seen["stats"]["fast_path"]
-    assert fp["attention"].startswith("cudnn") and "split" in fp["attention"]
+    assert fp["attention"].startswith("cudnn") and path in fp["attention"]
 
 
 def test_fast_path_reasons():
-    """stats()["fast_path"]: whole-step once replays ran, else the reason in words."""
+    """stats()["fast_path"]: whole-step once replays ran, else the reason in words; and
+    stats()["step_graph"] reads the same decision (`on` = whole-step, `why_not` = the reason)."""
     from types import SimpleNamespace
 
     from engine import fast_path as fpm
     from engine.kv import PagedKVCache
 
-    def session(kv, device="cuda", graphs=True, replays=5, error=None, weight_dtype=None, window=3):
-        agg = SimpleNamespace(graphs=object() if graphs else None)
+    def session(kv, device="cuda", graphs=True, replays=5, error=None, weight_dtype=None, window=3,
+                cuda_graphs=True, scope="step"):
+        agg = SimpleNamespace(graphs=object() if graphs else None, graph_scope=scope)
         model = SimpleNamespace(aggregator=agg, step_graph_replays=replays, step_graph_error=error,
-                                weight_dtype=weight_dtype)
-        return SimpleNamespace(kv=kv, model=model, config=SimpleNamespace(window=window),
+                                weight_dtype=weight_dtype, step_graph_pool_bytes=0)
+        return SimpleNamespace(kv=kv, model=model, config=SimpleNamespace(window=window, cuda_graphs=cuda_graphs),
                                device=torch.device(device))
+
+    def both(s):
+        """fast_path and step_graph as the session builds them (one decision)."""
+        decision = fpm.lingbot_whole_step(s, s.kv.stats())
+        fp, sg = fpm.lingbot_fast_path(s, decision=decision), fpm.step_graph_stats(s.model, decision)
+        assert sg["why_not"] == fp["reason"] and sg["on"] == (fp["graphs"] == "whole-step")
+        assert sg["replays"] == s.model.step_graph_replays and sg["error"] == s.model.step_graph_error
+        assert fp == fpm.lingbot_fast_path(s)          # the decision made inside: the same
+        return fp, sg
 
     cu, sd = cache_pair()
     be, _, _ = _static_split(cu)
     for _ in drive(cu, sd, "kkkkk"):
         pass
-    fp = fpm.lingbot_fast_path(session(cu))
-    assert fp["graphs"] == "whole-step" and fp["reason"] is None and fp["attention"].startswith("cudnn-split: split")
-    assert fpm.lingbot_fast_path(session(cu, device="cpu"))["reason"] == fpm.NOT_CUDA
-    assert fpm.lingbot_fast_path(session(cu, graphs=False, weight_dtype="int8"))["reason"] == fpm.QUANTIZED_WEIGHTS
-    assert fpm.lingbot_fast_path(session(cu, graphs=False))["reason"] == fpm.GRAPHS_OFF
-    per = fpm.lingbot_fast_path(session(cu, replays=0, error="capture failed"))
-    assert per["graphs"] == "per-part" and "capture failed" in per["reason"]
-    assert fpm.lingbot_fast_path(session(cu, window=64, replays=0))["reason"] == fpm.FILLING
+    whole, sg = both(session(cu))
+    assert whole["graphs"] == "whole-step" and whole["reason"] is None
+    assert whole["attention"].startswith("cudnn-split: split")
+    assert sg["on"] and sg["why_not"] is None
+    fp, sg = both(session(cu, device="cpu"))
+    assert fp["reason"] == fpm.NOT_CUDA and fp["graphs"] == "none" and not sg["on"]
+    assert both(session(cu, graphs=False, weight_dtype="int8"))[0]["reason"] == fpm.QUANTIZED_WEIGHTS
+    assert both(session(cu, graphs=False, cuda_graphs=False))[0]["reason"] == fpm.GRAPHS_OFF
+    assert both(session(cu, graphs=False))[0]["reason"] == fpm.CLOSED     # graphs freed, cuda_graphs on
+    fp, sg = both(session(cu, scope="fixed", replays=0))
+    assert fp["graphs"] == "per-part" and fp["reason"] == fpm.GRAPH_SCOPE.format(scope="fixed") and not sg["on"]
+    per, sg = both(session(cu, replays=0, error="capture failed"))
+    assert per["graphs"] == "per-part" and "capture failed" in per["reason"] and sg["error"] == "capture failed"
+    # replays from before a capture failure do not make the session whole-step
+    assert both(session(cu, replays=9, error="capture failed"))[0]["graphs"] == "per-part"
+    assert both(session(cu, window=64, replays=0))[0]["reason"] == fpm.FILLING
+    assert both(session(cu, replays=0))[0]["reason"] == "no streamed step was replayed as one graph yet"
+    # block_sparse: on the split's fixed shapes like exact (whole-step once replays ran) ...
     bs, bs_ref = cache_pair(compression=make_compressor("block_sparse", keep_ratio=0.5, block_size=2))
     _static_split(bs)
-    assert fpm.BLOCK_SPARSE in fpm.lingbot_fast_path(session(bs, replays=0))["reason"]
+    for _ in drive(bs, bs_ref, "kkkkk"):
+        pass
+    fp, sg = both(session(bs))
+    assert fp["graphs"] == "whole-step" and fp["reason"] is None and "sparse" in fp["attention"] and sg["on"]
+    # ... except over a quantized store: its gather reads native stores only
+    q8, q8_ref = cache_pair(dtype="fp8", attn_dtype="fp32",
+                            compression=make_compressor("block_sparse", keep_ratio=0.5, block_size=2))
+    _static_split(q8)
+    assert both(session(q8, replays=0))[0]["reason"] == fpm.BLOCK_SPARSE_QUANTIZED.format(kind="fp8")
     sdpa = PagedKVCache(L, H, D, P, special_tokens=S6, backend="sdpa", **KW)
-    assert "no fixed-shape steps" in fpm.lingbot_fast_path(session(sdpa, replays=0))["reason"]
-    w = fpm.windowed_fast_path(fp, 256)
+    assert "no fixed-shape steps" in both(session(sdpa, replays=0))[0]["reason"]
+    w = fpm.windowed_fast_path(whole, 256)
     assert w["graphs"] == "whole-step" and "restarts every 256 frames" in w["reason"]
     assert fpm.vggt_fast_path(None, "cuda")["graphs"] == "none"
 

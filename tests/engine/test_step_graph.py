@@ -168,4 +168,6 @@ def test_session_step_path_equals_sdpa_session(monkeypatch):
     assert len(graphs.keys) > len(steps)
     sg = seen["stats"]["step_graph"]
     assert sg["graphs"] == len(set(steps)) and sg["error"] is None
-    assert not sg["on"] and sg["why_not"] == "CUDA graphs need a CUDA device"    # a CPU stand-in
+    # a CPU stand-in: off, for the reason fast_path gives (one decision: engine/fast_path.py)
+    from engine.fast_path import NOT_CUDA
+    assert not sg["on"] and sg["why_not"] == NOT_CUDA == seen["stats"]["fast_path"]["reason"]
