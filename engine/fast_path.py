@@ -113,32 +113,19 @@ def step_graph_stats(model, decision: dict) -> dict:
             "why_not": decision["reason"]}
 
 
-def windowed_fast_path(inner_fast_path: dict, window_size: int, in_place: bool = False) -> dict:
-    """A windowed session: its inner streaming session's, plus the restart's cost. `in_place`:
-    windows restart the inner session on its own caches (LingBotMapSession.restart), so the
-    graphs captured once replay in every window; else each window is a new session."""
+def windowed_fast_path(inner_fast_path: dict, window_size: int) -> dict:
+    """A windowed session: its inner streaming session's, plus the restart's cost."""
     out = dict(inner_fast_path or {})
-    if in_place:
-        note = (f"windowed: the stream restarts every {window_size} frames on the same caches, so each "
-                f"window's scale phase and window filling run per part; its whole-step graphs, captured "
-                f"once, replay in every window")
-    else:
-        note = (f"windowed: the cache restarts every {window_size} frames in a new session, so each window "
-                f"fills again (per-part steps) and captures its graphs again")
+    note = (f"windowed: the cache restarts every {window_size} frames, so each window fills again "
+            f"(per-part steps) and captures its graphs again")
     out["reason"] = "; ".join(r for r in (out.get("reason"), note) if r)
     return out
 
 
-def vggt_fast_path(kv_stats: Optional[dict], device_type: str, chunk_size: Optional[int] = None,
-                   window_chunks: Optional[int] = None) -> dict:
-    """A VGGT-1B chunked session: chunks run eagerly (no CUDA graphs), and why."""
-    c = "chunk_size" if chunk_size is None else str(chunk_size)
-    n = "sliding_window_num" if window_chunks is None else str(window_chunks)
-    reason = (f"VGGT runs one chunk of {c} frames a step, eagerly: engine/vggt has no CUDA-graph path (no "
-              f"part or whole-step graphs; each launch covers the chunk's {c} frames). Its shapes are "
-              f"fixed only in part: a chunk's queries are always {c} frames, but its visible keys grow by a "
-              f"chunk a step until {n} chunks are cached, a stream's last chunk is shorter, and attention "
-              f"goes through the cache's backend without the split's static mode")
+def vggt_fast_path(kv_stats: Optional[dict], device_type: str) -> dict:
+    """A VGGT-1B chunked session: chunks run eagerly (no CUDA graphs)."""
+    reason = ("VGGT runs a chunk of chunk_size frames per step, eagerly (no CUDA graphs): the launches "
+              "are spread over the chunk's frames, and a stream's last chunk is shorter")
     if device_type != "cuda":
         reason = NOT_CUDA
     return {"graphs": "none", "attention": attention_name(kv_stats), "reason": reason}

@@ -1,12 +1,9 @@
 """Windowed mode of the neural engines (`SessionConfig(mode="windowed", window_size=, overlap=)`).
 
 LingBot-Map's own recipe for very long videos, and the same for VGGT: run the engine's ordinary
-session (LingBot-Map streaming, VGGT chunked) on a window of `window_size` frames, then start a
-new stream that first re-reads the last `overlap` frames of the previous window: LingBot-Map's
-session restarts in place (`LingBotMapSession.restart`: its caches reset, nothing reallocated, its
-whole-step CUDA graphs kept and replayed in every window -- results equal a new session's); VGGT's
-is closed (its KV cache freed) and a fresh one opened. Each window is a **segment** in its own
-coordinates:
+session (LingBot-Map streaming, VGGT chunked) on a window of `window_size` frames, then close it
+(its KV cache and graphs are freed) and start a fresh one that first re-reads the last `overlap`
+frames of the previous window. Each window is a **segment** in its own coordinates:
 
 - results of window w carry `segment=w` and are the engine's raw output for that window (the
   overlap frames are reconstructed again but reported only once, by the window that saw them
@@ -66,10 +63,6 @@ class WindowedSession(SessionTiming):
         self._cls = _inner_class(config.engine)
         self.inner = self._cls(self._inner_cfg, model)       # validates the engine's own settings
         self.model = self.inner.model
-        # a session that can start a new stream on its own caches does so at each window
-        # (LingBotMapSession.restart: its whole-step graphs replay in every window); else each
-        # window is a new session (VGGT)
-        self._restarts_in_place = callable(getattr(self.inner, "restart", None))
         self.window = 0
         self._in_window = 0             # frames pushed into the current inner session (overlap included)
         self._map: list[int] = []       # inner index -> stream index, current window
@@ -125,7 +118,7 @@ class WindowedSession(SessionTiming):
                    "segments": self.window + 1, "window": self.window, "window_frames": self._in_window,
                    "last_alignment": self.alignments[-1] if self.alignments else None})
         from .fast_path import windowed_fast_path
-        st["fast_path"] = windowed_fast_path(st.get("fast_path"), self.config.window_size, self._restarts_in_place)
+        st["fast_path"] = windowed_fast_path(st.get("fast_path"), self.config.window_size)
         if st.get("step_graph") is not None:    # one decision: why_not is fast_path's reason
             st["step_graph"] = dict(st["step_graph"], why_not=st["fast_path"]["reason"])
         return st
@@ -154,13 +147,10 @@ class WindowedSession(SessionTiming):
     def _next_window(self) -> list[FrameResult]:
         """Finish the current window, start the next one on the overlap frames."""
         out = self._collect(self.inner.flush())
+        self.inner.close()                     # frees its KV cache before the next one allocates
         self._prev_overlap = {i: g for i, g in self._tail_geom}
         self.window += 1
-        if self._restarts_in_place:            # LingBot-Map: same caches, graphs kept
-            self.inner.restart()
-        else:
-            self.inner.close()                 # frees its KV cache before the next one allocates
-            self.inner = self._cls(self._inner_cfg, self.model)
+        self.inner = self._cls(self._inner_cfg, self.model)
         self._in_window = 0
         self._map = []
         self._cur_overlap = {}

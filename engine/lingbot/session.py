@@ -237,24 +237,6 @@ class LingBotMapSession(SessionTiming):
         self._check_open()
         return self._deliver(keep=0) if len(self._host) else []
 
-    def restart(self) -> None:
-        """Start a new stream on the same caches and graphs (windowed mode, engine/windowed.py):
-        the KV and camera caches are reset in place (nothing freed or allocated: no allocator
-        churn between windows), and the captured whole-step graphs stay -- they point at these
-        caches' buffers, so the new stream replays them once its window is full again instead of
-        capturing them again. Frames still in flight are dropped (`flush()` first to keep them);
-        settings, model, memory plan and the frame size stay. Results equal a new session's."""
-        self._check_open()
-        if self.kv is not None:
-            if self.kv.step is not None:
-                self.caches.abort_step()
-            self.kv.reset()
-            self.camera_cache.reset()
-        self._pending.clear()
-        self._host.clear()
-        self._num_scale = self._next_index = self._time = 0
-        self._frames = self._keyframes = 0
-
     def close(self) -> None:
         """Frees the session's GPU memory at once (KV pools, camera cache, CUDA graphs): nothing
         else holds them and they are in no reference cycle, so refcounting alone releases them."""

@@ -54,14 +54,6 @@ class CameraCache:
         self.committed = 0        # keyframes committed in total (scale included)
         self._step: Optional[tuple[bool, bool, int]] = None
 
-    def reset(self) -> None:
-        """Forget every frame (a restarted stream); the store is zeroed as a new cache's, nothing
-        is reallocated, so graphs captured over it stay valid."""
-        self.kv.zero_()
-        self._ring.reset()
-        self.committed = 0
-        self._step = None
-
     @property
     def num_scale(self) -> int:
         """Scale slots in use (fixed after the scale phase)."""

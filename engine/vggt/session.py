@@ -127,8 +127,7 @@ class VGGTChunkedSession(SessionTiming):
             "last_alignment": self._last_align,
             "pending_frames": len(self._pending),
             "resolution": (self._hw[1], self._hw[0]) if self._hw else None,
-            "fast_path": vggt_fast_path(self.kv.stats() if self.kv is not None else None, self.device.type,
-                                        self.config.chunk_size, self.config.sliding_window_num),
+            "fast_path": vggt_fast_path(self.kv.stats() if self.kv is not None else None, self.device.type),
         }
 
     def poll_events(self) -> list[EngineEvent]:
