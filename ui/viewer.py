@@ -55,6 +55,7 @@ from engine.scene import DEFAULT_CAMERA_BUDGET, DEFAULT_POINT_BUDGET, LOD_LEVELS
 
 from .cloud_visual import (FRUSTUM_VERTICES, TRAJECTORY_VERTICES, FrameTransforms, IndexBlocks,  # noqa: F401
                            LevelIndex, SegmentCloud, SegmentCloudVisual, pack_rgb)
+from .gl_readback import ReadbackCanvasBackend
 from .settings_schema import COLOR_MODES, default
 
 log = logging.getLogger(__name__)
@@ -141,16 +142,28 @@ class ViewerCanvas(scene.SceneCanvas):
         self._deferred.stop()
         self._update_now()
 
+    def create_native(self):
+        """The widget is `ReadbackCanvasBackend` (ui/gl_readback.py), not vispy's QOpenGLWidget:
+        Qt composes a window holding a QOpenGLWidget through OpenGL on every paint, which on a
+        software renderer costs as much as the view's reduced draw."""
+        if self._backend is not None:
+            return
+        ReadbackCanvasBackend(self, **self._backend_kwargs)
+        self._backend_kwargs = None
+        # as vispy's Canvas.create_native: run the GL commands queued, then swap (a no-op here)
+        self.events.draw.connect(self.context.flush_commands, position="last")
+        if self._autoswap:
+            self.events.draw.connect((self, "swap_buffers"), ref=True, position="last")
+
     def draw_unshown(self) -> bool:
-        """Draw into the widget's kept framebuffer now, without a paint: Qt composes the GL
-        widget into the window only on a paint, and on a software renderer that composition
-        costs as much as a refinement chunk (docs/benchmarks_gui.md). The next paint shows what
-        was drawn. False when the widget cannot be drawn to (not shown yet)."""
+        """Draw into the widget's kept framebuffer now, without a paint (a paint also reads the
+        picture back and puts it on screen). The next paint shows what was drawn. False when
+        the widget cannot be drawn to (not shown yet)."""
         native = self.native
         if not (native.isVisible() and native.isValid()):
             return False
         self._deferred.stop()
-        native.makeCurrent()
+        self.set_current()                    # binds the kept framebuffer
         try:
             self.events.draw(region=None)
         finally:
@@ -221,11 +234,6 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.cloud = SegmentCloud(mode="points", capacity=self.scene.capacity, mirror=False,
                                   frame_xf=xf, parent=self.view.scene)
         self.cloud.time_draws = True
-        # refinement chunks are drawn on top of the previous picture: the widget must keep its
-        # framebuffer (colour and depth) between paints
-        native = self.canvas.native
-        if hasattr(native, "setUpdateBehavior"):
-            native.setUpdateBehavior(type(native).UpdateBehavior.PartialUpdate)
         # overlays sized once at the scene's camera budget (which decimates old cameras): their
         # buffers never grow, so a long run's buffer bytes stay flat (issue #7)
         cams = self.scene.camera_budget
