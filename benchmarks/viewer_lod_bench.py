@@ -158,9 +158,12 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
     live_gaps = np.asarray(gaps + [time.perf_counter() - last[0]]) * 1e3   # the gap still open counts
     live_drawn = list(drawn)
     t_still = time.perf_counter()
-    full_after = None
+    full_after = refine_from = None
+    chunks0, unseen0 = v.refine_chunks, v.unshown_chunks
     while time.perf_counter() - t_still < still_max_s:
         app.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents, 50)
+        if refine_from is None and v.refine_chunks > chunks0:
+            refine_from = time.perf_counter() - t_still
         if v.drawn_points == v.point_count and v.canvas.draws > d0 + live_draws:
             full_after = time.perf_counter() - t_still
             break
@@ -171,7 +174,8 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
                drawn_median=float(np.median(live_drawn)) if live_drawn else 0.0,
                gap_p50=float(np.percentile(live_gaps, 50)), gap_p99=float(np.percentile(live_gaps, 99)),
                gap_max=float(live_gaps.max()), cost_ns=1e6 * (v.cost_per_point_ms or 0.0),
-               full_after=full_after, still_gap_max=float(still_gaps.max()) if len(still_gaps) else 0.0)
+               full_after=full_after, still_gap_max=float(still_gaps.max()) if len(still_gaps) else 0.0,
+               refine_from=refine_from, chunks=v.refine_chunks - chunks0, unseen=v.unshown_chunks - unseen0)
     v.close()
     v.deleteLater()
     app.processEvents()
@@ -234,6 +238,9 @@ def main(argv=None) -> int:
         if phases is not None:
             phases.restore()
             phases.report(r["points"])
+            rf = f"{r['refine_from']:.2f} s" if r["refine_from"] is not None else "never"
+            print(f"    {r['points'] / 1e6:.1f} M, still: first refinement chunk after {rf}, {r['chunks']} chunks "
+                  f"({r['unseen']} drawn unseen)", flush=True)
     stop.set()
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0
