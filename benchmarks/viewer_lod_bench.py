@@ -242,8 +242,8 @@ def main(argv=None) -> int:
     print(f"frame-time target {a.target_ms:g} ms, frames of {FRAME_POINTS:,} points every {a.feed_ms} ms for "
           f"{a.live:g} s, engine load thread {'off' if a.no_engine_load else 'on'}, window 1280x800")
     print(f"{'points':>10} {'redraws/s':>9} {'per draw (med.)':>15} {'ns/point':>9} {'gap p50 ms':>10} "
-          f"{'gap p99 ms':>10} {'gap max ms':>10} {'full detail after s':>19} {'max gap still ms':>16} {'frames/s':>10} "
-          f"{'GUI cpu ms/redraw':>17}",
+          f"{'gap p99 ms':>10} {'gap max ms':>10} {'full detail after s':>19} {'max gap still ms':>16} "
+          f"{'frames/s':>10} {'GUI cpu ms/redraw':>17}",
           flush=True)
     for s in a.sizes.split(","):
         phases = PhaseTimer() if a.phases else None

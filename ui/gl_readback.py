@@ -6,15 +6,15 @@ Why not vispy's own Qt backend: it is a QOpenGLWidget, and a window holding one 
 Qt through OpenGL on every paint (the window's backing store and the widget's texture drawn as
 full-window quads, then a buffer swap). With a software renderer (Mesa llvmpipe: no GPU, VMs,
 remote desktops) that composition costs about as much as the view's own reduced draw, on every
-redraw and on every repaint of any other widget of the window; a read-back of the picture and a
-raster paint cost a fraction of it (docs/benchmarks_gui.md, "Fourth round"). On a GPU the
+redraw; a read-back of the picture and a raster paint cost a fraction of it
+(docs/benchmarks_gui.md, "Fourth round"). On a GPU the
 read-back is one synchronous copy per redraw; the viewer finishes every draw anyway (it times
 them).
 
 The framebuffer object is kept between paints, so a draw may add to the previous picture (the
 viewer's refinement chunks); it is re-created, empty, when the widget's size changes.
 `makeCurrent`, `doneCurrent` and `isValid` behave as QOpenGLWidget's (makeCurrent binds the
-kept framebuffer), so code reading the picture back works with either backend.
+kept framebuffer), so code that reads the picture back (tests) needs nothing else.
 """
 from __future__ import annotations
 
