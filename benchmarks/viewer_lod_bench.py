@@ -9,7 +9,9 @@ mark, as in a long run) the scene is filled with synthetic frames (a wavy terrai
 work (an engine's CPU load, --no-engine-load to drop it) and a 5 ms heartbeat timer records the
 event loop's gaps. Then frames stop and the view is left alone: "full detail after" is the time
 from the last frame until a draw has shown every point (the refinement chunks added up).
-"per draw" is the median of the points each draw drew. `--phases` also prints, per size, how long
+"per draw" is the median of the points each draw drew; "GUI cpu ms/redraw" is the CPU time
+the GUI thread spent during the live part per redraw (frames added, uploads, draws, paints: a
+figure the machine's load changes little, unlike the rates). `--phases` also prints, per size, how long
 the GUI thread's calls took during the live part (frames added, uploads, draws, thinning passes
 applied). One command, one table:
 
@@ -99,6 +101,17 @@ def _engine_load(stop: threading.Event) -> None:
         a += 1.0
 
 
+def _thread_cpu() -> float:
+    """CPU seconds of the calling (GUI) thread: what a redraw cycle costs it, whatever share of
+    the cores the machine's load leaves it (llvmpipe rasterises on this thread, LP_NUM_THREADS=0)."""
+    try:
+        import resource
+        r = resource.getrusage(resource.RUSAGE_THREAD)
+        return r.ru_utime + r.ru_stime
+    except (ImportError, AttributeError, ValueError):
+        return time.thread_time()
+
+
 def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: float, phases=None,
              feed_ms: int = 100) -> dict:
     from PySide6 import QtCore
@@ -141,6 +154,7 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
     feed = QtCore.QTimer(interval=int(feed_ms))
     feed.timeout.connect(add)
     d0 = v.canvas.draws
+    cpu0 = _thread_cpu()
     last[0] = time.perf_counter()
     if phases is not None:
         phases.on = True
@@ -154,13 +168,17 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
     if phases is not None:
         phases.on = False
     live_wall = time.perf_counter() - t0
+    live_cpu = _thread_cpu() - cpu0
     live_draws = v.canvas.draws - d0
     live_gaps = np.asarray(gaps + [time.perf_counter() - last[0]]) * 1e3   # the gap still open counts
     live_drawn = list(drawn)
     t_still = time.perf_counter()
-    full_after = None
+    full_after = refine_from = None
+    chunks0, unseen0 = v.refine_chunks, v.unshown_chunks
     while time.perf_counter() - t_still < still_max_s:
         app.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents, 50)
+        if refine_from is None and v.refine_chunks > chunks0:
+            refine_from = time.perf_counter() - t_still
         if v.drawn_points == v.point_count and v.canvas.draws > d0 + live_draws:
             full_after = time.perf_counter() - t_still
             break
@@ -168,10 +186,12 @@ def run_size(app, n_points: int, live_s: float, target_ms: float, still_max_s: f
     still_gaps = np.asarray(gaps[len(live_gaps) - 1:]) * 1e3
     hb.stop()
     out = dict(points=v.point_count, draws_per_s=live_draws / live_wall, frames_per_s=added[0] / live_wall,
+               cpu_per_draw=1e3 * live_cpu / max(1, live_draws),
                drawn_median=float(np.median(live_drawn)) if live_drawn else 0.0,
                gap_p50=float(np.percentile(live_gaps, 50)), gap_p99=float(np.percentile(live_gaps, 99)),
                gap_max=float(live_gaps.max()), cost_ns=1e6 * (v.cost_per_point_ms or 0.0),
-               full_after=full_after, still_gap_max=float(still_gaps.max()) if len(still_gaps) else 0.0)
+               full_after=full_after, still_gap_max=float(still_gaps.max()) if len(still_gaps) else 0.0,
+               refine_from=refine_from, chunks=v.refine_chunks - chunks0, unseen=v.unshown_chunks - unseen0)
     v.close()
     v.deleteLater()
     app.processEvents()
@@ -222,7 +242,8 @@ def main(argv=None) -> int:
     print(f"frame-time target {a.target_ms:g} ms, frames of {FRAME_POINTS:,} points every {a.feed_ms} ms for "
           f"{a.live:g} s, engine load thread {'off' if a.no_engine_load else 'on'}, window 1280x800")
     print(f"{'points':>10} {'redraws/s':>9} {'per draw (med.)':>15} {'ns/point':>9} {'gap p50 ms':>10} "
-          f"{'gap p99 ms':>10} {'gap max ms':>10} {'full detail after s':>19} {'max gap still ms':>16} {'frames/s':>10}",
+          f"{'gap p99 ms':>10} {'gap max ms':>10} {'full detail after s':>19} {'max gap still ms':>16} "
+          f"{'frames/s':>10} {'GUI cpu ms/redraw':>17}",
           flush=True)
     for s in a.sizes.split(","):
         phases = PhaseTimer() if a.phases else None
@@ -230,10 +251,13 @@ def main(argv=None) -> int:
         fa = f"{r['full_after']:.2f}" if r["full_after"] is not None else f"> {a.still_max:g}"
         print(f"{r['points']:>10,} {r['draws_per_s']:>9.1f} {r['drawn_median']:>15,.0f} {r['cost_ns']:>9.0f} "
               f"{r['gap_p50']:>10.0f} {r['gap_p99']:>10.0f} {r['gap_max']:>10.0f} {fa:>19} "
-              f"{r['still_gap_max']:>16.0f} {r['frames_per_s']:>10.1f}", flush=True)
+              f"{r['still_gap_max']:>16.0f} {r['frames_per_s']:>10.1f} {r['cpu_per_draw']:>17.1f}", flush=True)
         if phases is not None:
             phases.restore()
             phases.report(r["points"])
+            rf = f"{r['refine_from']:.2f} s" if r["refine_from"] is not None else "never"
+            print(f"    {r['points'] / 1e6:.1f} M, still: first refinement chunk after {rf}, {r['chunks']} chunks "
+                  f"({r['unseen']} drawn unseen)", flush=True)
     stop.set()
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0

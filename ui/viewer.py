@@ -28,9 +28,10 @@ level keeps an index list of its rows (`LevelIndex`: append-only, truncated and 
 from the first row a thinning pass rewrote), so a reduced draw is one glDrawElements per level
 plus one glDrawArrays of the live rows: its cost is that of the points drawn, not of the scene.
 Nothing on the GUI thread is allowed to cost seconds: once the camera and the scene have stood
-still for IDLE_REFINE_MS the left-out points are added in chunks on top of the picture the widget
+still for a few of their recent intervals between changes (IDLE_MIN_MS to IDLE_REFINE_MS) the
+left-out points are added in chunks on top of the picture the widget
 keeps (no clear), drawn into its framebuffer without a paint and shown by a paint every
-REFINE_SHOW_MS (on a software renderer Qt's composition of the window costs as much as a chunk);
+REFINE_SHOW_MS (a paint also reads the picture back and puts it on screen, ui/gl_readback.py);
 the newest frames are drawn in full while they fit half the points of a frame-time target (the
 newest always); the level lists' GPU side is fixed-size index blocks from one pool, so a list
 never re-uploads its entries as it grows; the rows a thinning pass rewrote are uploaded a bounded
@@ -55,6 +56,7 @@ from engine.scene import DEFAULT_CAMERA_BUDGET, DEFAULT_POINT_BUDGET, LOD_LEVELS
 
 from .cloud_visual import (FRUSTUM_VERTICES, TRAJECTORY_VERTICES, FrameTransforms, IndexBlocks,  # noqa: F401
                            LevelIndex, SegmentCloud, SegmentCloudVisual, pack_rgb)
+from .gl_readback import ReadbackCanvasBackend
 from .settings_schema import COLOR_MODES, default
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,9 @@ _OVERLAY_CONF = 3.0e38          # lines carry this confidence so the threshold n
 # "display/frame_time_target_ms" (ui/settings_schema.py), set on the viewer by the window.
 FRAME_TIME_TARGET_MS = default("display/frame_time_target_ms")
 LIVE_FRAMES = 2                 # newest frames drawn in full whatever the detail
-IDLE_REFINE_MS = 500            # camera and scene still this long: start adding what was left out
+IDLE_REFINE_MS = 500            # camera and scene still this long: start adding what was left out;
+IDLE_MIN_MS = 150               # sooner, down to this, when the view was changing at a fast cadence:
+IDLE_CADENCES = 2.5             # still for this many of its recent intervals between changes
 REFINE_PAUSE_MS = 5             # between refinement chunks: the event loop runs in between
 REFINE_SHOW_MS = 400            # refinement chunks drawn unseen in between, shown at this interval
 FIT_INTERVAL_S = 0.5            # auto-framing follows the growing cloud at most this often
@@ -141,16 +145,28 @@ class ViewerCanvas(scene.SceneCanvas):
         self._deferred.stop()
         self._update_now()
 
+    def create_native(self):
+        """The widget is `ReadbackCanvasBackend` (ui/gl_readback.py), not vispy's QOpenGLWidget:
+        Qt composes a window holding a QOpenGLWidget through OpenGL on every paint, which on a
+        software renderer costs as much as the view's reduced draw."""
+        if self._backend is not None:
+            return
+        ReadbackCanvasBackend(self, **self._backend_kwargs)
+        self._backend_kwargs = None
+        # as vispy's Canvas.create_native: run the GL commands queued, then swap (a no-op here)
+        self.events.draw.connect(self.context.flush_commands, position="last")
+        if self._autoswap:
+            self.events.draw.connect((self, "swap_buffers"), ref=True, position="last")
+
     def draw_unshown(self) -> bool:
-        """Draw into the widget's kept framebuffer now, without a paint: Qt composes the GL
-        widget into the window only on a paint, and on a software renderer that composition
-        costs as much as a refinement chunk (docs/benchmarks_gui.md). The next paint shows what
-        was drawn. False when the widget cannot be drawn to (not shown yet)."""
+        """Draw into the widget's kept framebuffer now, without a paint (a paint also reads the
+        picture back and puts it on screen). The next paint shows what was drawn. False when
+        the widget cannot be drawn to (not shown yet)."""
         native = self.native
         if not (native.isVisible() and native.isValid()):
             return False
         self._deferred.stop()
-        native.makeCurrent()
+        self.set_current()                    # binds the kept framebuffer
         try:
             self.events.draw(region=None)
         finally:
@@ -221,11 +237,6 @@ class PointCloudViewer(QtWidgets.QWidget):
         self.cloud = SegmentCloud(mode="points", capacity=self.scene.capacity, mirror=False,
                                   frame_xf=xf, parent=self.view.scene)
         self.cloud.time_draws = True
-        # refinement chunks are drawn on top of the previous picture: the widget must keep its
-        # framebuffer (colour and depth) between paints
-        native = self.canvas.native
-        if hasattr(native, "setUpdateBehavior"):
-            native.setUpdateBehavior(type(native).UpdateBehavior.PartialUpdate)
         # overlays sized once at the scene's camera budget (which decimates old cameras): their
         # buffers never grow, so a long run's buffer bytes stay flat (issue #7)
         cams = self.scene.camera_budget
@@ -272,6 +283,8 @@ class PointCloudViewer(QtWidgets.QWidget):
         self._refinement = None                  # refinement in progress: queue and position
         self._step_next = False                  # the next draw is a refinement chunk
         self._chunk_ibo = gloo.IndexBuffer(np.zeros(1, np.uint32))
+        self._changed_at = -1e9                  # the last cleared draw of a changed picture
+        self._change_interval = IDLE_REFINE_MS / 1000.0   # moving average of the intervals between those
         self._idle = QtCore.QTimer(self, singleShot=True, interval=IDLE_REFINE_MS)
         self._idle.timeout.connect(self._idle_elapsed)
         self._step_timer = QtCore.QTimer(self, singleShot=True)
@@ -606,12 +619,26 @@ class PointCloudViewer(QtWidgets.QWidget):
             views = [v for j in range(level + 1) for v in self.levels.views(j, self.levels.count_before(j, live_from))]
             self.cloud.draw_plan = (views, (live_from, m.count - live_from))
             if not offscreen:
+                changed = self._base is None or self._base["key"] != key
                 self._base = {"key": key, "level": level, "live_from": live_from, "drawn": drawn}
                 if key == self._full_key:        # was complete a moment ago: refine at once
                     self._begin_refine()
-                else:
-                    self._idle.start()           # (re)started: fires once nothing moved for a while
+                else:                            # (re)started: fires once nothing moved for a while
+                    self._idle.start(self._idle_wait_ms(changed))
         self._set_drawn(drawn)
+
+    def _idle_wait_ms(self, changed: bool) -> int:
+        """How long the view must stand still before refining: IDLE_CADENCES of the recent
+        intervals between changes (a moving average, each interval counted up to IDLE_REFINE_MS),
+        between IDLE_MIN_MS and IDLE_REFINE_MS. Frames arriving at 10 Hz, or a camera dragged,
+        are over after a few of their intervals; a slow engine's frames keep the long wait, so
+        refinement does not take the CPU between them."""
+        if changed:
+            now = time.perf_counter()
+            gap = min(now - self._changed_at, IDLE_REFINE_MS / 1000.0)
+            self._changed_at = now
+            self._change_interval = 0.7 * self._change_interval + 0.3 * gap
+        return int(min(IDLE_REFINE_MS, max(IDLE_MIN_MS, IDLE_CADENCES * 1000.0 * self._change_interval)))
 
     def _set_drawn(self, drawn: int) -> None:
         m = self.scene
@@ -700,7 +727,7 @@ class PointCloudViewer(QtWidgets.QWidget):
             self.canvas.update()                 # the next piece (at the capped redraw rate)
 
     def _idle_elapsed(self) -> None:
-        """The camera and the scene stood still IDLE_REFINE_MS since the last cleared draw:
+        """The camera and the scene stood still (`_idle_wait_ms`) since the last cleared draw:
         start drawing what it left out, a chunk per draw. Anything changed since that draw
         means a cleared draw is due instead, which restarts the wait."""
         base = self._base

@@ -147,7 +147,8 @@ def test_software_gl_keeps_no_blocks_per_point_drawn(qtbot):
             colors=rng.integers(0, 255, (n, 3), dtype=np.uint8), conf=np.ones(n, np.float32),
             depth=np.full(n, 3.0, np.float32), c2w=np.eye(4), frustum=np.zeros((5, 3), np.float32),
             look_at=np.array([2, 1.5, 3.5], np.float32), median_depth=3.0, width=640)])
-    v.canvas.native.repaint()                 # uploads + first draw
+    v.canvas.native.repaint()                 # uploads + first draw (a window's first paint
+    qtbot.waitUntil(lambda: v.canvas.draws >= 1, timeout=10_000)   # may come from its expose)
     before = _mmapped_blocks()
     for _ in range(4):
         v.canvas.native.repaint()

@@ -86,6 +86,27 @@ def test_still_view_is_refined_to_full_detail(viewer, qtbot):
     assert viewer.detail_reduced
 
 
+def test_refinement_waits_a_few_of_the_recent_intervals_between_changes(viewer, monkeypatch):
+    """Stillness is judged by the cadence the view was changing at: after changes 40 ms apart
+    the wait is IDLE_CADENCES of them (not less than IDLE_MIN_MS); after changes a second apart,
+    or a single change after a long stillness, it is IDLE_REFINE_MS."""
+    clock = [100.0]
+    monkeypatch.setattr(viewer_module.time, "perf_counter", lambda: clock[0])
+    assert viewer._idle_wait_ms(True) == viewer_module.IDLE_REFINE_MS       # nothing moved before
+    waits = []
+    for _ in range(30):
+        clock[0] += 0.040
+        waits.append(viewer._idle_wait_ms(True))
+    fast = max(viewer_module.IDLE_MIN_MS, viewer_module.IDLE_CADENCES * 40)
+    assert abs(waits[-1] - fast) <= 2 and waits[-1] < viewer_module.IDLE_REFINE_MS
+    assert waits == sorted(waits, reverse=True)                             # converges from above
+    assert viewer._idle_wait_ms(False) == waits[-1]                         # a redraw is no change
+    for _ in range(30):
+        clock[0] += 1.0
+        slow = viewer._idle_wait_ms(True)
+    assert slow == viewer_module.IDLE_REFINE_MS
+
+
 def test_cheap_points_draw_everything(viewer):
     _fill(viewer)
     viewer.cost_per_point_ms = 1e-9
@@ -142,7 +163,8 @@ def test_refinement_adds_up_to_the_full_picture(viewer, qtbot, monkeypatch, show
     viewer.set_point_size(1.0)
     viewer.render_image()
     viewer.cost_per_point_ms = viewer.frame_time_target_ms / (0.15 * viewer.point_count)
-    viewer._idle.setInterval(600_000)            # (the view "stands still" when the test says so)
+    monkeypatch.setattr(viewer_module, "IDLE_MIN_MS", 600_000)    # (the view "stands still" when
+    monkeypatch.setattr(viewer_module, "IDLE_REFINE_MS", 600_000)  # the test says so)
     viewer.view.camera.azimuth += 1.0            # a new picture: reduced, refined after a wait
     qtbot.waitUntil(lambda: viewer.detail_reduced, timeout=10_000)
     reduced = _screen(viewer)
