@@ -44,7 +44,8 @@ def sub_sequence(seq_dir: str, start: int, end: int, dst: str) -> str:
         for k in range(start, end):
             parts = lines[k].split()
             f.write(" ".join([f"{(k - start) / 30.0:.6f}"] + parts[1:]) + "\n")
-            os.symlink(os.path.abspath(seq.frames[k]), os.path.join(dst, "rgb", f"{k - start:06d}{seq.frames[k].suffix}"))
+            name = f"{k - start:06d}{seq.frames[k].suffix}"
+            os.symlink(os.path.abspath(seq.frames[k]), os.path.join(dst, "rgb", name))
     intr = os.path.join(seq_dir, "intrinsics.txt")
     if os.path.isfile(intr):
         with open(intr) as src, open(os.path.join(dst, "intrinsics.txt"), "w") as out:
@@ -134,7 +135,8 @@ def summary(log: dict, a: int, b: int) -> dict:
     kf = sorted(f for f, r in fr.items() if r["keyframe"])
     med = (lambda xs: float(np.median(xs)) if len(xs) else None)
     return {
-        "frames": len(fr), "keyframes": len(kf), "consecutive_keyframes": sum(1 for f in kf if f - 1 in fr and fr[f - 1]["keyframe"]),
+        "frames": len(fr), "keyframes": len(kf),
+        "consecutive_keyframes": sum(1 for f in kf if f - 1 in fr and fr[f - 1]["keyframe"]),
         "tracks_median": med([r["tracks"] for r in fr.values()]),
         "map_points_tracked_median": med([r.get("known", 0) for r in fr.values()]),
         "map_points_tracked_min": min(r.get("known", 0) for r in fr.values()),
