@@ -115,6 +115,7 @@ class VGGTChunkedSession(SessionTiming):
         return self._timed(time.perf_counter(), self._run_chunk)
 
     def stats(self) -> dict:
+        kv = self.kv.stats() if self.kv is not None else None
         return {
             "frames": self._frames,
             "keyframes": self._frames,
@@ -122,12 +123,12 @@ class VGGTChunkedSession(SessionTiming):
             **self._timing_stats(),
             **self._gpu_stats(),
             "segments": 1,
-            "kv": self.kv.stats() if self.kv is not None else None,
+            "kv": kv,
             "kv_page_map": self.kv.page_map() if self.kv is not None else None,
             "last_alignment": self._last_align,
             "pending_frames": len(self._pending),
             "resolution": (self._hw[1], self._hw[0]) if self._hw else None,
-            "fast_path": vggt_fast_path(self.kv.stats() if self.kv is not None else None, self.device.type),
+            "fast_path": vggt_fast_path(kv, self.device.type),
         }
 
     def poll_events(self) -> list[EngineEvent]:
