@@ -39,6 +39,13 @@ class KVCacheError(EngineError):
     """Bad KV-cache settings or misuse of the step protocol; the message says what to change."""
 
 
+def page_slots(pages, page_size: int, count: Optional[int] = None) -> np.ndarray:
+    """The flat slots (page * page_size + offset) of the tokens of `pages`, in page order; the
+    first `count` of them when given (a last page partly used)."""
+    out = (np.asarray(pages, np.int64)[:, None] * page_size + np.arange(page_size)).ravel()
+    return out if count is None else out[:count]
+
+
 @dataclass
 class StepTable:
     """Everything a backend needs for one step; built once in `begin_step`, shared by all layers.
@@ -225,9 +232,9 @@ class PageTable:
         last_len = end - (n_sp - 1) * P if n_sp else P
         slots = None
         if self.compact:
-            parts = [(np.asarray(self._scale, np.int64)[:, None] * P + np.arange(P)).ravel()]
+            parts = [page_slots(self._scale, P)]
             parts += [self.slot_tokens(s) for s in self._window]
-            parts.append((np.asarray(new_pages, np.int64)[:, None] * P + np.arange(P)).ravel())
+            parts.append(page_slots(new_pages, P))
             t = np.arange(end, dtype=np.int64)
             parts.append(sp[t // P] * P + t % P if S and end else np.zeros(0, np.int64))
             slots = np.concatenate(parts)

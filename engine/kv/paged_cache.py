@@ -72,7 +72,7 @@ from .compression import Compressor
 from .dtypes import KVPrecision, parse_dtype  # noqa: F401  (parse_dtype: public)
 from .page_table import (  # noqa: F401  (re-exported)
     PAGE_FREE, PAGE_PENDING, PAGE_SCALE, PAGE_SPECIAL, PAGE_WINDOW, CommitPlan, KVCacheError, PageTable,
-    StepTable,
+    StepTable, page_slots,
 )
 from .pool import KVPool
 
@@ -184,10 +184,9 @@ class PagedKVCache:
             # a persistent buffer per length: a whole-step graph reads the current step's pages
             step.window_pages_t = self.pool._index("window_pages", self.table._window)
             step.sparse_runs = self.table.scale_special_runs(step)
-            if step.slots_t is None:
-                pages = np.asarray(step.pages, dtype=np.int64)
-                step.slots_t = upload((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens],
-                                      self.device, torch.int64)
+            if step.slots_t is None:              # an int8 store uploaded the same list already
+                step.slots_t = (step.int8_slots_t if step.int8_slots_t is not None else
+                                upload(page_slots(step.pages, P, step.num_kv_tokens), self.device, torch.int64))
         self._last_visible_tokens = step.num_kv_tokens
         self._last_zero_copy = step.contiguous is not None and step.slots_t is None and self.pool.kind != "int8"
         self._attn.plan(step)

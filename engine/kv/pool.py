@@ -23,7 +23,7 @@ import torch
 
 from ..host_copy import upload
 from .dtypes import FP8, KVPrecision
-from .page_table import KVCacheError, StepTable
+from .page_table import KVCacheError, StepTable, page_slots
 
 FP8_MAX = 448.0
 FP8_HEADROOM = 8.0        # fp8 keeps ~2 significant digits at any magnitude; range costs nothing
@@ -103,10 +103,7 @@ class KVPool:
         if step.slots is not None:
             step.slots_t = upload(step.slots, dev, torch.int64)
         elif self.kind == "int8":     # token scales: a gather by token reads them (`visible`)
-            P = self.page_size
-            pages = np.asarray(step.pages, dtype=np.int64)
-            step.int8_slots_t = upload((pages[:, None] * P + np.arange(P)).ravel()[:step.num_kv_tokens], dev,
-                                       torch.int64)
+            step.int8_slots_t = upload(page_slots(step.pages, self.page_size, step.num_kv_tokens), dev, torch.int64)
         step.written = [False] * self.num_layers
         return step
 
